@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,228 @@
+"""Frozen configuration dataclasses, validated once in ``__post_init__``, and model presets.
+
+Top-level objects (engine, runner, scheduler) take these configs; leaf objects (allocators,
+kernels, samplers) take plain values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of one decoder-only checkpoint (Llama, Qwen2, Qwen3 families)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 = hidden_size // num_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # HF-style rope_scaling as a sorted tuple of (key, value) pairs (hashable), or None.
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {self.arch!r}; expected {ARCHITECTURES}")
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        layer = attn + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * layer + self.vocab_size * h + head + h
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face ``config.json`` dict."""
+        model_type = cfg.get("model_type", "llama")
+        arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(
+            model_type
+        )
+        if arch is None:
+            raise ValueError(f"unsupported model_type {model_type!r}")
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        if scaling and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+            theta = scaling.get("rope_theta")
+            scaling = None
+        else:
+            theta = None
+        if theta is None:
+            theta = cfg.get("rope_theta", 10000.0)
+            if cfg.get("rope_parameters"):
+                theta = cfg["rope_parameters"].get("rope_theta", theta)
+        num_heads = cfg["num_attention_heads"]
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=_freeze(scaling),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _freeze(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
+    if not d:
+        return None
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
+
+
+def _qwen2(vocab, h, i, layers, heads, kv, tie, ctx=32768, theta=1e6) -> ModelConfig:
+    return ModelConfig(
+        "qwen2", vocab, h, i, layers, heads, kv, rms_norm_eps=1e-6, rope_theta=theta,
+        max_position_embeddings=ctx, tie_word_embeddings=tie, attention_bias=True,
+        bos_token_id=151643, eos_token_ids=(151645, 151643),
+    )  # fmt: skip
+
+
+# Real shapes of public checkpoints, used by ``dummy:PRESET`` (random weights).
+PRESETS: dict[str, ModelConfig] = {
+    "smollm2-135m": ModelConfig(
+        "llama", 49152, 576, 1536, 30, 9, 3, rms_norm_eps=1e-5, rope_theta=100000.0,
+        max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_ids=(2,),
+    ),
+    "qwen2.5-0.5b": _qwen2(151936, 896, 4864, 24, 14, 2, True),
+    "qwen2.5-1.5b": _qwen2(151936, 1536, 8960, 28, 12, 2, True),
+    "qwen2.5-7b": _qwen2(152064, 3584, 18944, 28, 28, 4, False),
+    "qwen3-0.6b": ModelConfig(
+        "qwen3", 151936, 1024, 3072, 28, 16, 8, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=1e6, max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True,
+        bos_token_id=151643, eos_token_ids=(151645,),
+    ),
+    "llama-3-8b": ModelConfig(
+        "llama", 128256, 4096, 14336, 32, 32, 8, rms_norm_eps=1e-5, rope_theta=500000.0,
+        max_position_embeddings=8192, bos_token_id=128000, eos_token_ids=(128001, 128009),
+    ),
+    # A tiny shape for fast CPU tests of the whole engine with dummy weights.
+    "tiny": ModelConfig(
+        "llama", 512, 64, 128, 2, 4, 2, rms_norm_eps=1e-5, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_ids=(2,),
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: sized from memory (GPU fraction or a CPU byte budget)
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
+    max_prefill_chunk: int = 2048  # one request's prefill chunk per step
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_prefill_chunk <= 0:
+            raise ValueError("max_prefill_chunk must be positive")
+
+
+SpecMethod = Literal["off", "ngram", "draft"]
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: SpecMethod = "off"
+    draft_model: str | None = None  # model spec for method == "draft"
+    max_draft_len: int = 4  # L_max
+    initial_draft_len: int = 4
+    ngram_max: int = 4  # longest n-gram matched by prompt lookup
+    ngram_min: int = 1
+    # Benchmark only: draws the accepted count from a truncated geometric with this alpha.
+    synthetic_acceptance: float | None = None
+    controller: bool = True  # False: fixed L = initial_draft_len
+
+    def __post_init__(self) -> None:
+        if self.method not in ("off", "ngram", "draft"):
+            raise ValueError(f"spec method must be off|ngram|draft, got {self.method!r}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("spec method 'draft' needs draft_model")
+        if not 0 <= self.initial_draft_len <= self.max_draft_len <= 16:
+            raise ValueError("need 0 <= initial_draft_len <= max_draft_len <= 16")
+        if self.synthetic_acceptance is not None and not 0 <= self.synthetic_acceptance <= 1:
+            raise ValueError("synthetic_acceptance must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"  # default | PATH (HF dir or .gguf) | dummy:PRESET
+    tokenizer: str | None = None  # None: the model's own
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    seed: int = 0
+    use_triton: bool | None = None  # None: Triton kernels on GPU, torch references on CPU
+    cuda_graphs: bool | None = None  # None: on for GPU
+    lane_mode: Literal["three", "single"] = "three"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.lane_mode not in ("three", "single"):
+            raise ValueError("lane_mode must be three|single")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)

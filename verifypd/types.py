@@ -1,0 +1,235 @@
+"""Shared types: sampling parameters, sequences, step plans, outputs and the observer hook.
+
+Plain data only: no tensors, no HTTP. Every layer may import this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings (OpenAI-compatible names)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    n: int = 1
+    priority: int = 0  # higher is admitted first
+    speculate: bool = True  # False: this request never speculates
+
+    def __post_init__(self) -> None:
+        if self.top_k == -1:
+            self.top_k = 0
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (self.temperature >= 0, "temperature", "must be >= 0"),
+            (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
+            (self.top_k >= 0, "top_k", "must be -1, 0 or positive"),
+            (self.n >= 1, "n", "must be >= 1"),
+        ]
+        for ok, name, msg in checks:
+            if not ok:
+                raise ParamError(name, f"{name} {msg}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ParamError(ValueError):
+    """Invalid request input; ``param`` names the offending field (OpenAI error ``param``)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    VERIFYING = "verifying"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    PREEMPTED = "preempted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (SeqStatus.FINISHED, SeqStatus.ABORTED)
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """One generation stream. Owns its tokens, progress counters and block table.
+
+    Invariants: ``num_computed_tokens <= num_tokens``; the KV of tokens
+    ``[0, num_computed_tokens)`` is in the blocks of ``block_table`` (in order).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        index: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request_id = request_id
+        self.index = index  # choice index for n > 1
+        self.params = params
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache
+        self.block_table: list[int] = []
+        self.status = SeqStatus.WAITING
+        self.finish_reason: str | None = None
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        # Per-request RNG stream: sampling noise is a function of (seed, position) only.
+        self.seed = params.seed if params.seed is not None else _random_seed()
+        if params.seed is not None and index:
+            self.seed = params.seed + 1_000_003 * index
+        # Speculative decoding state, owned by the spec/controller code.
+        self.draft_len = 0
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self.acceptance_ewma = 1.0
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def is_prefill_done(self) -> bool:
+        """True once every token but the last has KV (the decode invariant)."""
+        return self.num_computed_tokens >= self.num_tokens - 1 and self.num_output_tokens > 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request_id!r}, status={self.status.name}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_table)})"
+        )
+
+
+def _random_seed() -> int:
+    import random
+
+    return random.getrandbits(62)
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: feed ``num_new_tokens`` tokens starting at
+    ``seq.num_computed_tokens``, followed by ``draft_token_ids`` (verify only)."""
+
+    seq: Sequence
+    num_new_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_query_tokens(self) -> int:
+        return self.num_new_tokens + len(self.draft_token_ids)
+
+    @property
+    def samples(self) -> bool:
+        """A step samples for this seq only when it reaches the end of the known tokens."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class StepPlan:
+    """Plain-data plan of one step, produced by a scheduler lane and executed by the runner."""
+
+    lane: str  # "prefill" | "decode" | "verify" | "mixed"
+    seqs: list[ScheduledSeq]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_query_tokens for s in self.seqs)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class StepResult:
+    """What the runner hands back: new token ids per scheduled seq (same order as the plan).
+
+    Prefill chunks that do not reach the end sample nothing (empty list); decode gives one
+    token; verify gives the accepted drafts plus the bonus/resampled token.
+    """
+
+    token_ids: list[list[int]]
+    num_drafted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    """A delta for one request choice: new tokens and text since the last delta."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort | error
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class Observer:
+    """Hook through which the engine reports what it does. The base class ignores everything;
+    ``serve.metrics`` subclasses it to export Prometheus metrics."""
+
+    def lane_step(self, lane: str, seconds: float, num_tokens: int) -> None: ...
+    def queue_depths(self, depths: dict[str, int]) -> None: ...
+    def requests(self, num_running: int, num_waiting: int) -> None: ...
+    def request_queued(self, seconds: float) -> None: ...
+    def first_token(self, seconds: float) -> None: ...
+    def inter_token(self, seconds: float) -> None: ...
+    def request_finished(
+        self, reason: str, e2e_seconds: float, num_prompt: int, num_generated: int
+    ) -> None: ...
+    def spec_tokens(self, num_drafted: int, num_accepted: int) -> None: ...
+    def draft_length(self, draft_len: int) -> None: ...
+    def drafter_temperature(self, temperature: float) -> None: ...
+    def kv_cache(self, usage_ratio: float, num_free_blocks: int) -> None: ...
+    def prefix_cache(self, num_queries: int, num_hits: int) -> None: ...
+    def preemption(self) -> None: ...
