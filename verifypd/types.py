@@ -113,6 +113,7 @@ class Sequence:
         self.num_accepted = 0
         self.acceptance_ewma = 1.0
         self.num_preemptions = 0
+        self.in_flight = 0  # number of launched steps not yet folded back in
 
     @property
     def num_tokens(self) -> int:
@@ -161,6 +162,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object | None = None  # [L, V] drafter distribution (tensor); None = deterministic
 
     @property
     def num_query_tokens(self) -> int:

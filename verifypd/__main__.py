@@ -1,0 +1,86 @@
+"""CLI: ``verifypd serve | generate | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+from verifypd.config import EngineConfig, SpecConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="default | PATH (HF dir or .gguf) | dummy:PRESET")
+    p.add_argument("--draft-model", default=None, help="draft model spec for --spec draft")
+    p.add_argument("--spec", default="off", choices=["off", "ngram", "draft"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    spec = SpecConfig(method=args.spec, draft_model=args.draft_model)
+    return EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, spec=spec
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from verifypd.engine.core import EngineCore
+    from verifypd.types import SamplingParams
+
+    core = EngineCore(engine_config(args))
+    tok = core.tokenizer
+    if args.raw:
+        ids = list(tok.encode(args.prompt))
+    else:
+        messages = [{"role": "user", "content": args.prompt}]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = list(tok.encode(text, add_special_tokens=False))
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sample_seed
+    )
+    core.add_request("cli", ids, params)
+    while core.has_unfinished():
+        for out in core.step():
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    sys.argv = [f"bench/{args.name}.py", *rest]
+    runpy.run_path(f"bench/{args.name}.py", run_name="__main__")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="verifypd")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    from verifypd.serve.cli import add_serve_args
+
+    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    gen = sub.add_parser("generate", help="one-shot generation, streamed to stdout")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--sample-seed", type=int, default=None)
+    gen.add_argument("--raw", action="store_true", help="no chat template")
+    add_engine_args(gen)
+    bench = sub.add_parser("bench", help="run a benchmark script from bench/")
+    bench.add_argument("name", help="offline | latency | kernels | mixed | ...")
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "serve":
+        from verifypd.serve.cli import serve_main
+
+        return serve_main(args)
+    if rest and args.cmd != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.cmd == "generate":
+        return cmd_generate(args)
+    return cmd_bench(args, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

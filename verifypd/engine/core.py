@@ -1,0 +1,262 @@
+"""Engine core: model + KV pool + scheduler + runner + output processing, driven step by step.
+
+``EngineCore.step()`` is the synchronous single-lane loop body (plan, execute, update). The
+async front end and the lane dispatcher reuse the same pieces: ``plan_*`` on the scheduler,
+``runner.launch`` and ``finish_step``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from verifypd.config import EngineConfig
+from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from verifypd.engine.loader import LoadedModel, load_model
+from verifypd.engine.runner import ModelRunner
+from verifypd.engine.scheduler import Scheduler
+from verifypd.kernels import get_ops
+from verifypd.kvcache import KVCacheManager, KVPool
+from verifypd.types import (
+    Observer,
+    ParamError,
+    RequestOutput,
+    SamplingParams,
+    Sequence,
+    StepPlan,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+@dataclass
+class SeqOutputState:
+    """Per-sequence output bookkeeping: detokenizer, stop strings, what was emitted."""
+
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    stop: StopChecker
+    num_emitted: int = 0
+    pending_ids: list[int] = field(default_factory=list)
+
+
+class EngineCore:
+    """Owns one target model and everything needed to serve it."""
+
+    def __init__(self, config: EngineConfig, observer: Observer | None = None) -> None:
+        self.config = config
+        self.observer = observer or Observer()
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        use_triton = config.use_triton if config.use_triton is not None else self._is_cuda
+        self.ops = get_ops(use_triton)
+        self.loaded: LoadedModel = load_model(
+            config.model, self.device, self.dtype, self.ops, seed=config.seed
+        )
+        self.model_config = self.loaded.config
+        self.tokenizer = self.loaded.tokenizer
+        self.model_name = self.loaded.name
+        self.max_model_len = config.scheduler.max_model_len or (
+            self.model_config.max_position_embeddings
+        )
+        self.block_size = config.cache.block_size
+        self.pool = KVPool(
+            self.model_config.num_layers,
+            self._num_blocks(),
+            self.block_size,
+            self.model_config.num_kv_heads,
+            self.model_config.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.kv = KVCacheManager(
+            self.pool.num_blocks, self.block_size, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            max_prefill_chunk=config.scheduler.max_prefill_chunk,
+            max_model_len=self.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            observer=self.observer,
+        )
+        self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
+        self.requests: dict[str, list[SeqOutputState]] = {}
+
+    @property
+    def _is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set(self.model_config.eos_token_ids)
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tok_eos is not None:
+            ids.add(tok_eos)
+        return ids
+
+    def _num_blocks(self) -> int:
+        cfg, m = self.config.cache, self.model_config
+        if cfg.num_blocks is not None:
+            return cfg.num_blocks
+        per_block = KVPool.bytes_per_block(
+            m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.dtype
+        )
+        if self._is_cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - (1 - cfg.gpu_memory_utilization) * total
+        else:
+            budget = cfg.cpu_kv_bytes
+        # Never more than every running sequence at full length could use.
+        cap = self.config.scheduler.max_num_seqs * (self.max_model_len // self.block_size + 1)
+        return max(1, min(int(budget // per_block), cap))
+
+    # ------------------------------------------------------------------ requests
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ParamError for input that can never be served."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ParamError("prompt", "prompt must contain at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        if n + params.max_tokens > self.max_model_len:
+            raise ParamError(
+                "max_tokens" if n < self.max_model_len else "prompt",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
+                f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+            )
+        capacity = self.kv.num_blocks * self.block_size
+        if n + params.max_tokens > capacity:
+            raise ParamError(
+                "max_tokens",
+                f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds the KV cache "
+                f"capacity of {capacity} tokens",
+            )
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> list[Sequence]:
+        if request_id in self.requests:
+            raise ParamError(None, f"duplicate request id {request_id!r}")
+        self.validate(prompt_token_ids, params)
+        now = time.monotonic()
+        states = []
+        for i in range(params.n):
+            seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+            states.append(SeqOutputState(seq, detok, StopChecker(params.stop)))
+            self.scheduler.add(seq)
+        self.requests[request_id] = states
+        return [s.seq for s in states]
+
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """Aborts every choice of a request; frees blocks now (or when its step lands)."""
+        states = self.requests.pop(request_id, [])
+        outputs = []
+        for st in states:
+            if not st.seq.status.is_finished:
+                self.scheduler.finish(st.seq, "abort")
+                outputs.append(self._delta(st, "", finished=True))
+                self._report_finished(st.seq)
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        """One single-lane step: plan, execute, fold back, emit deltas."""
+        plan = self.scheduler.schedule_mixed()
+        if plan is None:
+            return []
+        self.scheduler.begin_step(plan)
+        start = time.perf_counter()
+        token_ids = self.runner.execute(plan)
+        self.observer.lane_step(plan.lane, time.perf_counter() - start, plan.num_tokens)
+        return self.finish_step(plan, token_ids)
+
+    def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
+        changed = self.scheduler.update(plan, token_ids)
+        outputs = [out for seq in changed if (out := self._process(seq)) is not None]
+        self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
+        self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
+        return outputs
+
+    def _state(self, seq: Sequence) -> SeqOutputState | None:
+        states = self.requests.get(seq.request_id)
+        return states[seq.index] if states else None
+
+    def _process(self, seq: Sequence) -> RequestOutput | None:
+        st = self._state(seq)
+        if st is None:
+            return None
+        new_ids = seq.output_token_ids[st.num_emitted :]
+        st.num_emitted = seq.num_output_tokens
+        self._report_tokens(seq, len(new_ids))
+        text, hit = st.stop.push(st.detok.push(new_ids))
+        if hit:
+            self.scheduler.finish(seq, "stop")
+        elif seq.status.is_finished:
+            text += st.stop.flush()
+        out = self._delta(st, text, finished=seq.status.is_finished, new_ids=new_ids)
+        if seq.status.is_finished:
+            self._report_finished(seq)
+            self._forget(seq)
+        return out
+
+    def _delta(self, st, text: str, finished: bool, new_ids: list[int] | None = None):
+        seq = st.seq
+        return RequestOutput(
+            request_id=seq.request_id,
+            index=seq.index,
+            new_token_ids=new_ids or [],
+            new_text=text,
+            finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def _forget(self, seq: Sequence) -> None:
+        states = self.requests.get(seq.request_id)
+        if states and all(s.seq.status.is_finished for s in states):
+            del self.requests[seq.request_id]
+
+    def _report_tokens(self, seq: Sequence, num_new: int) -> None:
+        now = time.monotonic()
+        if seq.first_token_time is None and num_new:
+            seq.first_token_time = now
+            self.observer.first_token(now - seq.arrival_time)
+        elif seq.last_token_time is not None and num_new:
+            self.observer.inter_token((now - seq.last_token_time) / num_new)
+        seq.last_token_time = now
+
+    def _report_finished(self, seq: Sequence) -> None:
+        self.observer.request_finished(
+            seq.finish_reason or "abort",
+            time.monotonic() - seq.arrival_time,
+            seq.num_prompt_tokens,
+            seq.num_output_tokens,
+        )
+
+    # ------------------------------------------------------------------ checks
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.scheduler.live_tables())

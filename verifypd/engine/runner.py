@@ -1,0 +1,244 @@
+"""Model runner: turns a ``StepPlan`` into tensors, runs the forward, samples.
+
+Execution only: it never decides admission. One host sync per step, at the very end, when the
+sampled ids come back through a pinned buffer (``PendingStep.result``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verifypd.engine.model import DecoderLM
+from verifypd.engine.rejection import rejection_sample
+from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.kernels.metadata import AttentionMetadata
+from verifypd.kvcache import KVPool
+from verifypd.types import ScheduledSeq, StepPlan
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_rows: list[int]  # rows of [T] whose logits sample one token (plain seqs)
+    sample_seqs: list[int]  # plan index of each sample row
+    verify_seqs: list[int]  # plan indices of seqs with drafts
+    verify_rows: list[list[int]]  # per verify seq: the 1 + L rows of [T]
+
+
+class PendingStep:
+    """A launched step. ``done()`` polls without blocking; ``result()`` returns token ids."""
+
+    def __init__(self, plan: StepPlan, packed: torch.Tensor | None, layout: list, event=None):
+        self.plan = plan
+        self._packed = packed  # host tensor (pinned on CUDA) filled by a non-blocking copy
+        self._layout = layout  # per plan seq: ("none",) | ("one", i) | ("verify", off, L, acc_i)
+        self._event = event
+
+    def done(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def result(self) -> list[list[int]]:
+        if self._event is not None:
+            self._event.synchronize()
+        flat = self._packed.tolist() if self._packed is not None else []
+        out: list[list[int]] = []
+        for entry in self._layout:
+            if entry[0] == "none":
+                out.append([])
+            elif entry[0] == "one":
+                out.append([flat[entry[1]]])
+            else:
+                _, off, _, acc_i = entry
+                out.append(flat[off : off + flat[acc_i] + 1])
+        return out
+
+
+class ModelRunner:
+    """Executes plans for one model over its KV pool."""
+
+    def __init__(self, model: DecoderLM, pool: KVPool, block_size: int, device: torch.device):
+        self.model = model
+        self.pool = pool
+        self.block_size = block_size
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+
+    # ------------------------------------------------------------------ inputs
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[int] = []
+        verify_seqs: list[int] = []
+        verify_rows: list[list[int]] = []
+        for i, s in enumerate(plan.seqs):
+            start, toks = self._query_tokens(s)
+            end = start + len(toks)
+            ids += toks
+            pos += range(start, end)
+            slots += self._slots(s.seq.block_table, start, end)
+            qsl.append(qsl[-1] + len(toks))
+            seq_lens.append(end)
+            if not s.samples:
+                continue
+            if s.draft_token_ids:
+                verify_seqs.append(i)
+                verify_rows.append(list(range(qsl[-1] - 1 - len(s.draft_token_ids), qsl[-1])))
+            else:
+                sample_seqs.append(i)
+                sample_rows.append(qsl[-1] - 1)
+        meta = self._metadata(plan, slots, qsl, seq_lens)
+        return StepInputs(
+            self._to_device(ids, torch.int64),
+            self._to_device(pos, torch.int64),
+            meta,
+            sample_rows,
+            sample_seqs,
+            verify_seqs,
+            verify_rows,
+        )
+
+    @staticmethod
+    def _query_tokens(s: ScheduledSeq) -> tuple[int, list[int]]:
+        start = s.seq.num_computed_tokens
+        return start, s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _metadata(self, plan: StepPlan, slots, qsl, seq_lens) -> AttentionMetadata:
+        bs = self.block_size
+        max_blocks = max((n + bs - 1) // bs for n in seq_lens)
+        tables = np.zeros((len(plan.seqs), max_blocks), dtype=np.int32)
+        for i, s in enumerate(plan.seqs):
+            n = (seq_lens[i] + bs - 1) // bs
+            tables[i, :n] = s.seq.block_table[:n]
+        query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
+        return AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.int64),
+            query_start_loc=self._to_device(qsl, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
+            block_tables=self._to_device(tables, torch.int32),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+
+    def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.as_tensor(np.asarray(data), dtype=dtype)
+        if not self.is_cuda:
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    # ------------------------------------------------------------------ execution
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
+        """Runs the model over all query tokens; returns fp32 logits of ``rows`` only."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.pool.kv, inputs.meta)
+        if not rows:
+            return hidden.new_empty((0, 0), dtype=torch.float32)
+        index = self._to_device(rows, torch.int64)
+        return self.model.compute_logits(hidden.index_select(0, index))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
+        inputs = self.prepare(plan)
+        verify_flat = [r for rows in inputs.verify_rows for r in rows]
+        logits = self.forward(inputs, inputs.sample_rows + verify_flat)
+        pieces: list[torch.Tensor] = []
+        layout: list = [("none",)] * len(plan.seqs)
+        n_plain = len(inputs.sample_rows)
+        if n_plain:
+            seqs = [plan.seqs[i].seq for i in inputs.sample_seqs]
+            t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
+            pieces.append(sample(logits[:n_plain], t))
+            for j, i in enumerate(inputs.sample_seqs):
+                layout[i] = ("one", j)
+        if inputs.verify_seqs:
+            out, acc = self._verify(plan, inputs, logits[n_plain:])
+            width = out.shape[1]
+            base = n_plain
+            acc_base = base + out.numel()
+            pieces += [out.flatten(), acc]
+            for k, i in enumerate(inputs.verify_seqs):
+                layout[i] = ("verify", base + k * width, width, acc_base + k)
+        return self._pack(plan, pieces, layout)
+
+    def _pack(self, plan: StepPlan, pieces: list[torch.Tensor], layout: list) -> PendingStep:
+        if not pieces:
+            return PendingStep(plan, None, layout)
+        packed = torch.cat([p.to(torch.int64) for p in pieces])
+        if not self.is_cuda:
+            return PendingStep(plan, packed, layout)
+        host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingStep(plan, host, layout, event)
+
+    def execute(self, plan: StepPlan) -> list[list[int]]:
+        """Synchronous convenience: launch and wait."""
+        return self.launch(plan).result()
+
+    def _sampling_tensors(self, seqs, positions: list[int]) -> SamplingTensors:
+        return SamplingTensors.build(
+            temperature=[s.params.temperature for s in seqs],
+            top_k=[s.params.top_k for s in seqs],
+            top_p=[s.params.top_p for s in seqs],
+            seeds=[s.seed for s in seqs],
+            positions=positions,
+            device=self.device,
+        )
+
+    def _verify(self, plan: StepPlan, inputs: StepInputs, logits: torch.Tensor):
+        """Rejection-samples each verify seq's 1 + L target distributions against its drafts."""
+        scheds = [plan.seqs[i] for i in inputs.verify_seqs]
+        num_drafts = [len(s.draft_token_ids) for s in scheds]
+        width = max(num_drafts)
+        rows = torch.zeros(len(scheds), width + 1, logits.shape[-1], device=logits.device)
+        off = 0
+        for k, n in enumerate(num_drafts):
+            rows[k, : n + 1] = logits[off : off + n + 1]
+            off += n + 1
+        seqs = [s.seq for s in scheds]
+        # Each of the 1 + L positions uses the sampling settings of its seq.
+        rep = [s for s in seqs for _ in range(width + 1)]
+        pos = [s.num_tokens + j for s in seqs for j in range(width + 1)]
+        t = self._sampling_tensors(rep, pos)
+        target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
+        drafts = [s.draft_token_ids + [0] * (width - len(s.draft_token_ids)) for s in scheds]
+        draft_probs = self._draft_probs(scheds, width, target)
+        return rejection_sample(
+            target,
+            draft_probs,
+            self._to_device(drafts, torch.int64),
+            self._to_device(num_drafts, torch.int64),
+            self._to_device([s.seed for s in seqs], torch.int64),
+            self._to_device([s.num_tokens for s in seqs], torch.int64),
+        )
+
+    def _draft_probs(self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor):
+        """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram)."""
+        probs = [getattr(s, "draft_probs", None) for s in scheds]
+        if all(p is None for p in probs):
+            return None
+        vocab = target.shape[-1]
+        out = torch.zeros(len(scheds), width, vocab, device=target.device)
+        for k, (s, p) in enumerate(zip(scheds, probs, strict=True)):
+            n = len(s.draft_token_ids)
+            if p is None:
+                out[k, torch.arange(n), torch.tensor(s.draft_token_ids)] = 1.0
+            else:
+                out[k, :n] = p[:n]
+        return out

@@ -1,0 +1,242 @@
+"""Iteration-level scheduler: plans steps, never touches tensors.
+
+The scheduler owns the waiting and running sequences and the KV cache manager. Each planning
+call returns plain-data ``ScheduledSeq`` lists; the runner executes them; ``update`` folds the
+result back in. Lanes (decode, verify, prefill) call the planning methods separately; the
+single-lane loop merges them into one mixed step.
+
+Preemption is by recompute: a victim's blocks are freed, its progress reset to zero, and it
+goes back to the front of the waiting queue (its full blocks stay in the prefix cache, so the
+recompute often hits them).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterable
+
+from verifypd.kvcache import KVCacheManager
+from verifypd.types import Observer, ScheduledSeq, Sequence, SeqStatus, StepPlan
+
+
+def _waiting_key(seq: Sequence) -> tuple[int, float, int]:
+    return (-seq.params.priority, seq.arrival_time, seq.seq_id)
+
+
+class Scheduler:
+    """Admission, chunked prefill, decode slots, preemption and finishing."""
+
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_prefill_chunk: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+        observer: Observer | None = None,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_chunk = max_prefill_chunk
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.observer = observer or Observer()
+        self.waiting: list[Sequence] = []  # sorted by _waiting_key
+        self._waiting_keys: list[tuple[int, float, int]] = []
+        self.running: list[Sequence] = []  # admitted (prefilling or decoding), admission order
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queues
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        key = _waiting_key(seq)
+        i = bisect.bisect(self._waiting_keys, key)
+        self._waiting_keys.insert(i, key)
+        self.waiting.insert(i, seq)
+
+    def _remove_waiting(self, seq: Sequence) -> None:
+        i = self.waiting.index(seq)
+        del self.waiting[i]
+        del self._waiting_keys[i]
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def live_tables(self) -> list[list[int]]:
+        return [s.block_table for s in self.running if s.block_table]
+
+    # ------------------------------------------------------------------ planning
+    def plan_decode(self, draft_lens: dict[int, int] | None = None) -> list[ScheduledSeq]:
+        """One token (plus its drafts, if any) for every decoding sequence not in flight.
+
+        Makes room by preempting the lowest-priority, newest sequences when blocks run out.
+        ``draft_lens`` maps seq_id -> number of draft slots to reserve (verify needs 1 + L)."""
+        planned: list[ScheduledSeq] = []
+        for seq in sorted(self._decodable(), key=_waiting_key):
+            if seq.status is not SeqStatus.DECODING:
+                continue  # preempted while making room for an earlier one
+            num_slots = seq.num_tokens + (draft_lens or {}).get(seq.seq_id, 0)
+            if self._reserve(seq, num_slots, planned):
+                planned.append(ScheduledSeq(seq, 1))
+        return planned
+
+    def _decodable(self) -> list[Sequence]:
+        return [s for s in self.running if s.status is SeqStatus.DECODING and not s.in_flight]
+
+    def _reserve(self, seq: Sequence, num_slots: int, planned: list[ScheduledSeq]) -> bool:
+        """Grow ``seq``'s block table to ``num_slots`` tokens, preempting others if needed."""
+        while not self.kv.allocate(seq.block_table, num_slots):
+            victim = self._pick_victim(exclude={p.seq.seq_id for p in planned})
+            if victim is None or victim is seq:
+                self.preempt(seq)
+                return False
+            self.preempt(victim)
+        return True
+
+    def _pick_victim(self, exclude: set[int]) -> Sequence | None:
+        """Lowest priority first, then newest; never one in flight or already planned."""
+        candidates = [
+            s for s in self.running if not s.in_flight and s.seq_id not in exclude
+        ]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda s: (-s.params.priority, s.arrival_time, s.seq_id))
+
+    def plan_prefill(self, token_budget: int, num_running_budget: int) -> list[ScheduledSeq]:
+        """Chunks of prompts: first the ones already prefilling, then new admissions.
+
+        ``num_running_budget`` caps how many sequences may be running after admission."""
+        planned: list[ScheduledSeq] = []
+        for seq in self.running:
+            if token_budget <= 0:
+                return planned
+            if seq.status is SeqStatus.PREFILLING and not seq.in_flight:
+                chunk = self._chunk(seq, token_budget)
+                if self.kv.allocate(seq.block_table, seq.num_computed_tokens + chunk):
+                    planned.append(ScheduledSeq(seq, chunk))
+                    token_budget -= chunk
+        while self.waiting and token_budget > 0 and len(self.running) < num_running_budget:
+            seq = self.waiting[0]
+            sched = self._admit(seq, token_budget)
+            if sched is None:
+                break  # head of line waits for room; lower priorities do not jump it
+            planned.append(sched)
+            token_budget -= sched.num_new_tokens
+        return planned
+
+    def _chunk(self, seq: Sequence, token_budget: int) -> int:
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        return min(remaining, token_budget, self.max_prefill_chunk)
+
+    def _admit(self, seq: Sequence, token_budget: int) -> ScheduledSeq | None:
+        cached = self.kv.match_prefix(seq.token_ids)
+        num_cached = len(cached) * self.kv.block_size
+        seq.num_computed_tokens = num_cached
+        chunk = self._chunk(seq, token_budget)
+        if not self.kv.allocate(seq.block_table, num_cached + chunk, cached):
+            seq.num_computed_tokens = 0
+            return None
+        self.observer.prefix_cache(seq.num_tokens, num_cached)
+        if seq.num_output_tokens == 0:
+            seq.num_cached_tokens = num_cached
+        self._remove_waiting(seq)
+        seq.status = SeqStatus.PREFILLING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+            self.observer.request_queued(seq.first_scheduled_time - seq.arrival_time)
+        self.running.append(seq)
+        return ScheduledSeq(seq, chunk)
+
+    def schedule_mixed(self) -> StepPlan | None:
+        """Single-lane step (the vLLM-style baseline): all decodes, then prefill chunks."""
+        decodes = self.plan_decode()
+        budget = self.max_num_batched_tokens - len(decodes)
+        prefills = self.plan_prefill(budget, self.max_num_seqs)
+        seqs = decodes + prefills
+        return StepPlan("mixed", seqs) if seqs else None
+
+    # ------------------------------------------------------------------ state changes
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: free the blocks, reset progress, requeue at the front."""
+        self.kv.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.running.remove(seq)
+        self.add(seq)
+        seq.status = SeqStatus.PREEMPTED
+        self.num_preemptions += 1
+        self.observer.preemption()
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends a sequence (stop, length, abort, error) and frees its blocks unless in flight."""
+        if seq.status.is_finished:
+            return
+        seq.status = SeqStatus.ABORTED if reason in ("abort", "error") else SeqStatus.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self._remove_waiting(seq)
+        if not seq.in_flight:
+            self.kv.free(seq.block_table)
+
+    def begin_step(self, plan: StepPlan) -> None:
+        for s in plan.seqs:
+            s.seq.in_flight += 1
+
+    def update(self, plan: StepPlan, token_ids: list[list[int]]) -> list[Sequence]:
+        """Folds a finished step back in; returns the sequences that got new tokens."""
+        changed: list[Sequence] = []
+        for sched, new_ids in zip(plan.seqs, token_ids, strict=True):
+            seq = sched.seq
+            seq.in_flight -= 1
+            if seq.status.is_finished:
+                if not seq.in_flight:
+                    self.kv.free(seq.block_table)  # deferred free of an aborted seq
+                continue
+            if self._apply(sched, new_ids):
+                changed.append(seq)
+        return changed
+
+    def _apply(self, sched: ScheduledSeq, new_ids: list[int]) -> bool:
+        seq = sched.seq
+        num_accepted = max(len(new_ids) - 1, 0) if sched.draft_token_ids else 0
+        seq.num_computed_tokens += sched.num_new_tokens + num_accepted
+        if not new_ids:
+            self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+            return False
+        if seq.status is SeqStatus.PREFILLING:
+            seq.status = SeqStatus.DECODING
+        reason = self._append(seq, new_ids)
+        if reason is not None:
+            self.finish(seq, reason)
+            return True
+        if sched.draft_token_ids:
+            self.kv.truncate(seq.block_table, seq.num_tokens)
+        self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+        return True
+
+    def _append(self, seq: Sequence, new_ids: list[int]) -> str | None:
+        """Appends tokens one by one, stopping at the first stop condition."""
+        params = seq.params
+        for tok in new_ids:
+            seq.token_ids.append(tok)
+            if tok in params.stop_token_ids:
+                return "stop"
+            if not params.ignore_eos and tok in self.eos_token_ids:
+                return "stop"
+            if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                return "length"
+        return None

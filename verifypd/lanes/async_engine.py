@@ -1,0 +1,148 @@
+"""AsyncEngine: the asyncio front of the engine core.
+
+``generate`` is an async iterator of ``RequestOutput`` deltas. A background task drives the
+steps; on GPU a step is launched and its CUDA event polled, so the event loop never blocks on the
+device; on CPU the step runs in one worker thread for the same reason. The KV cache allocator
+and the scheduler are touched only from the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from verifypd.config import EngineConfig
+from verifypd.engine.core import EngineCore
+from verifypd.engine.runner import PendingStep
+from verifypd.types import Observer, RequestOutput, SamplingParams, StepPlan
+
+
+class AsyncEngine:
+    """Serves requests concurrently from one event loop."""
+
+    def __init__(self, config: EngineConfig, observer: Observer | None = None) -> None:
+        self.config = config
+        self.observer = observer or Observer()
+        self.core = EngineCore(config, self.observer)
+        self.model_name = self.core.model_name
+        self.tokenizer = self.core.tokenizer
+        self.max_model_len = self.core.max_model_len
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = None if self.core.device.type == "cuda" else ThreadPoolExecutor(1)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.create_task(self._run(), name="verifypd-engine")
+
+    async def stop(self) -> None:
+        for rid in list(self._queues):
+            self.abort(rid)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ requests
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields deltas for every choice of the request; aborts it if the consumer leaves."""
+        await self.start()
+        self.core.add_request(request_id, list(prompt_token_ids), params)
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._wakeup.set()
+        remaining = params.n
+        try:
+            while remaining:
+                out = await queue.get()
+                remaining -= out.finished
+                yield out
+        finally:
+            self._queues.pop(request_id, None)
+            if remaining:
+                self.core.abort_request(request_id)
+                self._report_depths()
+
+    def abort(self, request_id: str) -> None:
+        for out in self.core.abort_request(request_id):
+            self._deliver(out)
+
+    @property
+    def num_running(self) -> int:
+        return self.core.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.core.scheduler.num_waiting
+
+    @property
+    def kv_usage(self) -> float:
+        return self.core.kv.usage
+
+    def check_integrity(self) -> None:
+        self.core.check_integrity()
+
+    # ------------------------------------------------------------------ loop
+    async def _run(self) -> None:
+        while True:
+            if not self.core.scheduler.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            plan = self.core.scheduler.schedule_mixed()
+            if plan is None:
+                await asyncio.sleep(0.001)
+                continue
+            await self._execute(plan)
+
+    async def _execute(self, plan: StepPlan) -> None:
+        self.core.scheduler.begin_step(plan)
+        self._report_depths()
+        start = time.perf_counter()
+        try:
+            pending = await self._launch(plan)
+            while not pending.done():
+                await asyncio.sleep(0)
+            token_ids = pending.result()
+        except Exception:
+            token_ids = [[] for _ in plan.seqs]
+            self._fail(plan)
+        self.observer.lane_step(plan.lane, time.perf_counter() - start, plan.num_tokens)
+        for out in self.core.finish_step(plan, token_ids):
+            self._deliver(out)
+
+    async def _launch(self, plan: StepPlan) -> PendingStep:
+        if self._executor is None:
+            return self.core.runner.launch(plan)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
+
+    def _fail(self, plan: StepPlan) -> None:
+        """A step raised: end its requests with finish_reason "error" instead of hanging."""
+        import logging
+
+        logging.getLogger("verifypd").exception("step failed; ending its requests")
+        for s in plan.seqs:
+            for out in self.core.abort_request(s.seq.request_id):
+                out.finish_reason = "error"
+                self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        queue = self._queues.get(out.request_id)
+        if queue is not None:
+            queue.put_nowait(out)
+
+    def _report_depths(self) -> None:
+        self.observer.requests(self.num_running, self.num_waiting)
