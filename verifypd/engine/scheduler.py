@@ -220,12 +220,11 @@ class Scheduler:
         if seq.status is SeqStatus.PREFILLING:
             seq.status = SeqStatus.DECODING
         reason = self._append(seq, new_ids)
+        self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
         if reason is not None:
             self.finish(seq, reason)
-            return True
-        if sched.draft_token_ids:
+        elif sched.draft_token_ids:
             self.kv.truncate(seq.block_table, seq.num_tokens)
-        self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
         return True
 
     def _append(self, seq: Sequence, new_ids: list[int]) -> str | None:
