@@ -10,7 +10,9 @@ from verifypd.config import EngineConfig, SpecConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="default | PATH (HF dir or .gguf) | dummy:PRESET")
+    p.add_argument(
+        "--model", default="default", help="default | PATH (HF dir or .gguf) | dummy:PRESET"
+    )
     p.add_argument("--draft-model", default=None, help="draft model spec for --spec draft")
     p.add_argument("--spec", default="off", choices=["off", "ngram", "draft"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")

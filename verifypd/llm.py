@@ -55,8 +55,8 @@ class LLM:
     ) -> list[GenerationOutput]:
         """Submits every prompt at once and steps until all are finished."""
         prompts = _as_list(prompts)
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(
-            prompts
+        params_list = (
+            params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         )
         results: dict[str, GenerationOutput] = {}
         for prompt, p in zip(prompts, params_list, strict=True):

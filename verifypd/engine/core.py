@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from verifypd.config import EngineConfig
+from verifypd.controller import build_controller
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.scheduler import Scheduler
+from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
 from verifypd.kernels import get_ops
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import (
@@ -96,7 +98,26 @@ class EngineCore:
             observer=self.observer,
         )
         self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
+        self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
+        self.spec = SpecDecoder(config.spec, self._drafter())
+        self.controller = build_controller(config.spec)
         self.requests: dict[str, list[SeqOutputState]] = {}
+
+    def _drafter(self) -> DraftModelProposer | None:
+        spec = self.config.spec
+        if spec.method != "draft":
+            return None
+        draft = load_model(
+            spec.draft_model, self.device, self.dtype, self.ops, seed=self.config.seed + 1
+        )
+        if draft.config.vocab_size > self.model_config.vocab_size:
+            raise ValueError(
+                f"draft model vocab ({draft.config.vocab_size}) is larger than the target's "
+                f"({self.model_config.vocab_size}): they must share a tokenizer"
+            )
+        return DraftModelProposer(
+            draft, self.pool.num_blocks, self.block_size, self.device, self.dtype
+        )
 
     @property
     def _is_cuda(self) -> bool:
@@ -163,6 +184,10 @@ class EngineCore:
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
             states.append(SeqOutputState(seq, detok, StopChecker(params.stop)))
             self.scheduler.add(seq)
+            if self.spec.enabled:
+                self.controller.add_request(
+                    seq.seq_id, params.is_greedy, params.temperature, params.speculate
+                )
         self.requests[request_id] = states
         return [s.seq for s in states]
 
@@ -175,6 +200,8 @@ class EngineCore:
                 self.scheduler.finish(st.seq, "abort")
                 outputs.append(self._delta(st, "", finished=True))
                 self._report_finished(st.seq)
+            self.spec.forget(st.seq)
+            self.controller.remove_request(st.seq.seq_id)
         return outputs
 
     def has_unfinished(self) -> bool:
@@ -182,22 +209,60 @@ class EngineCore:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
-        """One single-lane step: plan, execute, fold back, emit deltas."""
-        plan = self.scheduler.schedule_mixed()
+        """One single-lane step: plan (decodes with drafts, verifies and prefill chunks fused
+        in one batch), execute, fold back, emit deltas."""
+        plan = self.plan_mixed()
         if plan is None:
             return []
         self.scheduler.begin_step(plan)
         start = time.perf_counter()
         token_ids = self.runner.execute(plan)
-        self.observer.lane_step(plan.lane, time.perf_counter() - start, plan.num_tokens)
+        self.record_step(plan, time.perf_counter() - start)
         return self.finish_step(plan, token_ids)
 
+    def draft_lens(self) -> dict[int, int]:
+        """Asks the controller for each live request's L and stores it on the sequence."""
+        if not self.spec.enabled:
+            return {}
+        decisions = self.controller.step()
+        for seq in self.scheduler.running:
+            seq.draft_len = decisions.get(seq.seq_id, 0)
+            self.observer.draft_length(seq.draft_len)
+        return {s.seq_id: s.draft_len for s in self.scheduler.running if self.spec.wants(s)}
+
+    def drafter_temps(self) -> dict[int, float]:
+        return {
+            s.seq_id: self.controller.drafter_temperature(s.seq_id)
+            for s in self.scheduler.running
+            if self.spec.wants(s)
+        }
+
+    def plan_mixed(self) -> StepPlan | None:
+        plan = self.scheduler.schedule_mixed(self.draft_lens())
+        if plan is not None and self.spec.enabled:
+            self.spec.propose([e for e in plan.seqs if e.samples], self.drafter_temps())
+        return plan
+
+    def record_step(self, plan: StepPlan, seconds: float) -> None:
+        self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
+        if self.spec.enabled:
+            self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
+
     def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
+        self._record_acceptance(plan, token_ids)
         changed = self.scheduler.update(plan, token_ids)
         outputs = [out for seq in changed if (out := self._process(seq)) is not None]
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs
+
+    def _record_acceptance(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
+        for entry, new_ids in zip(plan.seqs, token_ids, strict=True):
+            if entry.draft_token_ids and new_ids:
+                num_accepted = self.spec.record(entry, new_ids)
+                num_drafted = len(entry.draft_token_ids)
+                self.controller.observe_acceptance(entry.seq.seq_id, num_drafted, num_accepted)
+                self.observer.spec_tokens(num_drafted, num_accepted)
 
     def _state(self, seq: Sequence) -> SeqOutputState | None:
         states = self.requests.get(seq.request_id)
@@ -236,6 +301,8 @@ class EngineCore:
         )
 
     def _forget(self, seq: Sequence) -> None:
+        self.spec.forget(seq)
+        self.controller.remove_request(seq.seq_id)
         states = self.requests.get(seq.request_id)
         if states and all(s.seq.status.is_finished for s in states):
             del self.requests[seq.request_id]

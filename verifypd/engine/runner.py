@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.model import DecoderLM
-from verifypd.engine.rejection import rejection_sample
+from verifypd.engine.rejection import rejection_sample, synthetic_num_accepted
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVPool
@@ -67,6 +67,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.is_cuda = device.type == "cuda"
+        # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
+        self.synthetic_acceptance: float | None = None
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, plan: StepPlan) -> StepInputs:
@@ -217,16 +219,30 @@ class ModelRunner:
         pos = [s.num_tokens + j for s in seqs for j in range(width + 1)]
         t = self._sampling_tensors(rep, pos)
         target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
-        drafts = [s.draft_token_ids + [0] * (width - len(s.draft_token_ids)) for s in scheds]
-        draft_probs = self._draft_probs(scheds, width, target)
-        return rejection_sample(
-            target,
-            draft_probs,
-            self._to_device(drafts, torch.int64),
-            self._to_device(num_drafts, torch.int64),
-            self._to_device([s.seed for s in seqs], torch.int64),
-            self._to_device([s.num_tokens for s in seqs], torch.int64),
+        drafts = self._to_device(
+            [s.draft_token_ids + [0] * (width - len(s.draft_token_ids)) for s in scheds],
+            torch.int64,
         )
+        num_drafts_t = self._to_device(num_drafts, torch.int64)
+        seeds = self._to_device([s.seed for s in seqs], torch.int64)
+        positions = self._to_device([s.num_tokens for s in seqs], torch.int64)
+        if self.synthetic_acceptance is not None:
+            return self._synthetic(target, drafts, num_drafts_t, seeds, positions)
+        draft_probs = self._draft_probs(scheds, width, target)
+        return rejection_sample(target, draft_probs, drafts, num_drafts_t, seeds, positions)
+
+    def _synthetic(self, target, drafts, num_drafts, seeds, positions):
+        """Keeps the first k drafts (k ~ truncated geometric(alpha)) and the target's most
+        likely token after them: real forwards, synthetic acceptance (benchmarks only)."""
+        alpha = torch.full_like(num_drafts, 0, dtype=torch.float32) + self.synthetic_acceptance
+        k = synthetic_num_accepted(alpha, num_drafts, seeds, positions)  # [B]
+        width = drafts.shape[1]
+        cols = torch.arange(width + 1, device=drafts.device)
+        final = target[torch.arange(target.shape[0], device=k.device), k].argmax(-1)  # [B]
+        padded = torch.cat([drafts, drafts.new_full((drafts.shape[0], 1), -1)], dim=1)
+        out = torch.where(cols[None, :] < k[:, None], padded, -1)
+        out = out.scatter(1, k[:, None], final[:, None])
+        return out, k
 
     def _draft_probs(self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor):
         """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram)."""
@@ -240,5 +256,5 @@ class ModelRunner:
             if p is None:
                 out[k, torch.arange(n), torch.tensor(s.draft_token_ids)] = 1.0
             else:
-                out[k, :n] = p[:n]
+                out[k, :n, : p.shape[-1]] = p[:n]  # a smaller drafter vocab pads with 0
         return out

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 
 from verifypd.kvcache import KVCacheManager
-from verifypd.types import Observer, ScheduledSeq, Sequence, SeqStatus, StepPlan
+from verifypd.types import Observer, ScheduledSeq, SeqStatus, Sequence, StepPlan
 
 
 def _waiting_key(seq: Sequence) -> tuple[int, float, int]:
@@ -107,9 +107,7 @@ class Scheduler:
 
     def _pick_victim(self, exclude: set[int]) -> Sequence | None:
         """Lowest priority first, then newest; never one in flight or already planned."""
-        candidates = [
-            s for s in self.running if not s.in_flight and s.seq_id not in exclude
-        ]
+        candidates = [s for s in self.running if not s.in_flight and s.seq_id not in exclude]
         if not candidates:
             return None
         return max(candidates, key=lambda s: (-s.params.priority, s.arrival_time, s.seq_id))
@@ -159,9 +157,10 @@ class Scheduler:
         self.running.append(seq)
         return ScheduledSeq(seq, chunk)
 
-    def schedule_mixed(self) -> StepPlan | None:
-        """Single-lane step (the vLLM-style baseline): all decodes, then prefill chunks."""
-        decodes = self.plan_decode()
+    def schedule_mixed(self, draft_lens: dict[int, int] | None = None) -> StepPlan | None:
+        """Single-lane step (the vLLM-style baseline): all decodes (with room for drafts),
+        then prefill chunks, in one batch."""
+        decodes = self.plan_decode(draft_lens)
         budget = self.max_num_batched_tokens - len(decodes)
         prefills = self.plan_prefill(budget, self.max_num_seqs)
         seqs = decodes + prefills
@@ -223,7 +222,7 @@ class Scheduler:
         self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
         if reason is not None:
             self.finish(seq, reason)
-        elif sched.draft_token_ids:
+        else:  # release slots reserved for rejected (or never proposed) drafts
             self.kv.truncate(seq.block_table, seq.num_tokens)
         return True
 
