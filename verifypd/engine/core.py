@@ -108,7 +108,7 @@ class EngineCore:
         if spec.method != "draft":
             return None
         draft = load_model(
-            spec.draft_model, self.device, self.dtype, self.ops, seed=self.config.seed + 1
+            spec.draft_model, self.device, self.dtype, self.ops, seed=self.config.seed
         )
         if draft.config.vocab_size > self.model_config.vocab_size:
             raise ValueError(
