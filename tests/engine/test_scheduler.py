@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from verifypd.engine.scheduler import Scheduler
 from verifypd.kvcache import KVCacheManager
-from verifypd.types import SamplingParams, Sequence, SeqStatus, StepPlan
+from verifypd.types import SamplingParams, SeqStatus, Sequence, StepPlan
 
 
 def _sched(num_blocks=16, block_size=4, budget=64, chunk=64, max_seqs=8, prefix=True):

@@ -216,7 +216,7 @@ class Scheduler:
         if not new_ids:
             self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
             return False
-        if seq.status is SeqStatus.PREFILLING:
+        if seq.status in (SeqStatus.PREFILLING, SeqStatus.VERIFYING):
             seq.status = SeqStatus.DECODING
         reason = self._append(seq, new_ids)
         self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)

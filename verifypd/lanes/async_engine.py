@@ -9,13 +9,13 @@ and the scheduler are touched only from the event-loop thread.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
+from verifypd.lanes.dispatcher import LaneDispatcher, LaneStreams
 from verifypd.types import Observer, RequestOutput, SamplingParams, StepPlan
 
 
@@ -33,6 +33,14 @@ class AsyncEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = None if self.core.device.type == "cuda" else ThreadPoolExecutor(1)
+        self.streams = LaneStreams(self.core.device)
+        self.dispatcher = LaneDispatcher(
+            self.core,
+            self._launch,
+            self._deliver,
+            ttft_budget_s=config.scheduler.ttft_budget_s,
+            single_lane=config.lane_mode == "single",
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -96,48 +104,24 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ loop
     async def _run(self) -> None:
+        d = self.dispatcher
         while True:
-            if not self.core.scheduler.has_work():
+            if await d.tick():
+                await asyncio.sleep(0)
+            elif d.in_flight:
+                await asyncio.sleep(0)  # poll the lanes' CUDA events without blocking
+            elif d.has_work():
+                await asyncio.sleep(0.001)  # work exists but nothing fits right now
+            else:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-                continue
-            plan = self.core.scheduler.schedule_mixed()
-            if plan is None:
-                await asyncio.sleep(0.001)
-                continue
-            await self._execute(plan)
 
-    async def _execute(self, plan: StepPlan) -> None:
-        self.core.scheduler.begin_step(plan)
-        self._report_depths()
-        start = time.perf_counter()
-        try:
-            pending = await self._launch(plan)
-            while not pending.done():
-                await asyncio.sleep(0)
-            token_ids = pending.result()
-        except Exception:
-            token_ids = [[] for _ in plan.seqs]
-            self._fail(plan)
-        self.observer.lane_step(plan.lane, time.perf_counter() - start, plan.num_tokens)
-        for out in self.core.finish_step(plan, token_ids):
-            self._deliver(out)
-
-    async def _launch(self, plan: StepPlan) -> PendingStep:
-        if self._executor is None:
+    async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
+        if self._executor is not None:  # CPU: keep the event loop free while the step runs
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
+        with self.streams.context(lane):
             return self.core.runner.launch(plan)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
-
-    def _fail(self, plan: StepPlan) -> None:
-        """A step raised: end its requests with finish_reason "error" instead of hanging."""
-        import logging
-
-        logging.getLogger("verifypd").exception("step failed; ending its requests")
-        for s in plan.seqs:
-            for out in self.core.abort_request(s.seq.request_id):
-                out.finish_reason = "error"
-                self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)

@@ -1,0 +1,218 @@
+"""The three lanes and their priority dispatcher (Verify-PD).
+
+Lanes, highest priority first:
+- decode: one target token for every decoding sequence with L = 0, and the drafts of every
+  speculating sequence (n-gram lookup, or L drafter forwards); drafted sequences move on to
+- verify: one target forward over [last token + L drafts] per sequence, rejection sampling;
+- prefill: prompt chunks (bounded by a token budget, so a decode waits at most one chunk).
+
+The dispatcher launches a lane's step on that lane's stream and does not wait for it: on GPU
+lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
+work. A lane has at most one step in flight, and a sequence is in at most one step. Priority is
+strict with bounded starvation: a waiting prefill whose oldest request has waited past the TTFT
+budget goes first once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from verifypd.engine.core import EngineCore
+from verifypd.engine.runner import PendingStep
+from verifypd.types import RequestOutput, ScheduledSeq, SeqStatus, StepPlan
+
+LANES = ("decode", "verify", "prefill")  # priority order
+
+
+SINGLE_LANE = ("mixed",)  # baseline: decode, verify and prefill fused in one batch
+
+
+def choose_lane(
+    idle: set[str],
+    has_work: dict[str, bool],
+    prefill_wait_s: float | None,
+    ttft_budget_s: float,
+    lanes: tuple[str, ...] = LANES,
+) -> str | None:
+    """Policy: the highest-priority idle lane with work; a starved prefill first."""
+    starved = prefill_wait_s is not None and prefill_wait_s > ttft_budget_s
+    if starved and "prefill" in idle and has_work.get("prefill"):
+        return "prefill"
+    for lane in lanes:
+        if lane in idle and has_work.get(lane):
+            return lane
+    return None
+
+
+class LaneStreams:
+    """One CUDA stream per lane, created with the lane's priority; no-ops on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.streams: dict[str, torch.cuda.Stream] = {}
+        if device.type == "cuda":
+            highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
+            prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
+            self.streams = {n: torch.cuda.Stream(device, priority=p) for n, p in prios.items()}
+
+    def context(self, lane: str):
+        stream = self.streams.get(lane)
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+@dataclass
+class InFlight:
+    plan: StepPlan
+    pending: PendingStep | None  # None while the launch itself is still running
+    start: float
+
+
+Launcher = Callable[[str, StepPlan], Awaitable[PendingStep]]
+
+
+class LaneDispatcher:
+    """Plans and launches lane steps by priority and folds finished ones back in."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        launch: Launcher,
+        deliver: Callable[[RequestOutput], None],
+        ttft_budget_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        single_lane: bool = False,
+    ) -> None:
+        self.lanes = SINGLE_LANE if single_lane else LANES
+        self.core = core
+        self.sched = core.scheduler
+        self._launch_fn = launch
+        self._deliver = deliver
+        self.ttft_budget_s = ttft_budget_s
+        self.clock = clock
+        self.verify_queue: list[ScheduledSeq] = []
+        self.in_flight: dict[str, InFlight] = {}
+        self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
+
+    # ------------------------------------------------------------------ signals
+    def queue_depths(self) -> dict[str, int]:
+        return {
+            "decode": len(self.sched._decodable()),
+            "verify": len(self.verify_queue),
+            "prefill": self.sched.num_waiting + self._num_prefilling(),
+        }
+
+    def _num_prefilling(self) -> int:
+        return sum(
+            1 for s in self.sched.running if s.status is SeqStatus.PREFILLING and not s.in_flight
+        )
+
+    def _has_work(self) -> dict[str, bool]:
+        depths = self.queue_depths()
+        work = {lane: depths[lane] > 0 for lane in LANES}
+        work["mixed"] = any(work.values())
+        return work
+
+    def _prefill_wait(self) -> float | None:
+        if not self.sched.waiting:
+            return None
+        return self.clock() - min(s.arrival_time for s in self.sched.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.in_flight) or any(self._has_work().values())
+
+    # ------------------------------------------------------------------ one iteration
+    async def tick(self) -> bool:
+        """Collects finished steps and launches at most one lane. Returns True on progress."""
+        progressed = self.collect()
+        idle = {lane for lane in self.lanes if lane not in self.in_flight}
+        tried: set[str] = set()
+        while True:
+            lane = choose_lane(
+                idle - tried,
+                self._has_work(),
+                self._prefill_wait(),
+                self.ttft_budget_s,
+                self.lanes,
+            )
+            if lane is None:
+                return progressed
+            plan = self._plan(lane)
+            if plan is not None:
+                await self._launch(lane, plan)
+                return True
+            tried.add(lane)
+
+    def collect(self) -> bool:
+        done = [lane for lane, f in self.in_flight.items() if f.pending and f.pending.done()]
+        for lane in done:
+            f = self.in_flight.pop(lane)
+            token_ids = f.pending.result()
+            self.core.record_step(f.plan, self.clock() - f.start)
+            for out in self.core.finish_step(f.plan, token_ids):
+                self._deliver(out)
+        if done:
+            self._report()
+        return bool(done)
+
+    # ------------------------------------------------------------------ planning per lane
+    def _plan(self, lane: str) -> StepPlan | None:
+        if lane == "decode":
+            return self._plan_decode()
+        if lane == "verify":
+            return self._plan_verify()
+        if lane == "mixed":
+            return self.core.plan_mixed()
+        budget = self.sched.max_num_batched_tokens
+        entries = self.sched.plan_prefill(budget, self.sched.max_num_seqs)
+        return StepPlan("prefill", entries) if entries else None
+
+    def _plan_decode(self) -> StepPlan | None:
+        entries = self.sched.plan_decode(self.core.draft_lens())
+        spec = self.core.spec
+        if spec.enabled:
+            spec.propose(entries, self.core.drafter_temps())
+        plain = [e for e in entries if not e.draft_token_ids]
+        for e in entries:
+            if e.draft_token_ids:
+                e.seq.status = SeqStatus.VERIFYING
+                self.verify_queue.append(e)
+                self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
+        if spec.enabled:
+            self.core.controller.observe_verify_queue(len(self.verify_queue))
+        return StepPlan("decode", plain) if plain else None
+
+    def _plan_verify(self) -> StepPlan | None:
+        entries, self.verify_queue = self.verify_queue, []
+        return StepPlan("verify", entries) if entries else None
+
+    async def _launch(self, lane: str, plan: StepPlan) -> None:
+        if lane != "verify":  # verify entries were marked when they were queued
+            self.sched.begin_step(plan)
+        start = self.clock()
+        self.launch_log.append(lane)
+        self._report()
+        flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
+        try:
+            flight.pending = await self._launch_fn(lane, plan)
+        except Exception:
+            del self.in_flight[lane]
+            self._fail(plan)
+
+    def _fail(self, plan: StepPlan) -> None:
+        """A launch raised: end the affected requests with "error" instead of hanging."""
+        import logging
+
+        logging.getLogger("verifypd").exception("lane step failed; ending its requests")
+        self.sched.update(plan, [[] for _ in plan.seqs])
+        for rid in {s.seq.request_id for s in plan.seqs}:
+            for out in self.core.abort_request(rid):
+                out.finish_reason = "error"
+                self._deliver(out)
+
+    def _report(self) -> None:
+        self.core.observer.queue_depths(self.queue_depths())
+        self.core.observer.requests(self.sched.num_running, self.sched.num_waiting)
