@@ -1,0 +1,58 @@
+"""Kernels: Triton kernels and their torch references, bundled behind one ``Ops`` table.
+
+The model calls only ``Ops`` members, so the torch references (CPU, tests) and the Triton
+kernels (GPU) are interchangeable: they share signatures and semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from verifypd.kernels import reference
+from verifypd.kernels.metadata import AttentionMetadata
+
+__all__ = ["AttentionMetadata", "Ops", "get_ops"]
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The op table a model runs on; see ``kernels.reference`` for each op's contract."""
+
+    store_kv: Callable[..., None]
+    paged_attention: Callable[..., object]
+    rms_norm: Callable[..., object]
+    rope: Callable[..., object]
+    silu_and_mul: Callable[..., object]
+
+
+REFERENCE_OPS = Ops(
+    store_kv=reference.store_kv,
+    paged_attention=reference.paged_attention,
+    rms_norm=reference.rms_norm,
+    rope=reference.rope,
+    silu_and_mul=reference.silu_and_mul,
+)
+
+
+def get_ops(use_triton: bool = False) -> Ops:
+    """The torch reference ops, or the Triton kernels when ``use_triton``."""
+    if not use_triton:
+        return REFERENCE_OPS
+    return _triton_ops()
+
+
+def _triton_ops() -> Ops:
+    try:
+        from verifypd.kernels import triton_ops
+    except ImportError as exc:  # no triton installed, or the kernels module is missing
+        raise RuntimeError(
+            f"Triton ops are unavailable ({exc}); use use_triton=False (torch reference ops)"
+        ) from exc
+    return Ops(
+        store_kv=triton_ops.store_kv,
+        paged_attention=triton_ops.paged_attention,
+        rms_norm=triton_ops.rms_norm,
+        rope=triton_ops.rope,
+        silu_and_mul=triton_ops.silu_and_mul,
+    )

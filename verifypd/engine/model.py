@@ -1,0 +1,195 @@
+"""One decoder-only transformer for the Llama, Qwen2 and Qwen3 families over a paged KV cache.
+
+Differences between the families are config flags: Qwen2 adds a bias to the q/k/v projection
+(``attention_bias``), Qwen3 RMS-normalises every q and k head before RoPE (``qk_norm``).
+Projections are fused: ``qkv_proj`` = [q | k | v] rows and ``gate_up_proj`` = [gate | up] rows.
+All attention, norm and activation math goes through an ``Ops`` table (torch reference or
+Triton), and ``forward`` is free of host syncs so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from verifypd.config import ModelConfig
+from verifypd.engine.rope import build_cos_sin_cache
+from verifypd.kernels import Ops
+from verifypd.kernels.metadata import AttentionMetadata
+
+
+def packed_shard_sizes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Row sizes of the pieces stacked in each fused projection, in order."""
+    q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return {
+        "qkv_proj": (q_size, kv_size, kv_size),
+        "gate_up_proj": (cfg.intermediate_size, cfg.intermediate_size),
+    }
+
+
+def _empty(*shape: int, device: torch.device | None, dtype: torch.dtype | None) -> nn.Parameter:
+    # Uninitialised on purpose: loaders fill every parameter (and check that they did).
+    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with uninitialised parameters (no init cost for big models)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, **factory) -> None:
+        super().__init__()
+        self.weight = _empty(out_features, in_features, **factory)
+        self.bias = _empty(out_features, **factory) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int, **factory) -> None:
+        super().__init__()
+        self.weight = _empty(num_embeddings, dim, **factory)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNormWeight(nn.Module):
+    """Holds a norm's weight; the math is ``ops.rms_norm``."""
+
+    def __init__(self, dim: int, **factory) -> None:
+        super().__init__()
+        self.weight = _empty(dim, **factory)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, **factory) -> None:
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim, self.eps = cfg.head_dim, cfg.rms_norm_eps
+        self.scale = cfg.head_dim**-0.5
+        self.split_sizes = list(packed_shard_sizes(cfg)["qkv_proj"])
+        qkv_size = sum(self.split_sizes)
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.attention_bias, **factory)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, **factory)
+        self.q_norm = RMSNormWeight(cfg.head_dim, **factory) if cfg.qk_norm else None
+        self.k_norm = RMSNormWeight(cfg.head_dim, **factory) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: Tensor,  # [T, H]
+        positions: Tensor,  # [T]
+        k_cache: Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        cos_sin_cache: Tensor,  # [max_pos, D]
+    ) -> Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self._head_norm(q, self.q_norm.weight), self._head_norm(k, self.k_norm.weight)
+        q, k = self.ops.rope(q, k, positions, cos_sin_cache)
+        self.ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def _head_norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """RMSNorm over each head: [T, H, D] -> [T, H, D]."""
+        normed, _ = self.ops.rms_norm(x.reshape(-1, self.head_dim), weight, self.eps)
+        return normed.view(x.shape)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, **factory) -> None:
+        super().__init__()
+        self.ops = ops
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, **factory)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, **factory)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # [T, H]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, **factory) -> None:
+        super().__init__()
+        self.ops, self.eps = ops, cfg.rms_norm_eps
+        self.input_layernorm = RMSNormWeight(cfg.hidden_size, **factory)
+        self.self_attn = Attention(cfg, ops, **factory)
+        self.post_attention_layernorm = RMSNormWeight(cfg.hidden_size, **factory)
+        self.mlp = MLP(cfg, ops, **factory)
+
+    def forward(
+        self,
+        x: Tensor,
+        residual: Tensor | None,
+        positions: Tensor,
+        kv_layer: Tensor,  # [2, num_blocks, block_size, Hkv, D]
+        meta: AttentionMetadata,
+        cos_sin_cache: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Pre-norm block; the residual stream is carried separately (fused add + norm)."""
+        h, residual = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps, residual)
+        h = self.self_attn(h, positions, kv_layer[0], kv_layer[1], meta, cos_sin_cache)
+        h, residual = self.ops.rms_norm(h, self.post_attention_layernorm.weight, self.eps, residual)
+        return self.mlp(h), residual
+
+
+class DecoderLM(nn.Module):
+    """Causal LM: embeddings, ``num_layers`` decoder layers, final norm and LM head.
+
+    Parameters are created uninitialised on ``device`` in ``dtype`` (a loader fills them); the
+    RoPE table stays fp32. Use the ``dtype`` argument rather than ``.to(dtype)``, which would
+    also cast the RoPE table.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ops: Ops,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        factory = {"device": torch.device(device) if device is not None else None, "dtype": dtype}
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, ops, **factory) for _ in range(cfg.num_layers)
+        )
+        self.norm = RMSNormWeight(cfg.hidden_size, **factory)
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, False, **factory)
+        )
+        cos_sin = build_cos_sin_cache(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.rope_scaling_dict,
+            cfg.max_position_embeddings,
+            factory["device"],
+        )
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)  # [max_pos, D] fp32
+
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, kv: Tensor, meta: AttentionMetadata
+    ) -> Tensor:
+        """input_ids, positions: [T] int64; kv: [num_layers, 2, num_blocks, block_size, Hkv, D]
+        -> final-norm hidden states [T, H]. Writes the new tokens' KV into ``kv``."""
+        x = self.embed_tokens(input_ids)  # [T, H]
+        residual: Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, positions, kv[i], meta, self.cos_sin_cache)
+        x, _ = self.ops.rms_norm(x, self.norm.weight, self.cfg.rms_norm_eps, residual)
+        return x
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """[N, H] -> [N, V] fp32 logits (tied embedding or separate LM head)."""
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, head).float()
