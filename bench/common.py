@@ -1,0 +1,374 @@
+"""Shared pieces of the benchmark scripts: run metadata, JSON/PNG output, timing, hardware
+ceilings (copy GB/s, bf16 matmul TFLOP/s) and the ModelConfig -> transformers config converter.
+The engine-side harness is in ``harness.py``.
+
+Every script runs on CPU with tiny settings (``--device cpu --model dummy:tiny``) so its logic is
+tested in CI; numbers only mean something on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from verifypd.config import ModelConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "bench" / "results"
+
+
+# ----------------------------------------------------------------------------- CLI helpers
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory for JSON/PNG")
+    p.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
+
+
+def add_front_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--front",
+        default="llm",
+        choices=["llm", "async"],
+        help="llm: LLM.generate (fused EngineCore.step loop); async: AsyncEngine lanes",
+    )
+    p.add_argument("--lane-mode", default="three", choices=["three", "single"], help="async only")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def csv_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# ----------------------------------------------------------------------------- metadata
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - a missing package is just "None" in the report
+        return None
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def git_dirty() -> bool | None:
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def metadata(script: str, argv: Sequence[str], params: dict[str, Any], device: torch.device):
+    """Who/what/where/when of a run; ``params`` are the parsed arguments."""
+    return {
+        "script": script,
+        "device": device_name(device),
+        "device_type": device.type,
+        "cuda_capability": (
+            list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+        ),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": _version("triton"),
+            "transformers": _version("transformers"),
+            "numpy": np.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", f"bench/{script}.py", *argv]),
+        "argv": list(argv),
+        "params": params,
+        "host": platform.node(),
+    }
+
+
+def result_path(out_dir: str | Path, script: str, device: torch.device, ext: str) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"{script}-{device_slug(device_name(device))}.{ext}"
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=json_default) + "\n")
+    return path
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (torch.dtype, torch.device, Path)):
+        return str(obj)
+    return repr(obj)
+
+
+def error_record(exc: BaseException) -> dict[str, str]:
+    """An exception as JSON: the run goes on and the report says what failed."""
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": "".join(tb)[-4000:]}
+
+
+# ----------------------------------------------------------------------------- output
+def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join([line, sep, *body])
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:,.1f}"
+    return str(v)
+
+
+def bar_chart(
+    path: Path, labels: list[str], series: dict[str, list[float | None]], ylabel: str, title: str
+) -> Path | None:
+    """Grouped bars (one group per label, one bar per series); None values are left out."""
+    return bar_panels(path, [(title, ylabel, labels, series)])
+
+
+Panel = tuple[str, str, list[str], dict[str, list[float | None]]]  # title, ylabel, labels, series
+
+
+def bar_panels(path: Path, panels: list[Panel], ncols: int = 2) -> Path | None:
+    """A grid of grouped bar charts (Agg backend); None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ncols = min(ncols, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.2 * nrows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        _draw_panel(ax, *panel)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _draw_panel(ax, title: str, ylabel: str, labels: list[str], series) -> None:
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(labels))
+    for k, (name, values) in enumerate(series.items()):
+        ys = [np.nan if v is None else v for v in values]
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, ys, width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+
+
+# ----------------------------------------------------------------------------- timing
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """Wall seconds of ``fn()`` between two device syncs, and its result."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return time.perf_counter() - start, result
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def release_memory() -> None:
+    """Frees what dropped engines held (call after the last reference is gone)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- ceilings
+def copy_bandwidth_gbps(
+    device: torch.device, nbytes: int = 1 << 30, repeats: int = 10
+) -> float | None:
+    """Device-to-device copy GB/s counting read + write bytes; None on CPU."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    seconds = _cuda_event_times(lambda: dst.copy_(src), repeats)
+    return 2 * nbytes / median(seconds) / 1e9
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
+    """bf16 [n, n] @ [n, n] TFLOP/s; None on CPU."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    c = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    seconds = _cuda_event_times(lambda: torch.matmul(a, b, out=c), repeats)
+    return 2 * n**3 / median(seconds) / 1e12
+
+
+def _cuda_event_times(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def hardware_ceilings(device: torch.device, skip: bool = False) -> dict[str, Any]:
+    if skip or device.type != "cuda":
+        return {"copy_gbps": None, "bf16_matmul_tflops": None, "skipped": skip}
+    out = {
+        "copy_gbps": copy_bandwidth_gbps(device),
+        "copy_note": "1 GiB device-to-device copy, read+write bytes, CUDA events, median of 10",
+        "bf16_matmul_tflops": matmul_tflops(device),
+        "matmul_note": "bf16 8192^3 matmul, CUDA events, median of 10",
+    }
+    release_memory()
+    return out
+
+
+# ----------------------------------------------------------------------------- transformers
+_HF_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """transformers config fields (``config.json`` names) describing the same architecture."""
+    kw: dict[str, Any] = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "hidden_act": "silu",
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(cfg.eos_token_ids) or None,
+        "use_sliding_window": False,
+    }
+    if cfg.rope_scaling:
+        kw["rope_scaling"] = {**cfg.rope_scaling_dict, "rope_theta": cfg.rope_theta}
+    if cfg.arch != "qwen2":  # Qwen2 always has q/k/v bias in transformers
+        kw["attention_bias"] = cfg.attention_bias
+    return kw
+
+
+def hf_config(cfg: ModelConfig) -> Any:
+    """A transformers ``PretrainedConfig`` (Llama/Qwen2/Qwen3) for a verifypd ``ModelConfig``."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.for_model(_HF_TYPES[cfg.arch], **hf_config_kwargs(cfg))
+    theta = hf_rope_theta(hf)
+    if theta is not None and abs(theta - cfg.rope_theta) > 1e-6 * cfg.rope_theta:
+        raise ValueError(f"rope_theta did not carry over: {theta} != {cfg.rope_theta}")
+    return hf
+
+
+def hf_rope_theta(hf: Any) -> float | None:
+    params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    theta = getattr(hf, "rope_theta", None)
+    return None if theta is None else float(theta)
+
+
+def build_hf_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, attn: str):
+    """Random-init HF causal LM of the same shape, created in ``dtype`` directly on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    hf = hf_config(cfg)
+    errors = []
+    for dtype_kw in ("dtype", "torch_dtype"):
+        try:
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(
+                    hf, attn_implementation=attn, **{dtype_kw: dtype}
+                )
+            return model.eval()
+        except TypeError as exc:  # older/newer transformers name the dtype argument differently
+            errors.append(exc)
+    raise errors[-1]
+
+
+def hf_dtype_of(model: Any) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def argv_or_sys(argv: Sequence[str] | None) -> list[str]:
+    return list(sys.argv[1:] if argv is None else argv)

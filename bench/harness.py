@@ -1,0 +1,316 @@
+"""Engine-side harness of the benchmarks: engine configs and fronts (``LLM`` or ``AsyncEngine``),
+a step/speculation recorder, decode timing and the memory-bandwidth floor of a decode step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from common import json_default, median, timed
+
+from verifypd.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from verifypd.types import Observer, SamplingParams
+
+
+def random_prompts(rng: np.random.Generator, lens: Sequence[int], vocab: int) -> list[list[int]]:
+    return [rng.integers(0, vocab, size=int(n)).tolist() for n in lens]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def engine_config(
+    model: str,
+    device: str,
+    dtype: str,
+    seed: int = 0,
+    *,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    num_blocks: int | None = None,
+    prefix_caching: bool = True,
+    spec: SpecConfig | None = None,
+    **engine_kw: Any,
+) -> EngineConfig:
+    return EngineConfig(
+        model=model,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
+        scheduler=SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+        ),
+        spec=spec or SpecConfig(),
+        **engine_kw,
+    )
+
+
+def blocks_for(num_seqs: int, tokens_per_seq: int, block_size: int = 16, slack: int = 64) -> int:
+    """KV blocks for ``num_seqs`` sequences of ``tokens_per_seq`` tokens, plus slack."""
+    return num_seqs * (-(-tokens_per_seq // block_size) + 1) + slack
+
+
+def engine_info(llm: Any) -> dict[str, Any]:
+    """What the engine actually resolved (device, dtype, kernels, graphs, KV size)."""
+    core = llm.core
+    cfg = core.config
+    info: dict[str, Any] = {
+        "model": cfg.model,
+        "device": str(core.device),
+        "dtype": str(core.dtype).removeprefix("torch."),
+        "use_triton": cfg.use_triton if cfg.use_triton is not None else core.device.type == "cuda",
+        "cuda_graphs": (
+            cfg.cuda_graphs if cfg.cuda_graphs is not None else core.device.type == "cuda"
+        ),
+        "front": "AsyncEngine (lane dispatcher)" if isinstance(llm, AsyncLLM) else "LLM.generate",
+        "lane_mode": cfg.lane_mode,
+        "spec": {k: getattr(cfg.spec, k) for k in cfg.spec.__dataclass_fields__},
+        "max_num_seqs": cfg.scheduler.max_num_seqs,
+        "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
+        "block_size": cfg.cache.block_size,
+        "num_kv_blocks": getattr(getattr(core, "kv", None), "num_blocks", None),
+        "prefix_caching": cfg.cache.enable_prefix_caching,
+        "num_params": core.model_config.num_params,
+    }
+    return info
+
+
+class StepRecorder(Observer):
+    """Counts engine steps per lane and speculative tokens, through the ``Observer`` hook."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps: dict[str, list[tuple[float, int]]] = {}
+        self.num_spec_calls = 0
+        self.num_drafted = 0
+        self.num_accepted = 0
+
+    def lane_step(self, lane: str, seconds: float, num_tokens: int) -> None:
+        self.steps.setdefault(lane, []).append((seconds, num_tokens))
+
+    def spec_tokens(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_spec_calls += 1
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+
+    def summary(self) -> dict[str, Any]:
+        lanes = {
+            lane: {
+                "num_steps": len(v),
+                "mean_step_s": float(np.mean([s for s, _ in v])) if v else None,
+                "mean_tokens": float(np.mean([n for _, n in v])) if v else None,
+            }
+            for lane, v in self.steps.items()
+        }
+        spec = None
+        if self.num_spec_calls:
+            spec = {
+                "num_calls": self.num_spec_calls,
+                "num_drafted": self.num_drafted,
+                "num_accepted": self.num_accepted,
+                "acceptance_rate": self.num_accepted / max(1, self.num_drafted),
+                "mean_accepted_per_call": self.num_accepted / self.num_spec_calls,
+            }
+        return {"lanes": lanes, "spec": spec}
+
+
+def attach_recorder(llm: Any) -> StepRecorder:
+    """Installs a ``StepRecorder`` as the observer of the engine and the parts that hold one."""
+    rec = StepRecorder()
+    core = llm.core
+    for obj in (core, getattr(core, "scheduler", None), *_spec_parts(core)):
+        if obj is not None and hasattr(obj, "observer"):
+            obj.observer = rec
+    return rec
+
+
+def _spec_parts(core: Any) -> list[Any]:
+    names = ("spec", "speculator", "proposer", "drafter", "spec_decoder", "dispatcher")
+    return [getattr(core, n) for n in names if getattr(core, n, None) is not None]
+
+
+def spec_stats(llm: Any) -> Any:
+    """The engine's own speculative-decoding statistics, where it exposes any."""
+    core = llm.core
+    for name in ("spec_stats", "spec_metrics", "stats"):
+        value = getattr(core, name, None)
+        if value is None:
+            continue
+        value = value() if callable(value) else value
+        try:
+            json.dumps(value, default=json_default)
+            return value
+        except (TypeError, ValueError):
+            return repr(value)
+    return None
+
+
+def run_generate(llm: Any, prompts: list[list[int]], max_tokens: int | list[int]):
+    """``llm.generate`` with greedy, EOS-ignoring params (one per prompt)."""
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(prompts)
+    return llm.generate(prompts, [greedy(n) for n in max_tokens])
+
+
+class AsyncLLM:
+    """``LLM``-shaped front of ``AsyncEngine`` (the lane dispatcher, ``lane_mode`` honoured):
+    ``generate`` submits every prompt at once on a private event loop and waits for all."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from verifypd.lanes.async_engine import AsyncEngine
+
+        self.loop = asyncio.new_event_loop()
+        self.engine = AsyncEngine(config)
+        self.core = self.engine.core
+        self._next_id = 0
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Any]:
+        return self.loop.run_until_complete(self._generate(prompts, params))
+
+    async def _generate(self, prompts, params) -> list[Any]:
+        base, self._next_id = self._next_id, self._next_id + len(prompts)
+        jobs = [
+            self._one(f"bench-{base + i}", p, sp)
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        ]
+        return list(await asyncio.gather(*jobs))
+
+    async def _one(self, rid: str, prompt: list[int], params: SamplingParams):
+        out = AsyncOutput(rid)
+        async for delta in self.engine.generate(rid, prompt, params):
+            out.token_ids += delta.new_token_ids
+            if delta.finished:
+                out.finish_reason = delta.finish_reason
+        return out
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.stop())
+        self.loop.close()
+
+
+@dataclass
+class AsyncOutput:
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def build_engine(config: EngineConfig, front: str = "llm") -> Any:
+    """``front``: "llm" (``LLM.generate``, the fused single-loop ``EngineCore.step``) or
+    "async" (``AsyncEngine`` with the lane dispatcher; ``config.lane_mode`` applies)."""
+    if front == "async":
+        return AsyncLLM(config)
+    from verifypd.llm import LLM
+
+    return LLM(config=config)
+
+
+def close_engine(llm: Any) -> None:
+    close = getattr(llm, "close", None)
+    if callable(close):
+        close()
+
+
+# ----------------------------------------------------------------------------- decode timing
+def measure_decode(
+    llm: Any,
+    rng: np.random.Generator,
+    batch: int,
+    prompt_len: int,
+    max_tokens: int,
+    repeats: int,
+    device: torch.device,
+    recorder: StepRecorder | None = None,
+) -> dict[str, Any]:
+    """Decode speed at a fixed batch: step time = (T(max_tokens) - T(1)) / (max_tokens - 1).
+
+    T(1) is a run that only prefills (and samples the first token). Every run uses fresh random
+    prompts, so the prefix cache cannot serve any of them. Medians over ``repeats``.
+    """
+    vocab = llm.core.model_config.vocab_size
+    extra_tokens = []  # output tokens beyond max_tokens (should stay 0)
+
+    def run(n: int) -> float:
+        prompts = random_prompts(rng, [prompt_len] * batch, vocab)
+        seconds, outs = timed(lambda: run_generate(llm, prompts, n), device)
+        got = sum(len(o.token_ids) for o in outs)
+        if got < batch * n:
+            raise RuntimeError(f"expected {batch * n} output tokens, got {got}")
+        extra_tokens.append(got - batch * n)
+        return seconds
+
+    run(min(8, max_tokens))  # warm-up at this batch size (kernels, graphs)
+    prefill = [run(1) for _ in range(repeats)]
+    if recorder is not None:
+        recorder.reset()
+    total = [run(max_tokens) for _ in range(repeats)]
+    t1, tn = median(prefill), median(total)
+    steps = max(1, max_tokens - 1)
+    # Noise can make T(max_tokens) <= T(1) on tiny CPU runs: fall back to the end-to-end step.
+    fallback = tn <= t1
+    step_s = tn / max_tokens if fallback else (tn - t1) / steps
+    out = {
+        "batch": batch,
+        "prefill_s": t1,
+        "generate_s": tn,
+        "prefill_s_all": prefill,
+        "generate_s_all": total,
+        "decode_step_s": step_s,
+        "decode_step_is_e2e_fallback": fallback,
+        "decode_tok_s": batch / step_s,
+        "e2e_tok_s": batch * max_tokens / tn,
+        "max_extra_output_tokens": max(extra_tokens),
+    }
+    if recorder is not None:
+        out["observed_decode_step_s"] = _observed_decode_step(recorder, batch)
+    return out
+
+
+def _observed_decode_step(recorder: StepRecorder, batch: int) -> float | None:
+    """Mean seconds of engine steps that carried exactly one token per sequence."""
+    times = [s for v in recorder.steps.values() for s, n in v if n == batch]
+    return float(np.mean(times)) if times else None
+
+
+def kv_bytes_per_token(cfg: ModelConfig, elem_bytes: int) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem_bytes
+
+
+def decode_floor(
+    cfg: ModelConfig, elem_bytes: int, batch: int, prompt_len: int, max_tokens: int, gbps
+) -> dict[str, Any]:
+    """Bandwidth floor of one decode step: every weight and every cached K/V read once.
+
+    ``weights_read_bytes`` leaves out the input embedding table when it is not tied to the
+    LM head (a decode step reads only ``batch`` rows of it); ``all_weights_bytes`` is
+    ``num_params * elem_bytes``. KV: mean context over the decode steps, prompt + max_tokens/2.
+    """
+    all_weights = cfg.num_params * elem_bytes
+    unread = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem_bytes
+    mean_ctx = prompt_len + max_tokens / 2
+    kv = batch * mean_ctx * kv_bytes_per_token(cfg, elem_bytes)
+    out = {
+        "weights_read_bytes": all_weights - unread,
+        "all_weights_bytes": all_weights,
+        "kv_read_bytes": kv,
+        "mean_context": mean_ctx,
+        "copy_gbps": gbps,
+        "floor_step_s": None,
+        "floor_tok_s": None,
+        "floor_tok_s_all_weights": None,
+    }
+    if gbps:
+        step = (all_weights - unread + kv) / (gbps * 1e9)
+        out["floor_step_s"] = step
+        out["floor_tok_s"] = batch / step
+        out["floor_tok_s_all_weights"] = batch * gbps * 1e9 / (all_weights + kv)
+    return out

@@ -1,0 +1,115 @@
+"""Smoke tests of the benchmark scripts: each ``main()`` runs on CPU with ``dummy:tiny`` and tiny
+sizes into a temp dir, and its JSON has the metadata and positive numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_json(out: Path, script: str) -> dict:
+    data = json.loads((out / f"{script}-cpu.json").read_text())
+    assert META_KEYS <= set(data)
+    assert data["device"] == "cpu"
+    assert data["ceilings"]["copy_gbps"] is None
+    assert data["command"].startswith(f"python bench/{script}.py")
+    assert {"torch", "triton", "transformers"} <= set(data["versions"])
+    return data
+
+
+def test_offline(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--models", "dummy:tiny", "--num-requests", "3",
+            "--min-len", "4", "--max-len", "12", "--skip-hf", "--out", str(tmp_path)]  # fmt: skip
+    load("offline").main(argv)
+    data = read_json(tmp_path, "offline")
+    ours = data["results"]["dummy:tiny"]["ours"]
+    assert "error" not in ours, ours.get("error")
+    assert ours["output_tokens"] == ours["requested_output_tokens"] > 0
+    assert ours["output_tok_s"] > 0 and ours["total_tok_s"] > ours["output_tok_s"]
+    assert (tmp_path / "offline-cpu.png").is_file()
+
+
+def test_latency(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--models", "dummy:tiny", "--batches", "1", "2",
+            "--prompt-len", "8", "--max-tokens", "4", "--repeats", "1",
+            "--variants", "eager", "--out", str(tmp_path)]  # fmt: skip
+    load("latency").main(argv)
+    data = read_json(tmp_path, "latency")
+    eager = data["results"]["dummy:tiny"]["eager"]
+    for batch in ("1", "2"):
+        m = eager["batches"][batch]
+        assert "error" not in m, m.get("error")
+        assert m["decode_tok_s"] > 0 and m["e2e_tok_s"] > 0
+        assert m["floor"]["weights_read_bytes"] > 0 and m["floor"]["kv_read_bytes"] > 0
+        assert m["fraction_of_floor"] is None  # no bandwidth ceiling on CPU
+    assert (tmp_path / "latency-cpu.png").is_file()
+
+
+def test_spec(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dummy:tiny",
+            "--batches", "1", "--prompt-len", "8", "--max-tokens", "6", "--repeats", "1",
+            "--lane-modes", "three", "single", "--out", str(tmp_path)]  # fmt: skip
+    load("spec").main(argv)
+    data = read_json(tmp_path, "spec")
+    assert data["synthetic_acceptance"]["used"] is True
+    assert data["synthetic_acceptance"]["expected_tokens_per_verify"] == pytest.approx(3.3616)
+    for lane_mode in ("three", "single"):
+        r = data["results"][lane_mode]
+        for name in ("plain", "spec"):
+            m = r[name]["batches"]["1"]
+            assert "error" not in m, m.get("error")
+            assert m["decode_tok_s"] > 0 and m["e2e_tok_s"] > 0
+        assert r["speedup"]["1"]["decode"] > 0
+
+
+def test_gpu_check_logic_on_cpu(tmp_path: Path) -> None:
+    argv = ["--model", "dummy:tiny", "--device", "cpu", "--variants", "eager",
+            "--num-prompts", "2", "--max-prompt-len", "24", "--num-new", "4",
+            "--speed-batches", "1", "2", "--speed-prompt-len", "8", "--speed-max-tokens", "4",
+            "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)]  # fmt: skip
+    load("gpu_check").main(argv)
+    data = read_json(tmp_path, "gpu_check")
+    eager = data["variants"]["eager"]
+    assert "error" not in eager, eager.get("error")
+    # Same weights, same fp32 torch path: the copy must reproduce the reference exactly.
+    assert all(c["identical"] for c in eager["vs_cpu_fp32"])
+    assert eager["num_params_copied"] == data["reference"]["engine"]["num_params"]
+    assert all(eager["speed"][b]["decode_tok_s"] > 0 for b in ("1", "2"))
+
+
+def test_hf_config_matches_model_shape() -> None:
+    common = load("common")
+    import torch
+
+    from verifypd.config import PRESETS
+
+    cfg = PRESETS["tiny"]
+    model = common.build_hf_model(cfg, torch.device("cpu"), torch.float32, "sdpa")
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_params
+    for name in ("qwen2.5-7b", "qwen3-0.6b"):
+        hf = common.hf_config(PRESETS[name])
+        assert hf.num_key_value_heads == PRESETS[name].num_kv_heads
+        assert common.hf_rope_theta(hf) == PRESETS[name].rope_theta
+
+
+def test_compare_reports_prefix_and_divergence() -> None:
+    gpu_check = load("gpu_check")
+    out = gpu_check.compare([[1, 2, 3], [1, 9, 3], [4]], [[1, 2, 3], [1, 2, 3], [5]])
+    assert [c["matching_prefix"] for c in out] == [3, 1, 0]
+    assert [c["first_divergence"] for c in out] == [None, 1, 0]
