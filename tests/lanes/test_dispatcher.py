@@ -103,7 +103,8 @@ async def test_verify_queue_feeds_the_verify_lane():
     core, d, clock = _dispatcher(spec)
     _add(core, "a", 5, clock, max_tokens=20)
     await _ticks(d, 2)  # prefill, then decode lane drafts and queues a verify
-    assert d.launch_log == ["prefill"] and len(d.verify_queue) == 1  # drafted, nothing plain
+    # the decode lane drafted (no plain decodes left), so the verify lane took the drafts
+    assert d.launch_log == ["prefill", "verify"] and d.verify_queue == []
     for _ in range(40):
         await d.tick()
     assert "verify" in d.launch_log

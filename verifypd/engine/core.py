@@ -100,8 +100,21 @@ class EngineCore:
         self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
         self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
         self.spec = SpecDecoder(config.spec, self._drafter())
+        self.use_cuda_graphs = (
+            config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
+        )
+        if self.use_cuda_graphs:
+            self._capture_graphs()
         self.controller = build_controller(config.spec)
         self.requests: dict[str, list[SeqOutputState]] = {}
+
+    def _capture_graphs(self) -> None:
+        if not self._is_cuda:
+            raise ValueError("cuda_graphs needs device=cuda")
+        max_batch = self.config.scheduler.max_num_seqs
+        self.runner.capture_graphs(max_batch, self.max_model_len)
+        if self.spec.drafter is not None:
+            self.spec.drafter.runner.capture_graphs(max_batch, self.max_model_len)
 
     def _drafter(self) -> DraftModelProposer | None:
         spec = self.config.spec

@@ -69,6 +69,14 @@ class ModelRunner:
         self.is_cuda = device.type == "cuda"
         # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
         self.synthetic_acceptance: float | None = None
+        self.graphs = None  # DecodeGraphs once captured (GPU, Triton ops)
+
+    def capture_graphs(self, max_batch: int, max_len: int) -> None:
+        from verifypd.engine.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(self.model, self.pool.kv, self.block_size, max_batch, max_len)
+        graphs.capture()
+        self.graphs = graphs
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, plan: StepPlan) -> StepInputs:
@@ -157,7 +165,10 @@ class ModelRunner:
         """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
         inputs = self.prepare(plan)
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
-        logits = self.forward(inputs, inputs.sample_rows + verify_flat)
+        if self._use_graph(inputs, len(plan.seqs)):
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            logits = self.forward(inputs, inputs.sample_rows + verify_flat)
         pieces: list[torch.Tensor] = []
         layout: list = [("none",)] * len(plan.seqs)
         n_plain = len(inputs.sample_rows)
@@ -176,6 +187,15 @@ class ModelRunner:
             for k, i in enumerate(inputs.verify_seqs):
                 layout[i] = ("verify", base + k * width, width, acc_base + k)
         return self._pack(plan, pieces, layout)
+
+    def _use_graph(self, inputs: StepInputs, num_seqs: int) -> bool:
+        """Decode-only steps where every row samples replay a captured graph."""
+        return (
+            self.graphs is not None
+            and not inputs.verify_rows
+            and len(inputs.sample_rows) == num_seqs
+            and self.graphs.can_run(inputs.meta, num_seqs)
+        )
 
     def _pack(self, plan: StepPlan, pieces: list[torch.Tensor], layout: list) -> PendingStep:
         if not pieces:

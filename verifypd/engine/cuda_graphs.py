@@ -1,0 +1,94 @@
+"""CUDA-graph capture of the decode step (one query token per sequence) for padded batch sizes.
+
+A decode forward of a 1.5B model launches ~400 small kernels; at batch 1 their launch cost, not
+the weight reads, sets the step time. Replaying a captured graph removes it. Inputs live in
+static buffers the graph was captured on: each step copies the prepared tensors in, pads the
+rest of the batch with rows that write nowhere (slot -1) and attend to one token, and replays.
+Attention grids depend only on host-side ints (``max_seq_len`` = the model's max length at
+capture), so one graph per batch size serves every context length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verifypd.kernels.metadata import AttentionMetadata
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16))
+    return [b for b in sizes if b <= max_batch] or [1]
+
+
+class DecodeGraphs:
+    """Captured decode graphs of one model, keyed by padded batch size."""
+
+    def __init__(self, model, kv: torch.Tensor, block_size: int, max_batch: int, max_len: int):
+        self.model = model
+        self.kv = kv
+        self.sizes = graph_batch_sizes(max_batch)
+        self.max_batch = self.sizes[-1]
+        self.max_len = max_len
+        device = kv.device
+        n, max_blocks = self.max_batch, -(-max_len // block_size)
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slots[:b],
+            query_start_loc=self.query_start_loc[: b + 1],
+            seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:b],
+            max_query_len=1,
+            max_seq_len=self.max_len,
+        )
+
+    def _forward(self, b: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self.kv, self._meta(b))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in reversed(self.sizes):  # largest first, so smaller ones reuse its memory
+                for _ in range(2):  # compile Triton kernels and warm the allocator
+                    self._forward(b)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=side):
+                    self.logits[b] = self._forward(b)
+                self.graphs[b] = graph
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+
+    def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
+        return (
+            bool(self.graphs)
+            and meta.max_query_len == 1
+            and num_seqs <= self.max_batch
+            and meta.max_seq_len <= self.max_len
+        )
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
+        """Copies one decode step's inputs into the static buffers and replays; [B, V] logits."""
+        b = input_ids.shape[0]
+        padded = next(s for s in self.sizes if s >= b)
+        self.input_ids[:b].copy_(input_ids, non_blocking=True)
+        self.positions[:b].copy_(positions, non_blocking=True)
+        self.slots[:b].copy_(meta.slot_mapping, non_blocking=True)
+        self.slots[b:padded].fill_(-1)
+        self.seq_lens[:b].copy_(meta.seq_lens, non_blocking=True)
+        self.seq_lens[b:padded].fill_(1)
+        width = meta.block_tables.shape[1]
+        self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
+        self.graphs[padded].replay()
+        return self.logits[padded][:b]
