@@ -1,0 +1,106 @@
+"""``verifypd serve`` argument parsing and EngineConfig construction; start-up via run_server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import subprocess
+import time
+
+import aiohttp
+import pytest
+from server_utils import bounded, fake_server_command
+
+from verifypd.serve import cli
+from verifypd.serve.cli import add_serve_args, config_from_args, serve_main
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return add_serve_args(argparse.ArgumentParser()).parse_args(argv)
+
+
+def test_defaults() -> None:
+    args = parse()
+    assert (args.host, args.port, args.max_queue, args.drain_timeout) == (
+        "127.0.0.1",
+        8000,
+        512,
+        30,
+    )
+    config = config_from_args(args)
+    assert config.model == "default" and config.spec.method == "off"
+    assert config.device == "auto" and config.lane_mode == "three"
+    assert config.cache.num_blocks is None and config.cache.block_size == 16
+
+
+def test_all_options_reach_the_config() -> None:
+    args = parse(
+        "--model", "dummy:tiny", "--draft-model", "dummy:tiny", "--device", "cpu",
+        "--dtype", "float32", "--max-num-seqs", "4", "--num-kv-blocks", "100",
+        "--block-size", "32", "--lane-mode", "single", "--max-model-len", "1024",
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert config.spec.method == "draft" and config.spec.draft_model == "dummy:tiny"
+    assert (config.device, config.dtype, config.lane_mode) == ("cpu", "float32", "single")
+    assert config.scheduler.max_num_seqs == 4 and config.scheduler.max_model_len == 1024
+    assert (config.cache.num_blocks, config.cache.block_size) == (100, 32)
+    assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
+
+
+@pytest.mark.parametrize(
+    "argv", [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24")]
+)
+def test_bad_options_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
+    assert serve_main(parse(*argv)) == 2
+    assert "verifypd serve: error:" in capsys.readouterr().err
+
+
+def test_serve_main_calls_run_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_run_server(config, host, port, max_queue, **kwargs) -> int:
+        seen.update(config=config, host=host, port=port, max_queue=max_queue, **kwargs)
+        return 0
+
+    monkeypatch.setattr(cli, "run_server", fake_run_server)
+    argv = ("--port", "0", "--max-queue", "7", "--drain-timeout", "2.5", "--api-key", "k")
+    assert serve_main(parse(*argv)) == 0
+    assert (seen["port"], seen["max_queue"], seen["drain_timeout"]) == (0, 7, 2.5)
+    assert seen["api_key"] == "k" and seen["served_model_name"] is None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@bounded(20)
+async def test_health_503_while_loading_and_sigterm_exits() -> None:
+    port = free_port()
+    cmd = fake_server_command("--port", str(port), "--load-s", "30")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        status = await _health_status(f"http://127.0.0.1:{port}")
+        assert status == (503, {"status": "starting"})
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+        assert time.monotonic() - start < 5  # it did not wait for the 30 s load
+        assert proc.stdout.read() == ""  # never printed the ready line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def _health_status(url: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession(url) as session:
+        while True:
+            try:
+                resp = await session.get("/health")
+                return resp.status, await resp.json()
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.05)

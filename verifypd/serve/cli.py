@@ -1,0 +1,89 @@
+"""``verifypd serve`` arguments and entry point (wired into ``verifypd/__main__.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Define the ``serve`` options on ``parser`` (a subcommand parser) and return it."""
+    add = parser.add_argument
+    add("--model", default="default", help="default | PATH (HF dir or .gguf) | dummy:PRESET")
+    add("--draft-model", default=None, help="draft model spec (implies --spec draft)")
+    add(
+        "--spec",
+        choices=("off", "ngram", "draft"),
+        default=None,
+        help="speculative decoding method (default: draft if --draft-model, else off)",
+    )
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8000, help="0 picks a free port (printed when ready)")
+    add(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help="max requests admitted and unfinished (queued + running); beyond it: 429",
+    )
+    add("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs)
+    add("--max-model-len", type=int, default=None, help="default: the model's context length")
+    add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
+    add("--block-size", type=int, default=CacheConfig.block_size)
+    add("--lane-mode", choices=("three", "single"), default="three")
+    add(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="seconds in-flight requests get to finish after SIGTERM/SIGINT",
+    )
+    add("--served-model-name", default=None, help="model id in the API (default: the model's)")
+    add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    add("--seed", type=int, default=0)
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build the EngineConfig; raises ValueError on inconsistent options."""
+    method = args.spec or ("draft" if args.draft_model else "off")
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        lane_mode=args.lane_mode,
+        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
+        spec=SpecConfig(method=method, draft_model=args.draft_model),
+    )
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Run ``verifypd serve``; returns the process exit code."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+        if args.max_queue < 1:
+            raise ValueError("--max-queue must be >= 1")
+    except ValueError as exc:
+        print(f"verifypd serve: error: {exc}", file=sys.stderr)
+        return 2
+    return run_server(
+        config,
+        args.host,
+        args.port,
+        args.max_queue,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        drain_timeout=args.drain_timeout,
+    )

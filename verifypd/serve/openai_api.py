@@ -1,0 +1,252 @@
+"""POST /v1/completions and /v1/chat/completions: validate, tokenize, generate, respond.
+
+Cancellation contract: a client that disconnects cancels the handler task (the runner must
+use ``handler_cancellation=True``); a failed write raises ConnectionResetError. Either way the
+``finally`` closes the engine iterator, which makes the engine abort the request and free its
+KV blocks, and releases the admission slot.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
+from verifypd.serve.protocol import (
+    OutputCollector,
+    ResponseMeta,
+    finish_chunk,
+    full_response,
+    role_chunk,
+    text_chunk,
+    usage_chunk,
+)
+from verifypd.serve.schemas import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_messages,
+    completion_prompt,
+    parse_request,
+    to_sampling_params,
+)
+from verifypd.serve.sse import SSEStream
+from verifypd.serve.state import Phase, ServerState
+from verifypd.types import ParamError, RequestOutput, SamplingParams
+
+logger = logging.getLogger("verifypd.serve")
+STATE_KEY: web.AppKey[ServerState] = web.AppKey("verifypd_state", ServerState)
+FAILED_REASONS = ("abort", "error")
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    body = parse_request(CompletionRequest, await request.read())
+    state.check_model(body.model)
+    prompt = completion_prompt(body)
+    tokenizer = state.engine.tokenizer
+    ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=True)
+    requested = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+    max_tokens = resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
+    meta = ResponseMeta.new("completion", state.model_name, body.include_usage)
+    params = to_sampling_params(body, max_tokens)
+    return await generate_response(request, state, meta, ids, params, body.is_stream)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    body = parse_request(ChatCompletionRequest, await request.read())
+    state.check_model(body.model)
+    ids = encode_chat(state.engine.tokenizer, chat_messages(body))
+    limit = state.engine.max_model_len
+    max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
+    meta = ResponseMeta.new("chat", state.model_name, body.include_usage)
+    params = to_sampling_params(body, max_tokens)
+    return await generate_response(request, state, meta, ids, params, body.is_stream)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Render the chat template (with the assistant generation prompt) and tokenize it."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # template errors (e.g. role order) are the client's input
+        raise invalid_request(f"Could not apply the chat template: {exc}", "messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def resolve_max_tokens(
+    num_prompt: int, requested: int | None, max_model_len: int, param: str
+) -> int:
+    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit."""
+    if num_prompt == 0:
+        raise invalid_request(f"'{param}' must not be empty", param)
+    if num_prompt >= max_model_len:
+        raise invalid_request(
+            f"The prompt has {num_prompt} tokens but this model's maximum context length "
+            f"(max_model_len) is {max_model_len} tokens, leaving no room for max_tokens >= 1.",
+            param,
+        )
+    if requested is None:
+        return max_model_len - num_prompt
+    if num_prompt + requested > max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length (max_model_len) is {max_model_len} tokens, "
+            f"but the request needs {num_prompt + requested}: {num_prompt} prompt tokens plus "
+            f"max_tokens={requested}. Shorten the prompt or lower max_tokens.",
+            param,
+        )
+    return requested
+
+
+async def generate_response(
+    request: web.Request,
+    state: ServerState,
+    meta: ResponseMeta,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    stream: bool,
+) -> web.StreamResponse:
+    """Admit, run the engine, and answer with SSE or one JSON body."""
+    param = "messages" if meta.kind == "chat" else "prompt"
+    state.admit(meta.id)
+    outputs: AsyncIterator[RequestOutput] | None = None
+    try:
+        outputs = await _start(state.engine, meta.id, prompt_ids, params, param)
+        first = await _first_output(outputs, param)  # engine input errors surface here
+        if stream:
+            return await _stream(request, state, meta, params.n, first, outputs)
+        return await _collect(state, meta, params.n, first, outputs)
+    finally:
+        await _close(outputs)
+        state.release(meta.id)
+
+
+async def _start(
+    engine: Any, request_id: str, prompt_ids: list[int], params: SamplingParams, param: str
+) -> AsyncIterator[RequestOutput]:
+    """Call ``engine.generate`` (an async generator, or a coroutine returning an iterator)."""
+    try:
+        outputs = engine.generate(request_id, prompt_ids, params)
+        return await outputs if inspect.isawaitable(outputs) else outputs
+    except ParamError as err:
+        raise _param_error(err, param) from None
+
+
+def _param_error(err: ParamError, param: str) -> APIError:
+    """An engine ParamError as a 400; prompt problems name the endpoint's prompt field."""
+    where = param if err.param in (None, "prompt", "messages") else err.param
+    return invalid_request(str(err), where)
+
+
+async def _first_output(outputs: AsyncIterator[RequestOutput], param: str) -> RequestOutput | None:
+    try:
+        return await _next(outputs)
+    except ParamError as err:
+        raise _param_error(err, param) from None
+
+
+async def _next(outputs: AsyncIterator[RequestOutput]) -> RequestOutput | None:
+    try:
+        return await outputs.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _close(outputs: AsyncIterator[RequestOutput] | None) -> None:
+    """Closing an unfinished engine iterator aborts the request and frees its KV blocks."""
+    aclose = getattr(outputs, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # never let engine cleanup errors leak the admission slot
+        logger.exception("closing the engine iterator failed")
+
+
+def _failure(state: ServerState, reason: str | None) -> APIError:
+    if reason == "error":
+        return server_error("The engine failed while generating this request.")
+    if state.phase is Phase.DRAINING:
+        return unavailable("shutting down; the request was aborted")
+    return server_error("The request was aborted by the engine.")
+
+
+async def _collect(
+    state: ServerState,
+    meta: ResponseMeta,
+    n: int,
+    out: RequestOutput | None,
+    outputs: AsyncIterator[RequestOutput],
+) -> web.Response:
+    collected = OutputCollector(n)
+    while out is not None:
+        collected.add(out)
+        out = await _next(outputs)
+    for reason in collected.finish_reasons:
+        if reason is None or reason in FAILED_REASONS:
+            raise _failure(state, reason)
+    return web.json_response(full_response(meta, collected))
+
+
+async def _stream(
+    request: web.Request,
+    state: ServerState,
+    meta: ResponseMeta,
+    n: int,
+    first: RequestOutput | None,
+    outputs: AsyncIterator[RequestOutput],
+) -> web.StreamResponse:
+    sse = SSEStream(request)
+    try:
+        await sse.open()
+        await _stream_events(sse, state, meta, OutputCollector(n), first, outputs)
+        await sse.finish()
+    except ConnectionResetError:
+        logger.debug("client of %s went away mid-stream", meta.id)
+    except Exception:  # headers are out: end the stream with an error event, not a cut
+        if not sse.response.prepared:
+            raise
+        logger.exception("engine failed mid-stream on %s", meta.id)
+        await _end_with_error(sse, server_error("Internal error while streaming."))
+    return sse.response
+
+
+async def _end_with_error(sse: SSEStream, error: APIError) -> None:
+    try:
+        await sse.send(error.body())
+        await sse.finish()
+    except ConnectionResetError:
+        pass
+
+
+async def _stream_events(
+    sse: SSEStream,
+    state: ServerState,
+    meta: ResponseMeta,
+    collected: OutputCollector,
+    out: RequestOutput | None,
+    outputs: AsyncIterator[RequestOutput],
+) -> None:
+    if meta.kind == "chat":
+        for index in range(collected.n):
+            await sse.send(role_chunk(meta, index))
+    while out is not None:
+        collected.add(out)
+        if out.new_text:
+            await sse.send(text_chunk(meta, out.index, out.new_text))
+        if out.finished and out.finish_reason in FAILED_REASONS:
+            await sse.send(_failure(state, out.finish_reason).body())
+            return
+        if out.finished:
+            await sse.send(finish_chunk(meta, out.index, out.finish_reason or "stop"))
+        out = await _next(outputs)
+    if not collected.all_finished:  # the engine ended the iterator early
+        await sse.send(_failure(state, "abort").body())
+    elif meta.include_usage:
+        await sse.send(usage_chunk(meta, collected.usage()))

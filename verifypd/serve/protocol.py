@@ -1,0 +1,135 @@
+"""OpenAI response bodies and SSE chunk shapes, built from engine RequestOutput deltas.
+
+Completions stream ``text_completion`` chunks; chat streams ``chat.completion.chunk`` chunks
+(a role delta first, content deltas, then an empty delta carrying finish_reason). With
+``stream_options.include_usage`` every chunk carries ``"usage": null`` and one last chunk
+with ``"choices": []`` carries the usage.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from verifypd.types import RequestOutput
+
+Kind = Literal["completion", "chat"]
+OBJECTS = {"completion": "text_completion", "chat": "chat.completion"}
+CHUNK_OBJECTS = {"completion": "text_completion", "chat": "chat.completion.chunk"}
+ID_PREFIXES = {"completion": "cmpl", "chat": "chatcmpl"}
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """What every chunk of one response shares: id, created, model."""
+
+    kind: Kind
+    model: str
+    id: str = ""
+    created: int = 0
+    include_usage: bool = False
+
+    @classmethod
+    def new(cls, kind: Kind, model: str, include_usage: bool = False) -> ResponseMeta:
+        rid = f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}"
+        return cls(kind, model, rid, int(time.time()), include_usage)
+
+    def head(self, chunk: bool) -> dict:
+        obj = (CHUNK_OBJECTS if chunk else OBJECTS)[self.kind]
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+@dataclass
+class OutputCollector:
+    """Accumulates deltas of all ``n`` choices of one request."""
+
+    n: int
+    texts: list[list[str]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.texts = [[] for _ in range(self.n)]
+        self.finish_reasons = [None] * self.n
+        self.num_output_tokens = [0] * self.n
+
+    def add(self, out: RequestOutput) -> None:
+        self.texts[out.index].append(out.new_text)
+        self.num_output_tokens[out.index] = max(
+            self.num_output_tokens[out.index], out.num_output_tokens
+        )
+        self.num_prompt_tokens = max(self.num_prompt_tokens, out.num_prompt_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        if out.finished:
+            self.finish_reasons[out.index] = out.finish_reason or "stop"
+
+    @property
+    def all_finished(self) -> bool:
+        return all(reason is not None for reason in self.finish_reasons)
+
+    def text(self, index: int) -> str:
+        return "".join(self.texts[index])
+
+    def usage(self) -> dict:
+        completion = sum(self.num_output_tokens)
+        return {
+            "prompt_tokens": self.num_prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+        }
+
+
+def _chunk(meta: ResponseMeta, choices: list[dict]) -> dict:
+    body = {**meta.head(chunk=True), "choices": choices}
+    if meta.include_usage:
+        body["usage"] = None
+    return body
+
+
+def text_chunk(meta: ResponseMeta, index: int, text: str) -> dict:
+    """A content delta (finish_reason null)."""
+    if meta.kind == "chat":
+        return _chunk(meta, [_chat_choice(index, {"content": text}, None)])
+    return _chunk(meta, [_completion_choice(index, text, None)])
+
+
+def finish_chunk(meta: ResponseMeta, index: int, finish_reason: str) -> dict:
+    """The closing chunk of one choice: empty delta / empty text plus finish_reason."""
+    if meta.kind == "chat":
+        return _chunk(meta, [_chat_choice(index, {}, finish_reason)])
+    return _chunk(meta, [_completion_choice(index, "", finish_reason)])
+
+
+def role_chunk(meta: ResponseMeta, index: int) -> dict:
+    """Chat only: the first chunk of each choice announces the assistant role."""
+    return _chunk(meta, [_chat_choice(index, {"role": "assistant", "content": ""}, None)])
+
+
+def usage_chunk(meta: ResponseMeta, usage: dict) -> dict:
+    return {**meta.head(chunk=True), "choices": [], "usage": usage}
+
+
+def full_response(meta: ResponseMeta, collected: OutputCollector) -> dict:
+    """The non-streaming body with every choice and the usage."""
+    choices = [_full_choice(meta.kind, i, collected) for i in range(collected.n)]
+    return {**meta.head(chunk=False), "choices": choices, "usage": collected.usage()}
+
+
+def _full_choice(kind: Kind, index: int, collected: OutputCollector) -> dict:
+    text, reason = collected.text(index), collected.finish_reasons[index]
+    if kind == "chat":
+        return _chat_choice(index, {"role": "assistant", "content": text}, reason, key="message")
+    return _completion_choice(index, text, reason)
+
+
+def _chat_choice(index: int, delta: dict, finish_reason: str | None, key: str = "delta") -> dict:
+    return {"index": index, key: delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}

@@ -1,0 +1,261 @@
+"""Pydantic v2 models of the OpenAI request bodies, and their translation to SamplingParams.
+
+Validation is strict (no "1" -> 1 coercion): a wrong type or an out-of-range value is a 400
+whose ``param`` names the field. Unknown fields are ignored; known OpenAI features that
+verifypd does not implement (logprobs, penalties, tools, ...) are accepted only at their
+default values and rejected with a 400 otherwise, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from verifypd.serve.errors import APIError, invalid_request
+from verifypd.types import ParamError, SamplingParams
+
+MAX_N = 16
+MAX_STOP = 4
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+TokenId = Annotated[int, Field(ge=0)]
+StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)]
+
+# How a field should look, appended to type errors of fields with union types.
+FIELD_HINTS = {
+    "prompt": "a string, a list holding one string, or a list of token ids",
+    "stop": f"a non-empty string or a list of at most {MAX_STOP} non-empty strings",
+    "messages": "a non-empty list of {role, content} objects with text content",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    # Fields that are only accepted at one of these (default) values.
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "logit_bias": (None, {}),
+        "presence_penalty": (None, 0),
+        "frequency_penalty": (None, 0),
+        "repetition_penalty": (None, 1),
+    }
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    stop: Annotated[str, Field(min_length=1)] | StopList | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    priority: int | None = None  # verifypd extension: higher is admitted first
+    ignore_eos: bool | None = None
+    user: str | None = None  # accepted and ignored
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+
+    @property
+    def is_stream(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingFields.UNSUPPORTED,
+        "logprobs": (None,),
+        "echo": (None, False),
+        "suffix": (None, ""),
+    }
+
+    prompt: str | list[str] | list[TokenId]
+    logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+    best_of: int | None = Field(default=None, ge=1)
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingFields.UNSUPPORTED,
+        "logprobs": (None, False),
+        "top_logprobs": (None, 0),
+        "tools": (None, []),
+        "tool_choice": (None, "none", "auto"),
+        "functions": (None, []),
+        "function_call": (None, "none", "auto"),
+        "response_format": (None, {"type": "text"}),
+    }
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    parallel_tool_calls: bool | None = None  # accepted and ignored
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+def parse_request(model_cls: type[_SamplingFields], body: bytes) -> Any:
+    """Validate a raw JSON body into ``model_cls``; any problem becomes a 400 APIError."""
+    try:
+        request = model_cls.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_api_error(exc) from None
+    check_unsupported(request)
+    _check_cross_fields(request)
+    return request
+
+
+def _to_api_error(exc: ValidationError) -> APIError:
+    errors = exc.errors()
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return invalid_request(f"Malformed JSON body: {first['msg']}")
+    if not first["loc"]:
+        return invalid_request(f"Request body must be a JSON object: {first['msg']}")
+    param = str(first["loc"][0])
+    same_field = [e for e in errors if e["loc"] and str(e["loc"][0]) == param]
+    # Prefer a value error (too long, out of range) over "wrong union member" type errors.
+    best = next((e for e in same_field if not e["type"].endswith("_type")), same_field[0])
+    message = f"Invalid value for '{_location(best['loc'])}': {best['msg']}"
+    if param in FIELD_HINTS:
+        message += f" (expected {FIELD_HINTS[param]})"
+    return invalid_request(message, param)
+
+
+def _location(loc: tuple) -> str:
+    """('messages', 0, 'role') -> "messages[0].role"; union member tags are left out."""
+    parts = [str(loc[0])]
+    for part in loc[1:]:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif part.isidentifier() and part not in _TYPE_TAGS and not part[0].isupper():
+            parts.append(f".{part}")
+    return "".join(parts)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def check_unsupported(request: _SamplingFields) -> None:
+    """Reject non-default values of OpenAI features that verifypd does not implement."""
+    for name, allowed in request.UNSUPPORTED.items():
+        if not _is_allowed(getattr(request, name), allowed):
+            raise invalid_request(f"'{name}' is not supported by this server", name)
+
+
+def _is_allowed(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # bool is an int subclass: keep `false` and `0` apart.
+    return any(value == ok and isinstance(value, bool) == isinstance(ok, bool) for ok in allowed)
+
+
+def _check_cross_fields(request: _SamplingFields) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise invalid_request(
+            "'stream_options' is only allowed when 'stream' is true", "stream_options"
+        )
+    best_of = getattr(request, "best_of", None)
+    if best_of is not None and best_of != (request.n or 1):
+        raise invalid_request("'best_of' other than n is not supported by this server", "best_of")
+
+
+def completion_prompt(request: CompletionRequest) -> str | list[int]:
+    """The one prompt of a completion request: text or token ids (batches are rejected)."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise invalid_request(
+                "Batched prompts are not supported: send one prompt per request", "prompt"
+            )
+        prompt = prompt[0]
+    if len(prompt) == 0:
+        raise invalid_request("'prompt' must not be empty", "prompt")
+    return prompt
+
+
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
+    """Messages as plain {role, content} dicts for ``tokenizer.apply_chat_template``."""
+    return [{"role": _template_role(m.role), "content": _message_text(m)} for m in request.messages]
+
+
+def _template_role(role: str) -> str:
+    return "system" if role == "developer" else role
+
+
+def _message_text(message: ChatMessage) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise invalid_request(
+                f"Content parts of type '{part.type}' are not supported (text only)", "messages"
+            )
+    return "".join(part.text or "" for part in message.content)
+
+
+def to_sampling_params(request: _SamplingFields, max_tokens: int) -> SamplingParams:
+    """Build engine SamplingParams; a ParamError from its own checks becomes a 400."""
+    stop = (
+        request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
+    )
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k or 0,
+        "seed": request.seed,
+        "stop": list(stop),
+        "stop_token_ids": list(request.stop_token_ids or []),
+        "ignore_eos": bool(request.ignore_eos),
+        "n": request.n or 1,
+        "priority": request.priority or 0,
+    }
+    try:
+        return SamplingParams(**kwargs)
+    except ParamError as err:
+        raise invalid_request(str(err), err.param) from None
