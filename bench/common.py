@@ -12,6 +12,7 @@ import argparse
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import re
 import shlex
@@ -81,6 +82,9 @@ def _version(module: str) -> str | None:
 
 
 def git_commit() -> str:
+    """HEAD of the repo; ``VERIFYPD_GIT_COMMIT`` wins (machines that get a copy without .git)."""
+    if os.environ.get("VERIFYPD_GIT_COMMIT"):
+        return os.environ["VERIFYPD_GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
@@ -149,6 +153,13 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, (torch.dtype, torch.device, Path)):
         return str(obj)
     return repr(obj)
+
+
+def progress(script: str, what: str, m: dict[str, Any], keys: Sequence[str] = ()) -> None:
+    """One line per finished measurement on stderr, so a long or killed run shows where it got."""
+    keys = (*keys, "decode_tok_s", "e2e_tok_s", "output_tok_s", "error")
+    parts = [f"{k}={_cell(m[k])}" for k in keys if m.get(k) is not None]
+    print(f"[{script}] {what}: {' '.join(parts) or 'done'}", file=sys.stderr, flush=True)
 
 
 def error_record(exc: BaseException) -> dict[str, str]:

@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     format_table,
     hardware_ceilings,
     metadata,
+    progress,
     release_memory,
     resolve_device,
     result_path,
@@ -65,6 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--speed-prompt-len", type=int, default=128)
     p.add_argument("--speed-max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-margins", action="store_true", help="skip the fp32 logit gaps")
     add_common_args(p)
     p.set_defaults(device="cuda", dtype="bfloat16")
     args = p.parse_args(argv)
@@ -104,7 +106,7 @@ def reference_run(args: argparse.Namespace):
     llm = LLM(config=cfg)
     prompts = check_prompts(args, llm.core.model_config.vocab_size)
     tokens = [o.token_ids for o in run_generate(llm, prompts, args.num_new)]
-    params = {name: p.detach() for name, p in llm.core.loaded.model.named_parameters()}
+    model = llm.core.loaded.model
     record = {
         "engine": engine_info(llm),
         "tokens": tokens,
@@ -112,13 +114,70 @@ def reference_run(args: argparse.Namespace):
     }
     del llm
     release_memory()
-    return record, prompts, params
+    return record, prompts, model
+
+
+class ReferenceScorer:
+    """fp32 next-token logits of the CPU reference model for any context (one plain prefill
+    into a private KV tensor), to tell bf16 near-ties from real disagreements."""
+
+    def __init__(self, model: torch.nn.Module, block_size: int = 16) -> None:
+        self.model, self.block_size = model, block_size
+
+    @torch.no_grad()
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        from verifypd.kernels.metadata import AttentionMetadata
+
+        cfg, n, bs = self.model.cfg, len(ids), self.block_size
+        num_blocks = -(-n // bs)
+        kv = torch.zeros(cfg.num_layers, 2, num_blocks, bs, cfg.num_kv_heads, cfg.head_dim)
+        i32 = torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(n), query_start_loc=torch.tensor([0, n], dtype=i32),
+            seq_lens=torch.tensor([n], dtype=i32),
+            block_tables=torch.arange(num_blocks, dtype=i32)[None],
+            max_query_len=n, max_seq_len=n, query_lens_cpu=[n], seq_lens_cpu=[n],
+        )  # fmt: skip
+        hidden = self.model(torch.tensor(ids), torch.arange(n), kv.to(self._dtype), meta)
+        return self.model.compute_logits(hidden[-1:])[0]
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def margin(self, context: list[int], ref_pick: int, other_pick: int) -> dict[str, Any]:
+        """How far apart the two picks are in the fp32 logits after ``context``."""
+        logits = self.logits(context)
+        top2 = logits.topk(2).values
+        return {
+            "ref_pick": ref_pick,
+            "other_pick": other_pick,
+            "fp32_argmax_is_ref_pick": int(logits.argmax()) == ref_pick,
+            "top1_minus_top2": float(top2[0] - top2[1]),
+            "ref_pick_minus_other_pick": float(logits[ref_pick] - logits[other_pick]),
+            "other_pick_rank": int((logits > logits[other_pick]).sum()),
+            "logit_std": float(logits.std()),
+        }
+
+
+def add_margins(cmp, prompts, tokens, reference, scorer: ReferenceScorer | None) -> None:
+    """At each first divergence: the fp32 logit gap between the two picks on the shared prefix."""
+    if scorer is None:
+        return
+    for c, prompt, got, ref in zip(cmp, prompts, tokens, reference, strict=True):
+        d = c["first_divergence"]
+        if d is None or d >= min(len(got), len(ref)):
+            continue
+        try:
+            c["fp32_margin"] = scorer.margin(prompt + ref[:d], ref[d], got[d])
+        except Exception as exc:  # noqa: BLE001 - the margin is a diagnostic, not the check
+            c["fp32_margin"] = error_record(exc)
 
 
 @torch.no_grad()
-def copy_weights(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> int:
+def copy_weights(model: torch.nn.Module, source: torch.nn.Module) -> int:
     """Copies (and casts) the reference weights into ``model``'s parameters in place."""
-    own = dict(model.named_parameters())
+    own, params = dict(model.named_parameters()), dict(source.named_parameters())
     if set(own) != set(params):
         missing, extra = sorted(set(own) - set(params)), sorted(set(params) - set(own))
         raise ValueError(f"parameter names differ: missing {missing[:5]}, extra {extra[:5]}")
@@ -144,7 +203,7 @@ def compare(tokens: list[list[int]], reference: list[list[int]]) -> list[dict[st
     return out
 
 
-def run_variant(args, variant: str, prompts, params, reference, device) -> dict[str, Any]:
+def run_variant(args, variant: str, prompts, source, reference, device) -> dict[str, Any]:
     from verifypd.llm import LLM
 
     cfg = engine_config(
@@ -154,7 +213,7 @@ def run_variant(args, variant: str, prompts, params, reference, device) -> dict[
     )  # fmt: skip
     llm = LLM(config=cfg)
     record: dict[str, Any] = {"engine": engine_info(llm)}
-    record["num_params_copied"] = copy_weights(llm.core.loaded.model, params)
+    record["num_params_copied"] = copy_weights(llm.core.loaded.model, source)
     tokens = [o.token_ids for o in run_generate(llm, prompts, args.num_new)]
     record["tokens"] = tokens
     record["vs_cpu_fp32"] = compare(tokens, reference)
@@ -177,24 +236,27 @@ def speed(args, llm, device) -> dict[str, Any]:
     return out
 
 
-def add_gpu_path_comparisons(variants: dict[str, Any]) -> None:
+def add_gpu_path_comparisons(variants: dict[str, Any], prompts, scorer) -> None:
     """Triton/graph variants against the GPU torch path (same bf16 weights, greedy)."""
     base = variants.get("eager", {}).get("tokens")
     for name, rec in variants.items():
-        if name != "eager" and base is not None and "tokens" in rec:
-            rec["vs_gpu_eager"] = compare(rec["tokens"], base)
+        if name == "eager" or base is None or "tokens" not in rec or "vs_gpu_eager" in rec:
+            continue
+        rec["vs_gpu_eager"] = compare(rec["tokens"], base)
+        add_margins(rec["vs_gpu_eager"], prompts, rec["tokens"], base, scorer)
 
 
 def headers(speed_batches: list[int]) -> list[str]:
     speed_cols = [f"B={b} tok/s" for b in speed_batches]
-    return ["variant", "match vs cpu fp32", "first div", "same as gpu eager", *speed_cols]
+    return ["variant", "match vs cpu fp32", "first div", "fp32 gap/std at div", "same as gpu eager",
+            *speed_cols]  # fmt: skip
 
 
 def summary_rows(report: dict[str, Any], speed_batches: list[int]) -> list[list[Any]]:
     rows = []
     for name, rec in report["variants"].items():
         if "error" in rec:
-            rows.append([name, rec["error"][:70], None, None, *[None] * len(speed_batches)])
+            rows.append([name, rec["error"][:70], None, None, None, *[None] * len(speed_batches)])
             continue
         cmp, eager = rec["vs_cpu_fp32"], rec.get("vs_gpu_eager")
         prefixes = "/".join(str(c["matching_prefix"]) for c in cmp)
@@ -202,8 +264,18 @@ def summary_rows(report: dict[str, Any], speed_batches: list[int]) -> list[list[
                         for c in cmp)  # fmt: skip
         same = None if eager is None else all(c["identical"] for c in eager)
         speeds = [rec["speed"].get(str(b), {}).get("decode_tok_s") for b in speed_batches]
-        rows.append([name, f"{prefixes} of {cmp[0]['num_tokens']}", divs, same, *speeds])
+        gaps = "/".join(_gap(c) for c in cmp)
+        rows.append([name, f"{prefixes} of {cmp[0]['num_tokens']}", divs, gaps, same, *speeds])
     return rows
+
+
+def _gap(c: dict[str, Any]) -> str:
+    """The fp32 logit gap between the two picks at the divergence, in logit standard deviations
+    (near 0: a near-tie that bf16 rounding can flip)."""
+    m = c.get("fp32_margin") or {}
+    if "ref_pick_minus_other_pick" not in m:
+        return "-"
+    return f"{m['ref_pick_minus_other_pick'] / max(m['logit_std'], 1e-12):.2g}"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -215,20 +287,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["method"] = (
         "reference = our engine on CPU, fp32, torch ops; each variant = our engine on --device in "
         "--dtype with the reference's parameters copied in (cast); greedy, EOS ignored; "
-        "matching_prefix = leading tokens equal to the reference; bf16 drift is expected"
+        "matching_prefix = leading tokens equal to the reference; bf16 drift is expected; "
+        "fp32_margin = the CPU fp32 model's logits on the shared prefix at the first divergence: "
+        "a gap between the two picks that is small against logit_std means a near-tie (drift)"
     )
-    reference, prompts, params = reference_run(args)
-    report["reference"] = reference
-    report["variants"] = {}
+    json_file = result_path(args.out, SCRIPT, device, "json")
+    reference, prompts, source = reference_run(args)
+    scorer = None if args.no_margins else ReferenceScorer(source)
+    report["complete"], report["reference"], report["variants"] = False, reference, {}
+    write_json(json_file, report)
     for variant in args.variants:
         try:
-            rec = run_variant(args, variant, prompts, params, reference["tokens"], device)
+            rec = run_variant(args, variant, prompts, source, reference["tokens"], device)
         except Exception as exc:  # noqa: BLE001 - record and go on with the next variant
-            release_memory()
             rec = error_record(exc)
+        release_memory()
+        if "vs_cpu_fp32" in rec:
+            add_margins(rec["vs_cpu_fp32"], prompts, rec["tokens"], reference["tokens"], scorer)
         report["variants"][variant] = rec
-    add_gpu_path_comparisons(report["variants"])
-    json_path = write_json(result_path(args.out, SCRIPT, device, "json"), report)
+        prefixes = [c["matching_prefix"] for c in rec.get("vs_cpu_fp32", [])]
+        progress(
+            SCRIPT,
+            variant,
+            {"matching_prefix_vs_cpu": prefixes or None, **rec},
+            ["matching_prefix_vs_cpu"],
+        )
+        add_gpu_path_comparisons(report["variants"], prompts, scorer)
+        write_json(json_file, report)  # a killed run keeps what it measured
+    report["complete"] = True
+    json_path = write_json(json_file, report)
     print(format_table(headers(args.speed_batches), summary_rows(report, args.speed_batches)))
     print(f"prompt lens {reference['prompt_lens']}, {args.num_new} new tokens; wrote {json_path}")
     return report

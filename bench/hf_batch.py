@@ -88,7 +88,9 @@ def generate_per_request(
         timed_out = _collect(manager, results, len(prompts), start + deadline_s)
         sync(model.device)
         seconds = time.perf_counter() - start
-    return _summary(results, seconds, timed_out, "per_request_max_new_tokens", attn_used)
+    summary = _summary(results, seconds, timed_out, "per_request_max_new_tokens", attn_used)
+    summary["timing_includes_hf_warmup"] = False
+    return summary
 
 
 def _collect(manager, results: dict[str, Any], num: int, deadline: float) -> bool:
@@ -125,6 +127,7 @@ def generate_uniform(
     attn_used = getattr(model.config, "_attn_implementation", None)
     summary = _summary(out, seconds, False, "uniform_max_new_tokens_mean", attn_used)
     summary["uniform_max_new_tokens"] = mean_new
+    summary["timing_includes_hf_warmup"] = True
     return summary
 
 
@@ -154,12 +157,14 @@ def _check(summary: dict[str, Any], num: int) -> None:
 
 
 def run_generation(model, prompts, max_new, deadline_s, warmup_prompts) -> dict[str, Any]:
-    """Per-request lengths if the API allows, else the uniform fallback; a warm-up run first."""
+    """Per-request lengths if the API allows, else the uniform fallback; optionally a short
+    warm-up run first (``warmup_prompts`` not None)."""
     attempts = []
     for fn in (generate_per_request, generate_uniform):
         try:
-            warm = fn(model, warmup_prompts, [8] * len(warmup_prompts), deadline_s)
-            _check(warm, len(warmup_prompts))
+            if warmup_prompts:
+                warm = fn(model, warmup_prompts, [8] * len(warmup_prompts), deadline_s)
+                _check(warm, len(warmup_prompts))
             summary = fn(model, prompts, max_new, deadline_s)
             _check(summary, len(prompts))
             return {**summary, "failed_methods": attempts}
@@ -175,7 +180,7 @@ def run_transformers(
     device: torch.device,
     dtype: torch.dtype,
     deadline_s: float,
-    warmup_prompts: list[list[int]],
+    warmup_prompts: list[list[int]] | None,
 ) -> dict[str, Any]:
     """Builds the same architecture in transformers (random init) and times its batch API."""
     record: dict[str, Any] = {"attn_attempts": [], "dtype": str(dtype).removeprefix("torch.")}

@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     format_table,
     hardware_ceilings,
     metadata,
+    progress,
     release_memory,
     resolve_device,
     result_path,
@@ -86,12 +87,12 @@ def bench_variant(args, model: str, variant: str, device, gbps) -> dict[str, Any
     )
     llm = build_engine(cfg, args.front)
     try:
-        return measure_variant(args, llm, device, gbps)
+        return measure_variant(args, llm, device, gbps, variant)
     finally:
         close_engine(llm)
 
 
-def measure_variant(args, llm, device, gbps) -> dict[str, Any]:
+def measure_variant(args, llm, device, gbps, variant: str) -> dict[str, Any]:
     recorder = attach_recorder(llm)
     rng = np.random.default_rng(args.seed)
     elem = llm.core.dtype.itemsize
@@ -109,18 +110,19 @@ def measure_variant(args, llm, device, gbps) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - one batch failing must not hide the rest
             m = error_record(exc)
         record["batches"][str(batch)] = m
+        progress(SCRIPT, f"{record['engine']['model']} {variant} B={batch}", m)
     return record
 
 
-def bench_model(args, model: str, device, gbps) -> dict[str, Any]:
-    out = {}
+def bench_model(args, model: str, device, gbps, out: dict[str, Any], save) -> None:
+    """Fills ``out`` variant by variant, calling ``save()`` after each."""
     for variant in args.variants:
         try:
             out[variant] = bench_variant(args, model, variant, device, gbps)
         except Exception as exc:  # noqa: BLE001 - record and go on with the next variant
             out[variant] = error_record(exc)
         release_memory()
-    return out
+        save()
 
 
 HEADERS = ["model", "variant", "batch", "step ms", "decode tok/s", "floor tok/s", "of floor",
@@ -183,8 +185,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "read) / copy bandwidth; observed_decode_step_s = engine's own step timer"
     )
     report["variants"] = {v: VARIANTS[v] for v in args.variants}
-    report["results"] = {m: bench_model(args, m, device, gbps) for m in args.models}
-    json_path = write_json(result_path(args.out, SCRIPT, device, "json"), report)
+    report["complete"], report["results"] = False, {}
+    json_file = result_path(args.out, SCRIPT, device, "json")
+    save = lambda: write_json(json_file, report)
+    for m in args.models:  # saved after every variant: a killed run keeps what it measured
+        report["results"][m] = {}
+        bench_model(args, m, device, gbps, report["results"][m], save)
+    report["complete"] = True
+    json_path = write_json(json_file, report)
     png = plot(result_path(args.out, SCRIPT, device, "png"), report["results"], args.batches)
     print(format_table(HEADERS, summary_rows(report["results"])))
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))

@@ -25,6 +25,7 @@ from common import (  # noqa: E402
     format_table,
     hardware_ceilings,
     metadata,
+    progress,
     release_memory,
     resolve_device,
     result_path,
@@ -53,6 +54,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--skip-hf", action="store_true", help="skip transformers' generate_batch")
     p.add_argument("--hf-timeout", type=float, default=420.0, help="seconds per HF run")
+    p.add_argument(
+        "--hf-warmup-run",
+        action="store_true",
+        help="an extra short HF run first (its own CUDA-graph warm-up is excluded anyway)",
+    )
     add_common_args(p)
     add_front_args(p)
     args = p.parse_args(argv)
@@ -69,8 +75,10 @@ def workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], lis
     return random_prompts(rng, in_lens, vocab), [int(x) for x in out_lens]
 
 
-def warmup_prompts(vocab: int, seed: int) -> list[list[int]]:
-    return random_prompts(np.random.default_rng(seed + 1), [32, 48, 64, 80], vocab)
+def warmup_prompts(vocab: int, seed: int, num: int) -> list[list[int]]:
+    """Short prompts, as many as the real run batches, so large-batch paths get warmed too."""
+    rng = np.random.default_rng(seed + 1)
+    return random_prompts(rng, rng.integers(16, 97, size=num), vocab)
 
 
 def run_ours(args: argparse.Namespace, model: str, device) -> tuple[dict[str, Any], Any]:
@@ -93,7 +101,8 @@ def run_ours(args: argparse.Namespace, model: str, device) -> tuple[dict[str, An
 def _measure_ours(args: argparse.Namespace, llm, device) -> tuple[dict[str, Any], Any]:
     vocab = llm.core.model_config.vocab_size
     prompts, out_lens = workload(args, vocab)
-    warm_s, _ = timed(lambda: run_generate(llm, warmup_prompts(vocab, args.seed), 8), device)
+    warm = warmup_prompts(vocab, args.seed, min(args.num_requests, args.max_num_seqs))
+    warm_s, _ = timed(lambda: run_generate(llm, warm, 8), device)
     seconds, outs = timed(lambda: run_generate(llm, prompts, out_lens), device)
     num_in = sum(len(p) for p in prompts)
     num_out = sum(len(o.token_ids) for o in outs)
@@ -115,7 +124,13 @@ def run_hf(args, device, model_config, dtype, prompts, out_lens) -> dict[str, An
 
     vocab = model_config.vocab_size
     rec = run_transformers(
-        model_config, prompts, out_lens, device, dtype, args.hf_timeout, warmup_prompts(vocab, 1)
+        model_config,
+        prompts,
+        out_lens,
+        device,
+        dtype,
+        args.hf_timeout,
+        warmup_prompts(vocab, args.seed, 4) if args.hf_warmup_run else None,
     )
     if rec.get("seconds"):
         num_in = sum(len(p) for p in prompts)
@@ -187,8 +202,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sampling": "greedy, EOS ignored, all requests submitted at once",
         "timing": "after a warm-up run; perf_counter between device syncs",
     }
-    report["results"] = {m: bench_model(args, m, device) for m in args.models}
-    json_path = write_json(result_path(args.out, SCRIPT, device, "json"), report)
+    report["complete"], report["results"] = False, {}
+    json_file = result_path(args.out, SCRIPT, device, "json")
+    for m in args.models:  # saved after every model: a killed run keeps what it measured
+        report["results"][m] = bench_model(args, m, device)
+        progress(SCRIPT, f"{m} ours", report["results"][m]["ours"])
+        progress(SCRIPT, f"{m} transformers", report["results"][m]["transformers"] or {})
+        write_json(json_file, report)
+    report["complete"] = True
+    json_path = write_json(json_file, report)
     rows = summary_rows(report["results"])
     png = bar_chart(
         result_path(args.out, SCRIPT, device, "png"),

@@ -29,6 +29,7 @@ from common import (  # noqa: E402
     format_table,
     hardware_ceilings,
     metadata,
+    progress,
     release_memory,
     resolve_device,
     result_path,
@@ -135,19 +136,22 @@ def measure_batches(args, llm, device) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - one batch failing must not hide the rest
             m = error_record(exc)
         record["batches"][str(batch)] = m
+        eng = record["engine"]
+        what = f"lanes={eng['lane_mode']} spec={eng['spec']['method']} B={batch}"
+        progress(SCRIPT, what, m)
     return record
 
 
-def bench_lane_mode(args, device, lane_mode: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def bench_lane_mode(args, device, lane_mode: str, out: dict[str, Any], save) -> None:
+    """Fills ``out`` engine by engine (plain, then spec), calling ``save()`` after each."""
     for name, on in (("plain", False), ("spec", True)):
         try:
             out[name] = bench_engine(args, device, lane_mode, on)
         except Exception as exc:  # noqa: BLE001 - record and go on
             out[name] = error_record(exc)
         release_memory()
+        save()
     out["speedup"] = {str(b): _speedup(out, str(b)) for b in args.batches}
-    return out
 
 
 def _speedup(out: dict[str, Any], batch: str) -> dict[str, Any] | None:
@@ -218,8 +222,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "e2e tok/s = batch * max_tokens / median T(max_tokens); greedy, EOS ignored, fresh "
         "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
     )
-    report["results"] = {lm: bench_lane_mode(args, device, lm) for lm in args.lane_modes}
-    json_path = write_json(result_path(args.out, SCRIPT, device, "json"), report)
+    report["complete"], report["results"] = False, {}
+    json_file = result_path(args.out, SCRIPT, device, "json")
+    save = lambda: write_json(json_file, report)
+    for lm in args.lane_modes:  # saved after every engine: a killed run keeps what it measured
+        report["results"][lm] = {}
+        bench_lane_mode(args, device, lm, report["results"][lm], save)
+    report["complete"] = True
+    json_path = write_json(json_file, report)
     png = plot(result_path(args.out, SCRIPT, device, "png"), report["results"], args.batches)
     print(format_table(HEADERS, summary_rows(report["results"], args.batches)))
     print(f"synthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)")

@@ -93,6 +93,20 @@ def test_gpu_check_logic_on_cpu(tmp_path: Path) -> None:
     assert all(eager["speed"][b]["decode_tok_s"] > 0 for b in ("1", "2"))
 
 
+def test_reference_scorer_agrees_with_greedy_engine() -> None:
+    gpu_check, harness = load("gpu_check"), load("harness")
+    from verifypd.llm import LLM
+
+    llm = LLM(config=harness.engine_config("dummy:tiny", "cpu", "float32", num_blocks=16))
+    prompt = [5, 17, 99, 3, 250, 41, 7]
+    tokens = harness.run_generate(llm, [prompt], 3)[0].token_ids
+    scorer = gpu_check.ReferenceScorer(llm.core.loaded.model)
+    for i, tok in enumerate(tokens):
+        assert int(scorer.logits(prompt + tokens[:i]).argmax()) == tok
+    margin = scorer.margin(prompt, tokens[0], (tokens[0] + 1) % 512)
+    assert margin["fp32_argmax_is_ref_pick"] and margin["ref_pick_minus_other_pick"] > 0
+
+
 def test_hf_config_matches_model_shape() -> None:
     common = load("common")
     import torch
