@@ -41,6 +41,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory for JSON/PNG")
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="engine context limit (as nano-vllm's bench); 0 = the model's own (32K+); it also "
+        "bounds the CUDA-graph decode attention grid",
+    )
 
 
 def add_front_args(p: argparse.ArgumentParser) -> None:
@@ -256,6 +263,18 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def gpu_memory_gb(device: torch.device) -> dict[str, float] | None:
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "allocated": torch.cuda.memory_allocated(device) / 2**30,
+        "reserved": torch.cuda.memory_reserved(device) / 2**30,
+        "free": free / 2**30,
+        "total": total / 2**30,
+    }
 
 
 # ----------------------------------------------------------------------------- ceilings

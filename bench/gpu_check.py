@@ -100,6 +100,7 @@ def reference_run(args: argparse.Namespace):
 
     cfg = engine_config(
         args.model, "cpu", "float32", args.seed, max_num_seqs=args.num_prompts,
+        max_model_len=args.max_model_len,
         num_blocks=blocks_for(args.num_prompts, args.max_prompt_len + args.num_new + 8),
         prefix_caching=False, use_triton=False, cuda_graphs=False,
     )  # fmt: skip
@@ -208,6 +209,7 @@ def run_variant(args, variant: str, prompts, source, reference, device) -> dict[
 
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed, max_num_seqs=max_seqs(args),
+        max_model_len=args.max_model_len,
         max_num_batched_tokens=max(8192, max_seqs(args) * args.speed_prompt_len),
         num_blocks=num_blocks(args), prefix_caching=False, **VARIANTS[variant],
     )  # fmt: skip

@@ -13,7 +13,14 @@ import numpy as np
 import torch
 from common import json_default, median, timed
 
-from verifypd.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from verifypd.config import (
+    PRESETS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpecConfig,
+)
 from verifypd.types import Observer, SamplingParams
 
 
@@ -33,6 +40,7 @@ def engine_config(
     *,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
+    max_model_len: int | None = None,
     num_blocks: int | None = None,
     prefix_caching: bool = True,
     spec: SpecConfig | None = None,
@@ -45,11 +53,21 @@ def engine_config(
         seed=seed,
         cache=CacheConfig(num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=_cap_model_len(model, max_model_len),
         ),
         spec=spec or SpecConfig(),
         **engine_kw,
     )
+
+
+def _cap_model_len(model: str, max_model_len: int | None) -> int | None:
+    """0/None: the model's own length; never more than a dummy preset's max positions."""
+    if not max_model_len:
+        return None
+    preset = PRESETS.get(model.removeprefix("dummy:")) if model.startswith("dummy:") else None
+    return min(max_model_len, preset.max_position_embeddings) if preset else max_model_len
 
 
 def blocks_for(num_seqs: int, tokens_per_seq: int, block_size: int = 16, slack: int = 64) -> int:
@@ -59,27 +77,28 @@ def blocks_for(num_seqs: int, tokens_per_seq: int, block_size: int = 16, slack: 
 
 def engine_info(llm: Any) -> dict[str, Any]:
     """What the engine actually resolved (device, dtype, kernels, graphs, KV size)."""
-    core = llm.core
-    cfg = core.config
-    info: dict[str, Any] = {
+    from verifypd.kernels import REFERENCE_OPS
+
+    core, cfg = llm.core, llm.core.config
+    graphs = getattr(getattr(core, "runner", None), "graphs", None)
+    return {
         "model": cfg.model,
         "device": str(core.device),
         "dtype": str(core.dtype).removeprefix("torch."),
-        "use_triton": cfg.use_triton if cfg.use_triton is not None else core.device.type == "cuda",
-        "cuda_graphs": (
-            cfg.cuda_graphs if cfg.cuda_graphs is not None else core.device.type == "cuda"
-        ),
+        "use_triton": core.ops is not REFERENCE_OPS,
+        "cuda_graphs": getattr(core, "use_cuda_graphs", cfg.cuda_graphs),
+        "graph_batch_sizes": list(getattr(graphs, "sizes", []) or []) or None,
         "front": "AsyncEngine (lane dispatcher)" if isinstance(llm, AsyncLLM) else "LLM.generate",
         "lane_mode": cfg.lane_mode,
         "spec": {k: getattr(cfg.spec, k) for k in cfg.spec.__dataclass_fields__},
         "max_num_seqs": cfg.scheduler.max_num_seqs,
         "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
+        "max_model_len": getattr(core, "max_model_len", None),
         "block_size": cfg.cache.block_size,
         "num_kv_blocks": getattr(getattr(core, "kv", None), "num_blocks", None),
         "prefix_caching": cfg.cache.enable_prefix_caching,
         "num_params": core.model_config.num_params,
     }
-    return info
 
 
 class StepRecorder(Observer):

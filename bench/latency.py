@@ -79,6 +79,7 @@ def bench_variant(args, model: str, variant: str, device, gbps) -> dict[str, Any
         args.dtype,
         args.seed,
         max_num_seqs=max_batch,
+        max_model_len=args.max_model_len,
         max_num_batched_tokens=max(8192, max_batch * args.prompt_len),
         num_blocks=blocks_for(max_batch, args.prompt_len + args.max_tokens + 8),
         prefix_caching=False,

@@ -23,6 +23,7 @@ from common import (  # noqa: E402
     bar_chart,
     error_record,
     format_table,
+    gpu_memory_gb,
     hardware_ceilings,
     metadata,
     progress,
@@ -88,6 +89,7 @@ def run_ours(args: argparse.Namespace, model: str, device) -> tuple[dict[str, An
         args.dtype,
         args.seed,
         max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         lane_mode=args.lane_mode,
     )
@@ -123,6 +125,7 @@ def run_hf(args, device, model_config, dtype, prompts, out_lens) -> dict[str, An
     from hf_batch import run_transformers
 
     vocab = model_config.vocab_size
+    mem_before = gpu_memory_gb(device)  # what our (deleted) engine may still hold
     rec = run_transformers(
         model_config,
         prompts,
@@ -137,6 +140,7 @@ def run_hf(args, device, model_config, dtype, prompts, out_lens) -> dict[str, An
         rec["output_tok_s"] = rec["output_tokens"] / rec["seconds"]
         rec["total_tok_s"] = (num_in + rec["output_tokens"]) / rec["seconds"]
         rec["requested_output_tokens"] = sum(out_lens)
+    rec["gpu_memory_before_gb"] = mem_before
     return rec
 
 

@@ -109,6 +109,7 @@ def bench_engine(args, device, lane_mode: str, spec_on: bool) -> dict[str, Any]:
         args.dtype,
         args.seed,
         max_num_seqs=max_batch,
+        max_model_len=args.max_model_len,
         max_num_batched_tokens=max(8192, max_batch * args.prompt_len),
         num_blocks=blocks_for(max_batch, args.prompt_len + args.max_tokens + 2 * args.draft_len),
         prefix_caching=False,
