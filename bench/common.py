@@ -41,6 +41,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory for JSON/PNG")
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
+    p.add_argument("--tag", default="", help="appended to the output file names (split runs)")
     p.add_argument(
         "--max-model-len",
         type=int,
@@ -142,10 +143,14 @@ def metadata(script: str, argv: Sequence[str], params: dict[str, Any], device: t
     }
 
 
-def result_path(out_dir: str | Path, script: str, device: torch.device, ext: str) -> Path:
+def result_path(
+    out_dir: str | Path, script: str, device: torch.device, ext: str, tag: str = ""
+) -> Path:
+    """``<out>/<script>-<device-slug>[-<tag>].<ext>``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return out / f"{script}-{device_slug(device_name(device))}.{ext}"
+    suffix = f"-{device_slug(tag)}" if tag else ""
+    return out / f"{script}-{device_slug(device_name(device))}{suffix}.{ext}"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:

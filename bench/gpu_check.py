@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "fp32_margin = the CPU fp32 model's logits on the shared prefix at the first divergence: "
         "a gap between the two picks that is small against logit_std means a near-tie (drift)"
     )
-    json_file = result_path(args.out, SCRIPT, device, "json")
+    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     reference, prompts, source = reference_run(args)
     scorer = None if args.no_margins else ReferenceScorer(source)
     report["complete"], report["reference"], report["variants"] = False, reference, {}

@@ -187,14 +187,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     report["variants"] = {v: VARIANTS[v] for v in args.variants}
     report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json")
+    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     save = lambda: write_json(json_file, report)
     for m in args.models:  # saved after every variant: a killed run keeps what it measured
         report["results"][m] = {}
         bench_model(args, m, device, gbps, report["results"][m], save)
     report["complete"] = True
     json_path = write_json(json_file, report)
-    png = plot(result_path(args.out, SCRIPT, device, "png"), report["results"], args.batches)
+    png = plot(
+        result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], args.batches
+    )
     print(format_table(HEADERS, summary_rows(report["results"])))
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
     return report

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timing": "after a warm-up run; perf_counter between device syncs",
     }
     report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json")
+    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     for m in args.models:  # saved after every model: a killed run keeps what it measured
         report["results"][m] = bench_model(args, m, device)
         progress(SCRIPT, f"{m} ours", report["results"][m]["ours"])
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path = write_json(json_file, report)
     rows = summary_rows(report["results"])
     png = bar_chart(
-        result_path(args.out, SCRIPT, device, "png"),
+        result_path(args.out, SCRIPT, device, "png", args.tag),
         [r[0] for r in rows],
         {"verifypd": [r[1] for r in rows], "transformers generate_batch": [r[3] for r in rows]},
         "output tokens / s",

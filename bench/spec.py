@@ -224,14 +224,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
     )
     report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json")
+    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     save = lambda: write_json(json_file, report)
     for lm in args.lane_modes:  # saved after every engine: a killed run keeps what it measured
         report["results"][lm] = {}
         bench_lane_mode(args, device, lm, report["results"][lm], save)
     report["complete"] = True
     json_path = write_json(json_file, report)
-    png = plot(result_path(args.out, SCRIPT, device, "png"), report["results"], args.batches)
+    png = plot(
+        result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], args.batches
+    )
     print(format_table(HEADERS, summary_rows(report["results"], args.batches)))
     print(f"synthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)")
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
