@@ -28,22 +28,15 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def hf_reference() -> dict[str, list[int]]:
+def hf_reference(hf_smollm) -> dict[str, list[int]]:
     """Greedy continuations from transformers' own model, one prompt at a time."""
-    from transformers import AutoModelForCausalLM
-
-    from verifypd.engine.loader import find_default_gguf
     from verifypd.engine.tokenizer import load_tokenizer
 
-    path = find_default_gguf()
     tok = load_tokenizer("default")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
-    ).eval()
     out = {}
     for prompt in PROMPTS:
         ids = torch.tensor([tok.encode(prompt)])
-        out[prompt] = _hf_greedy(model, ids, NUM_NEW)
+        out[prompt] = _hf_greedy(hf_smollm, ids, NUM_NEW)
     return out
 
 
