@@ -1,0 +1,255 @@
+"""Paged prefill / extend / verify attention with variable query lengths (Triton).
+
+Sequence b has q_len = query_start_loc[b+1] - query_start_loc[b] new tokens at positions
+seq_len - q_len .. seq_len - 1; each attends causally to every earlier position. store_kv has
+already written the new tokens' K/V, so all keys come from the paged cache via the block table.
+
+Grid (query tiles, B, Hkv). GQA head packing: a tile's BLOCK_M rows are (token, head) pairs,
+TOKENS_PER_TILE = BLOCK_M // G consecutive query tokens times the G query heads of one KV head,
+so each K/V tile is loaded once for the whole group. This matters most for the verify pass
+(1 + L tokens per sequence): 5 tokens x 7 heads fill one 64-row tile instead of 7 mostly empty
+ones. Keys below the tile's first query position need no causal mask and run in a mask-free
+loop; the last few key tiles (the diagonal) run masked. Online softmax in fp32, log2 domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+if TYPE_CHECKING:
+    from verifypd.kernels.metadata import AttentionMetadata
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def attend_tile(
+    q,  # [BLOCK_M, D]
+    acc,  # [BLOCK_M, D] fp32
+    m_i,  # [BLOCK_M] fp32, running max (log2 units)
+    l_i,  # [BLOCK_M] fp32, running sum of exp2
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row_ptr,  # this sequence's block table row
+    tile_start,
+    q_pos,  # [BLOCK_M] absolute position of each row's query token
+    kv_end,  # keys at positions >= kv_end are never read
+    kv_head,
+    qk_scale,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile is visible to every row
+    DOT_PRECISION: tl.constexpr,
+):
+    """One key tile of online softmax (also used by the split-K kernel)."""
+    offs_n = tile_start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_block = offs_n % BLOCK_SIZE
+    if MASKED:
+        n_mask = offs_n < kv_end
+        kv_mask = n_mask[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_N, D]
+        block_ids = tl.load(table_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+    else:
+        block_ids = tl.load(table_row_ptr + offs_n // BLOCK_SIZE)
+    block_ids = block_ids.to(tl.int64)
+    k_off = block_ids * stride_kc_b + in_block * stride_kc_s + kv_head * stride_kc_h
+    v_off = block_ids * stride_vc_b + in_block * stride_vc_s + kv_head * stride_vc_h
+    k_ptrs = k_cache_ptr + k_off[:, None] + offs_d[None, :]
+    v_ptrs = v_cache_ptr + v_off[:, None] + offs_d[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_ptrs)  # [BLOCK_N, D]
+        v = tl.load(v_ptrs)
+
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < kv_end)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # -inf only for a row that has seen no visible key yet (possible in a split-K chunk).
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    q_ptr,  # [T, Hq, D]
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
+    out_ptr,  # [T, Hq, D]
+    block_tables_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32
+    query_start_loc_ptr,  # [B + 1] int32
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_t,
+    stride_q_h,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    stride_o_t,
+    stride_o_h,
+    stride_bt_b,
+    GROUP_SIZE: tl.constexpr,  # G = Hq / Hkv
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # KV cache block (page) size
+    BLOCK_M: tl.constexpr,  # rows = (token, head) pairs
+    BLOCK_N: tl.constexpr,  # keys per tile, a multiple of BLOCK_SIZE
+    DOT_PRECISION: tl.constexpr,
+):
+    TOKENS_PER_TILE: tl.constexpr = BLOCK_M // GROUP_SIZE
+    tile = tl.program_id(0)
+    b = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx_len = seq_len - q_len  # cached prefix before the new tokens
+    first_tok = tile * TOKENS_PER_TILE
+    num_tok = tl.maximum(tl.minimum(q_len - first_tok, TOKENS_PER_TILE), 0)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tok = first_tok + offs_m // GROUP_SIZE  # [BLOCK_M] query token index within the sequence
+    heads = kv_head * GROUP_SIZE + offs_m % GROUP_SIZE  # [BLOCK_M]
+    row_valid = offs_m < num_tok * GROUP_SIZE
+    row_mask = row_valid[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_M, D]
+    rows = (q_start + tok).to(tl.int64)
+    q_ptrs = q_ptr + rows[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask, other=0.0)  # [BLOCK_M, D]
+    q_pos = ctx_len + tok
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_row = block_tables_ptr + b * stride_bt_b
+    kv_end = tl.where(num_tok > 0, ctx_len + first_tok + num_tok, 0)  # one past the last key
+    # Keys < ctx_len + first_tok are visible to every row: whole tiles of them go unmasked.
+    full_end = tl.minimum((ctx_len + first_tok) // BLOCK_N * BLOCK_N, kv_end)
+    for tile_start in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, kv_end,
+            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+            stride_vc_b, stride_vc_s, stride_vc_h,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
+        )  # fmt: skip
+    for tile_start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, kv_end,
+            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+            stride_vc_b, stride_vc_s, stride_vc_h,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """Launch shape; BLOCK_M rows are (token, head) pairs, BLOCK_N is raised to the block size."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 2
+
+
+def default_prefill_tiles(max_query_len: int, group_size: int, head_dim: int) -> PrefillTiles:
+    """Small row tiles for short (verify) queries, 128 rows for long prefills."""
+    rows = max_query_len * group_size
+    block_m = max(min(128, triton.next_power_of_2(rows)), 16, triton.next_power_of_2(group_size))
+    block_n = 64 if head_dim <= 128 else 32
+    return PrefillTiles(block_m, block_n, num_warps=8 if block_m >= 128 else 4)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    tiles: PrefillTiles | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged context.
+
+    q [T, Hq, D] (sequence b's tokens are rows query_start_loc[b]:query_start_loc[b+1]);
+    caches [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D] (``out`` if given); rows past
+    query_start_loc[B] are left unwritten. ``tiles`` overrides the launch shape (tuning).
+    """
+    check_attention_inputs(q, k_cache, v_cache, meta)
+    num_seqs, (num_q_heads, head_dim) = meta.seq_lens.shape[0], q.shape[1:]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(2) == 1 and out.dtype == q.dtype
+    if num_seqs == 0 or q.shape[0] == 0 or meta.max_query_len == 0:
+        return out
+    tiles = tiles or default_prefill_tiles(meta.max_query_len, group_size, head_dim)
+    assert tiles.block_m >= group_size, "a row tile must hold a whole GQA group"
+    grid = (triton.cdiv(meta.max_query_len, tiles.block_m // group_size), num_seqs, num_kv_heads)
+    _prefill_attention_kernel[grid](
+        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        scale * LOG2E, q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), meta.block_tables.stride(0),
+        GROUP_SIZE=group_size, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_M=tiles.block_m, BLOCK_N=max(tiles.block_n, block_size),
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+
+
+def check_attention_inputs(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> None:
+    """Shape, stride and dtype checks shared by the decode and prefill wrappers."""
+    num_seqs = meta.seq_lens.shape[0]
+    assert q.dim() == 3 and q.stride(2) == 1, "q: [T, Hq, D], last dim contiguous"
+    assert k_cache.shape == v_cache.shape and k_cache.dim() == 4, "caches: [N, bs, Hkv, D]"
+    assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "cache: last dim contiguous"
+    assert k_cache.dtype == v_cache.dtype == q.dtype, "q and caches must share a dtype"
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    assert k_cache.shape[3] == head_dim and num_q_heads % num_kv_heads == 0
+    assert _is_pow2(head_dim) and head_dim >= 16, "D must be a power of two >= 16"
+    assert _is_pow2(block_size) and block_size >= 4, "block size must be a power of two >= 4"
+    assert meta.query_start_loc.shape == (num_seqs + 1,), "query_start_loc: [B + 1]"
+    for name in ("query_start_loc", "seq_lens", "block_tables"):
+        assert getattr(meta, name).dtype == torch.int32, f"{name} must be int32"
+    assert meta.block_tables.dim() == 2 and meta.block_tables.shape[0] == num_seqs
+    assert meta.block_tables.stride(1) == 1, "block table rows must be contiguous"
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0

@@ -1,0 +1,79 @@
+"""Rotary position embedding, NeoX / Hugging Face rotate-half style, in place (Triton).
+
+With x = [x1 | x2] (halves of the head dim) and cos, sin of the token's position:
+x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. One program per token rotates all of its query
+and key heads, so the cos/sin row is read once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr,  # [T, Hq, D], rotated in place
+    k_ptr,  # [T, Hkv, D], rotated in place
+    positions_ptr,  # [T] int64
+    cos_sin_ptr,  # [max_pos, D] = [cos(D/2) | sin(D/2)]
+    num_q_heads,
+    num_kv_heads,
+    stride_q_t,
+    stride_q_h,
+    stride_k_t,
+    stride_k_h,
+    stride_cs_p,
+    HALF_DIM: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + t)
+    offs_d = tl.arange(0, HALF_DIM)
+    cos = tl.load(cos_sin_ptr + pos * stride_cs_p + offs_d).to(tl.float32)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_cs_p + HALF_DIM + offs_d).to(tl.float32)[None, :]
+
+    offs_hq = tl.arange(0, Q_HEADS_PAD)
+    q_mask = (offs_hq[:, None] < num_q_heads) & (offs_d[None, :] < HALF_DIM)  # [Hq_pad, D/2]
+    q1_ptrs = q_ptr + t * stride_q_t + offs_hq[:, None] * stride_q_h + offs_d[None, :]
+    q1 = tl.load(q1_ptrs, mask=q_mask, other=0.0).to(tl.float32)
+    q2 = tl.load(q1_ptrs + HALF_DIM, mask=q_mask, other=0.0).to(tl.float32)
+    tl.store(q1_ptrs, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q1_ptrs + HALF_DIM, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+
+    offs_hk = tl.arange(0, KV_HEADS_PAD)
+    k_mask = (offs_hk[:, None] < num_kv_heads) & (offs_d[None, :] < HALF_DIM)
+    k1_ptrs = k_ptr + t * stride_k_t + offs_hk[:, None] * stride_k_h + offs_d[None, :]
+    k1 = tl.load(k1_ptrs, mask=k_mask, other=0.0).to(tl.float32)
+    k2 = tl.load(k1_ptrs + HALF_DIM, mask=k_mask, other=0.0).to(tl.float32)
+    tl.store(k1_ptrs, (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k1_ptrs + HALF_DIM, (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty), mask=k_mask)
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by ``positions [T]``; returns (q, k).
+
+    q and k may be strided views (e.g. slices of a fused qkv projection)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    assert k.dim() == 3 and k.shape[0] == num_tokens and k.shape[2] == head_dim
+    assert q.stride(2) == 1 and k.stride(2) == 1, "q, k: last dim must be contiguous"
+    assert positions.shape == (num_tokens,) and positions.dtype == torch.int64
+    assert cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == head_dim
+    assert cos_sin_cache.stride(1) == 1, "cos_sin_cache: last dim must be contiguous"
+    assert head_dim >= 2 and head_dim & (head_dim - 1) == 0, "D must be a power of two"
+    if num_tokens == 0:
+        return q, k
+    _rope_kernel[(num_tokens,)](
+        q, k, positions, cos_sin_cache, num_q_heads, k.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+        HALF_DIM=head_dim // 2, Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
+        KV_HEADS_PAD=triton.next_power_of_2(k.shape[1]), num_warps=4,
+    )  # fmt: skip
+    return q, k
