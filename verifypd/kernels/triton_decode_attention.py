@@ -220,8 +220,7 @@ def decode_attention(
     block_m = max(16, triton.next_power_of_2(meta.max_query_len * group_size))
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, meta.max_seq_len, block_m, q.device)
-    # Measured (H200): 64-key tiles for decode, 32 for verify's 64-row tiles (fewer registers).
-    tiles = tiles or DecodeTiles(block_n=64 if block_m <= 16 and head_dim <= 128 else 32)
+    tiles = tiles or DecodeTiles(block_n=64 if head_dim <= 128 else 32)
     direct = num_splits == 1
     if direct:
         part_out, part_lse = out, out  # part_lse unused
