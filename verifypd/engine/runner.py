@@ -105,16 +105,35 @@ class ModelRunner:
             else:
                 sample_seqs.append(i)
                 sample_rows.append(qsl[-1] - 1)
-        meta = self._metadata(plan, slots, qsl, seq_lens)
-        return StepInputs(
-            self._to_device(ids, torch.int64),
-            self._to_device(pos, torch.int64),
-            meta,
-            sample_rows,
-            sample_seqs,
-            verify_seqs,
-            verify_rows,
+        return self._upload(plan, ids, pos, slots, qsl, seq_lens, sample_rows, sample_seqs,
+                            verify_seqs, verify_rows)  # fmt: skip
+
+    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, *rows) -> StepInputs:
+        """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
+        int32 buffer (query starts, seq lens, block tables), sliced into views on the device."""
+        num_tokens, num_seqs = len(ids), len(seq_lens)
+        wide = self._to_device(np.array([ids, pos, slots], dtype=np.int64), torch.int64)
+        narrow_host = np.concatenate(
+            [
+                np.asarray(qsl, np.int32),
+                np.asarray(seq_lens, np.int32),
+                self._tables(plan, seq_lens).ravel(),
+            ]
         )
+        narrow = self._to_device(narrow_host, torch.int32)
+        query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
+        meta = AttentionMetadata(
+            slot_mapping=wide[2],
+            query_start_loc=narrow[: num_seqs + 1],
+            seq_lens=narrow[num_seqs + 1 : 2 * num_seqs + 1],
+            block_tables=narrow[2 * num_seqs + 1 :].view(num_seqs, -1),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+        )
+        assert wide.shape[1] == num_tokens
+        return StepInputs(wide[0], wide[1], meta, *rows)
 
     @staticmethod
     def _query_tokens(s: ScheduledSeq) -> tuple[int, list[int]]:
@@ -125,24 +144,15 @@ class ModelRunner:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
 
-    def _metadata(self, plan: StepPlan, slots, qsl, seq_lens) -> AttentionMetadata:
+    def _tables(self, plan: StepPlan, seq_lens: list[int]) -> np.ndarray:
+        """[B, max_blocks] int32 block tables, padded with 0 past each seq's length."""
         bs = self.block_size
         max_blocks = max((n + bs - 1) // bs for n in seq_lens)
         tables = np.zeros((len(plan.seqs), max_blocks), dtype=np.int32)
         for i, s in enumerate(plan.seqs):
             n = (seq_lens[i] + bs - 1) // bs
             tables[i, :n] = s.seq.block_table[:n]
-        query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
-        return AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64),
-            query_start_loc=self._to_device(qsl, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
-            block_tables=self._to_device(tables, torch.int32),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-        )
+        return tables
 
     def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:
         t = torch.as_tensor(np.asarray(data), dtype=dtype)
@@ -174,8 +184,11 @@ class ModelRunner:
         n_plain = len(inputs.sample_rows)
         if n_plain:
             seqs = [plan.seqs[i].seq for i in inputs.sample_seqs]
-            t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
-            pieces.append(sample(logits[:n_plain], t))
+            if all(s.params.is_greedy for s in seqs):  # no sampling tensors to upload
+                pieces.append(logits[:n_plain].argmax(dim=-1))
+            else:
+                t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
+                pieces.append(sample(logits[:n_plain], t))
             for j, i in enumerate(inputs.sample_seqs):
                 layout[i] = ("one", j)
         if inputs.verify_seqs:
