@@ -230,6 +230,11 @@ def bar_panels(path: Path, panels: list[Panel], ncols: int = 2) -> Path | None:
     return path
 
 
+def draw_bars(ax, title: str, ylabel: str, labels: list[str], series) -> None:
+    """Grouped bars on an existing matplotlib axis (one panel of ``bar_panels``)."""
+    _draw_panel(ax, title, ylabel, labels, series)
+
+
 def _draw_panel(ax, title: str, ylabel: str, labels: list[str], series) -> None:
     width = 0.8 / max(1, len(series))
     x = np.arange(len(labels))

@@ -142,9 +142,10 @@ class StepRecorder(Observer):
         return {"lanes": lanes, "spec": spec}
 
 
-def attach_recorder(llm: Any) -> StepRecorder:
-    """Installs a ``StepRecorder`` as the observer of the engine and the parts that hold one."""
-    rec = StepRecorder()
+def attach_recorder(llm: Any, recorder: StepRecorder | None = None) -> StepRecorder:
+    """Installs ``recorder`` (a new ``StepRecorder`` by default) as the observer of the engine
+    and the parts that hold one."""
+    rec = recorder if recorder is not None else StepRecorder()
     core = llm.core
     for obj in (core, getattr(core, "scheduler", None), *_spec_parts(core)):
         if obj is not None and hasattr(obj, "observer"):

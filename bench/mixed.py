@@ -1,0 +1,451 @@
+"""Mixed-traffic tail latency with speculative decoding on: three lanes + controller against the
+single-lane fused baseline (``lane_mode="single"``, the vLLM-like design), same engine, same GPU,
+same run, same requests.
+
+``AsyncEngine`` is driven in-process (no HTTP) by an open-loop Poisson arrival process (seeded):
+short chat-like requests (prompt 64-256, output 64-256 tokens) mixed with long-prompt requests
+(prompt 1024-3072, output 32-128) at --long-fraction, --rate requests/s, for --num-requests
+requests (or --duration seconds). Greedy, EOS ignored, random prompt ids. Target
+dummy:qwen2.5-7b, drafter dummy:qwen2.5-0.5b. Per request: TTFT (arrival -> first token), ITL
+(gap between successive deltas / tokens in the delta, one sample per token), TPOT, e2e.
+
+SYNTHETIC ACCEPTANCE: dummy weights accept almost nothing, so the accepted count of every verify
+is drawn from a truncated geometric with alpha = --acceptance. The engine's knob
+(``SpecConfig.synthetic_acceptance``) is global: every request has the same alpha (per-request
+alpha is not wired). The draft and verify forwards are real.
+
+Modes (--modes): three-ctrl (three lanes + controller, L_max = --draft-len), three-fixed (three
+lanes, fixed L), single-fixed (fused single lane, fixed L), three-off (three lanes, no
+speculation); also single-ctrl, single-off.
+
+    python bench/mixed.py
+    python bench/mixed.py --device cpu --model dummy:tiny --draft-model dummy:tiny \
+        --num-requests 6 --rate 20 --short-prompt-len 8 16 --short-output-len 4 8 \
+        --long-prompt-len 48 64 --long-output-len 2 4 --warmup-requests 1 --max-num-seqs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import numpy as np  # noqa: E402
+from common import (  # noqa: E402
+    add_common_args,
+    argv_or_sys,
+    csv_list,
+    draw_bars,
+    error_record,
+    format_table,
+    hardware_ceilings,
+    metadata,
+    progress,
+    release_memory,
+    resolve_device,
+    result_path,
+    write_json,
+)
+from harness import (  # noqa: E402
+    StepRecorder,
+    attach_recorder,
+    build_engine,
+    close_engine,
+    engine_config,
+    engine_info,
+)
+from loadgen import (  # noqa: E402
+    Mix,
+    Request,
+    Trace,
+    itl_quantiles,
+    latency_stats,
+    load_stats,
+    make_requests,
+    run_load,
+)
+
+from verifypd.config import EngineConfig, SpecConfig  # noqa: E402
+from verifypd.types import SamplingParams  # noqa: E402
+
+SCRIPT = "mixed"
+
+
+@dataclass(frozen=True)
+class Mode:
+    lane_mode: str  # three | single
+    speculate: bool
+    controller: bool = False
+
+
+MODES = {
+    "three-ctrl": Mode("three", True, True),
+    "three-fixed": Mode("three", True),
+    "single-fixed": Mode("single", True),
+    "three-off": Mode("three", False),
+    "single-ctrl": Mode("single", True, True),
+    "single-off": Mode("single", False),
+}
+DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
+SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decode_s",
+                 "verify_queue_depth", "pressure")  # fmt: skip
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="dummy:qwen2.5-7b")
+    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b")
+    p.add_argument("--modes", type=csv_list, default=DEFAULT_MODES, help=",".join(MODES))
+    p.add_argument("--num-requests", type=int, default=80)
+    p.add_argument("--duration", type=float, default=0.0, help="arrivals stop here; 0 = off")
+    p.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals, requests/s")
+    p.add_argument("--long-fraction", type=float, default=0.2, help="share of long prompts")
+    p.add_argument("--short-prompt-len", type=int, nargs=2, default=[64, 256])
+    p.add_argument("--short-output-len", type=int, nargs=2, default=[64, 256])
+    p.add_argument("--long-prompt-len", type=int, nargs=2, default=[1024, 3072])
+    p.add_argument("--long-output-len", type=int, nargs=2, default=[32, 128])
+    p.add_argument("--acceptance", type=float, default=0.7, help="synthetic alpha (global)")
+    p.add_argument("--draft-len", type=int, default=4, help="fixed L; the controller's L_max")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-prefill-chunk", type=int, default=2048)
+    p.add_argument("--ttft-budget-s", type=float, default=0.5)
+    p.add_argument("--num-kv-blocks", type=int, default=0, help="0 = the engine sizes it")
+    p.add_argument("--warmup-requests", type=int, default=8, help="unrecorded, per mode")
+    p.add_argument("--drain-timeout", type=float, default=60.0, help="s after the last arrival")
+    p.add_argument("--snapshot-interval", type=float, default=0.25, help="controller sampling s")
+    add_common_args(p)
+    args = p.parse_args(argv)
+    if set(args.modes) - set(MODES):
+        p.error(f"--modes: choose from {list(MODES)}")
+    longest = max(args.short_prompt_len[1] + args.short_output_len[1],
+                  args.long_prompt_len[1] + args.long_output_len[1])  # fmt: skip
+    if args.max_model_len and longest > args.max_model_len:
+        p.error(f"prompt + output up to {longest} tokens > --max-model-len {args.max_model_len}")
+    return args
+
+
+# ----------------------------------------------------------------------------- load
+def sampling_params(args, req: Request, index: int) -> SamplingParams:
+    # A fixed seed per request: the synthetic acceptance draws are the same in every mode.
+    seed = args.seed * 1_000_003 + index
+    return SamplingParams(
+        max_tokens=req.max_tokens, temperature=args.temperature, seed=seed, ignore_eos=True
+    )
+
+
+async def sample_controller(core, out: list[dict[str, Any]], interval: float) -> None:
+    """Snapshots of the controller while requests are live (its means are over live ones)."""
+    while True:
+        snap = core.controller.snapshot()
+        if snap["num_requests"]:
+            out.append({k: snap[k] for k in SNAPSHOT_KEYS})
+        await asyncio.sleep(interval)
+
+
+async def drive(engine, requests: list[Request], args) -> tuple[list[Trace], list, float]:
+    """``run_load`` with the controller sampled alongside (speculating modes)."""
+    snaps: list[dict[str, Any]] = []
+    sampler = None
+    if engine.core.spec.enabled:
+        sampler = asyncio.create_task(sample_controller(engine.core, snaps, args.snapshot_interval))
+    try:
+        params_of = lambda i, req: sampling_params(args, req, i)  # noqa: E731
+        traces, t_start = await run_load(engine, requests, params_of, args.drain_timeout)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+    return traces, snaps, t_start
+
+
+def mix_of(args) -> Mix:
+    lens = (args.short_prompt_len, args.short_output_len, args.long_prompt_len,
+            args.long_output_len)  # fmt: skip
+    return Mix(*(tuple(x) for x in lens), args.long_fraction)
+
+
+class LoadRecorder(StepRecorder):
+    """``StepRecorder`` plus the histogram of draft lengths handed out per sequence and step."""
+
+    def reset(self) -> None:
+        super().reset()
+        self.draft_lens: Counter[int] = Counter()
+
+    def draft_length(self, draft_len: int) -> None:
+        self.draft_lens[draft_len] += 1
+
+    def spec_summary(self) -> dict[str, Any]:
+        n = sum(self.draft_lens.values())
+        mean_l = sum(k * v for k, v in self.draft_lens.items()) / n if n else None
+        return {
+            "draft_len_hist": {str(k): v for k, v in sorted(self.draft_lens.items())},
+            "mean_draft_len_decided": mean_l,
+            "mean_drafts_per_verify": self.num_drafted / self.num_spec_calls
+            if self.num_spec_calls
+            else None,
+            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else None,
+        }
+
+
+def controller_stats(snaps: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, Any]:
+    def mean(key: str) -> float | None:
+        vals = [s[key] for s in snaps if s.get(key) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    keys = ("mean_draft_len", "mean_acceptance", "p95_decode_s", "verify_queue_depth")
+    return {
+        "num_snapshots": len(snaps),
+        "time_mean": {k: mean(k) for k in keys},
+        "pressure_frac": float(np.mean([s["pressure"] is not None for s in snaps]))
+        if snaps
+        else None,
+        "final": final,
+    }
+
+
+# ----------------------------------------------------------------------------- one mode
+def mode_config(args, name: str) -> EngineConfig:
+    mode = MODES[name]
+    spec = SpecConfig(method="off")
+    if mode.speculate:
+        spec = SpecConfig(
+            method="draft",
+            draft_model=args.draft_model,
+            max_draft_len=args.draft_len,
+            initial_draft_len=args.draft_len,
+            controller=mode.controller,
+            synthetic_acceptance=args.acceptance,
+        )
+    cfg = engine_config(
+        args.model, args.device, args.dtype, args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        num_blocks=args.num_kv_blocks or None,
+        spec=spec,
+        lane_mode=mode.lane_mode,
+    )  # fmt: skip
+    sched = dataclasses.replace(
+        cfg.scheduler, max_prefill_chunk=args.max_prefill_chunk, ttft_budget_s=args.ttft_budget_s
+    )
+    return cfg.replace(scheduler=sched)
+
+
+def guard_draft_vocab(core) -> dict[str, Any] | None:
+    """dummy:qwen2.5-7b has 128 more (padding) ids than its 0.5B drafter, and random target
+    weights do emit them; the drafter's embedding would index out of range. Benchmark-side
+    guard: clamp the drafter's input ids (drafting runs eager, so a pre-hook sees every call)."""
+    drafter = core.spec.drafter
+    if drafter is None or drafter.vocab_size >= core.model_config.vocab_size:
+        return None
+    top = drafter.vocab_size - 1
+    drafter.runner.model.embed_tokens.register_forward_pre_hook(
+        lambda _m, inputs: (inputs[0].clamp(max=top), *inputs[1:])
+    )
+    return {
+        "draft_vocab": drafter.vocab_size,
+        "target_vocab": core.model_config.vocab_size,
+        "note": "drafter input ids clamped to its vocab (bench-side forward pre-hook)",
+    }
+
+
+def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) -> dict[str, Any]:
+    t = time.perf_counter()
+    llm = build_engine(mode_config(args, name), "async")
+    try:
+        rec: dict[str, Any] = {"mode": name, **dataclasses.asdict(MODES[name])}
+        rec["build_s"] = time.perf_counter() - t
+        rec["engine"] = engine_info(llm)
+        rec["scheduler"] = dataclasses.asdict(llm.core.config.scheduler)
+        rec["vocab_guard"] = guard_draft_vocab(llm.core)
+        recorder = attach_recorder(llm, LoadRecorder())
+        t = time.perf_counter()
+        llm.loop.run_until_complete(drive(llm.engine, warmup, args))
+        rec["warmup_s"] = time.perf_counter() - t
+        recorder.reset()
+        preemptions = llm.core.scheduler.num_preemptions
+        traces, snaps, t_start = llm.loop.run_until_complete(drive(llm.engine, requests, args))
+        rec["run_s"] = time.perf_counter() - t_start
+        rec["num_preemptions"] = llm.core.scheduler.num_preemptions - preemptions
+        rec["engine_error"] = engine_error(llm.engine)
+        return rec | mode_results(llm, recorder, traces, snaps, t_start)
+    finally:
+        close_engine(llm)
+
+
+def engine_error(engine) -> str | None:
+    """The engine loop's exception, if it died (its requests then show up as unfinished)."""
+    task = getattr(engine, "_task", None)
+    if task is None or not task.done() or task.cancelled() or task.exception() is None:
+        return None
+    return repr(task.exception())
+
+
+def mode_results(llm, recorder: LoadRecorder, traces, snaps, t_start) -> dict[str, Any]:
+    core = llm.core
+    spec_on = core.spec.enabled
+    return {
+        "load": load_stats(traces, t_start),
+        "latency": latency_stats(traces),
+        "by_kind": {
+            k: latency_stats([t for t in traces if t.kind == k]) for k in ("short", "long")
+        },
+        "itl_quantiles_ms": itl_quantiles(traces),
+        "steps": recorder.summary(),
+        "spec": recorder.spec_summary() if spec_on else None,
+        "controller": controller_stats(snaps, core.controller.snapshot()) if spec_on else None,
+        "requests": [t.row() for t in traces],
+        "_itl": [x for t in traces for x in t.itl_samples()],  # for the plot, not the JSON
+    }
+
+
+# ----------------------------------------------------------------------------- report
+HEADERS = ["mode", "TTFT p50", "p95", "p99", "ITL p50", "p95", "p99", "TPOT p99", "out tok/s",
+           "mean L", "accept", "done", "note"]  # fmt: skip
+
+
+def summary_rows(results: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for name, r in results.items():
+        if "latency" not in r:
+            rows.append([name, *["-"] * 11, r.get("error", "failed")[:40]])
+            continue
+        lat, load = r["latency"], r["load"]
+        ttft, itl = lat["ttft_ms"], lat["itl_ms"]
+        spec = r["spec"] or {}
+        rows.append([
+            name, ttft["p50"], ttft["p95"], ttft["p99"], itl["p50"], itl["p95"], itl["p99"],
+            lat["tpot_ms"]["p99"], load["output_tok_s"], spec.get("mean_drafts_per_verify"),
+            spec.get("acceptance_rate"), f"{load['num_finished']}/{load['num_requests']}",
+            "synthetic acceptance" if r["speculate"] else "no speculation",
+        ])  # fmt: skip
+    return rows
+
+
+def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Path | None:
+    """ITL CDF per mode, and p50/p95/p99 bars of ITL and TTFT."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ok = {n: r for n, r in results.items() if "latency" in r}
+    fig, axes = plt.subplots(1, 3, figsize=(19, 4.8))
+    for name, samples in itl.items():
+        if samples:
+            x = np.sort(np.asarray(samples) * 1e3)
+            axes[0].plot(x, np.arange(1, x.size + 1) / x.size, label=name)
+    axes[0].set(xscale="log", xlabel="ITL ms (log)", ylabel="fraction of tokens",
+                title="ITL CDF (synthetic acceptance)")  # fmt: skip
+    axes[0].legend(fontsize=8)
+    labels = list(ok)
+    for ax, key, title in ((axes[1], "itl_ms", "ITL"), (axes[2], "ttft_ms", "TTFT")):
+        series = {p: [ok[n]["latency"][key][p] for n in labels] for p in ("p50", "p95", "p99")}
+        draw_bars(ax, f"{title} percentiles per mode", "ms", labels, series)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = argv_or_sys(argv)
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    report = metadata(SCRIPT, argv, vars(args), device)
+    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    report["synthetic_acceptance"] = {
+        "used": True,
+        "alpha": args.acceptance,
+        "per_request": False,
+        "note": "SpecConfig.synthetic_acceptance is global: every request has this alpha; "
+        "accepted counts drawn from a truncated geometric, draft and verify forwards are real",
+    }
+    report["method"] = METHOD
+    report["complete"], report["results"] = False, {}
+    vocab = prompt_vocab(args)
+    mix = mix_of(args)
+    requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
+    warmup = make_requests(mix, vocab, args.seed + 1, args.warmup_requests, None, prefix="warm")
+    for i, w in enumerate(warmup):
+        w.max_tokens = min(w.max_tokens, 16)
+        if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
+            w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
+    report["workload"] = workload_summary(requests)
+    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
+    itl: dict[str, list[float]] = {}
+    for name in args.modes:  # saved after every mode: a killed run keeps what it measured
+        try:
+            r = run_mode(args, name, requests, warmup)
+            itl[name] = r.pop("_itl")
+        except Exception as exc:  # noqa: BLE001 - record and go on
+            r = {"mode": name, **dataclasses.asdict(MODES[name]), **error_record(exc)}
+        release_memory()
+        report["results"][name] = r
+        progress(SCRIPT, name, _progress_view(r), ("ttft_p99_ms", "itl_p99_ms"))
+        write_json(json_file, report)
+    report["complete"] = True
+    json_path = write_json(json_file, report)
+    png = plot(result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], itl)
+    print(format_table(HEADERS, summary_rows(report["results"])))
+    print(f"ms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
+          f"controller L_max = {args.draft_len}; {len(requests)} requests at {args.rate}/s, "
+          f"{args.long_fraction:.0%} long")  # fmt: skip
+    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+    return report
+
+
+def prompt_vocab(args) -> int:
+    """Prompt ids below both models' vocabularies (the drafter reads the prompt too)."""
+    from verifypd.config import PRESETS
+
+    names = [m.removeprefix("dummy:") for m in (args.model, args.draft_model)]
+    vocabs = [PRESETS[n].vocab_size for n in names if n in PRESETS]
+    return min(vocabs) if vocabs else 32000
+
+
+def workload_summary(requests: list[Request]) -> dict[str, Any]:
+    kinds = Counter(r.kind for r in requests)
+    return {
+        "num_requests": len(requests),
+        "by_kind": dict(kinds),
+        "arrival_span_s": requests[-1].arrival_s if requests else 0.0,
+        "prompt_tokens": sum(len(r.prompt) for r in requests),
+        "requested_output_tokens": sum(r.max_tokens for r in requests),
+    }
+
+
+def _progress_view(r: dict[str, Any]) -> dict[str, Any]:
+    lat = r.get("latency") or {}
+    return {
+        "ttft_p99_ms": (lat.get("ttft_ms") or {}).get("p99"),
+        "itl_p99_ms": (lat.get("itl_ms") or {}).get("p99"),
+        "output_tok_s": (r.get("load") or {}).get("output_tok_s"),
+        "error": r.get("error"),
+    }
+
+
+METHOD = (
+    "open-loop Poisson arrivals (seeded, identical requests in every mode), AsyncEngine "
+    "in-process; TTFT = intended arrival -> first token delta; ITL = gap between successive "
+    "deltas / tokens in the delta, one sample per token (token-weighted percentiles); TPOT = "
+    "(last - first delta) / (output - 1) per finished request; e2e = arrival -> finish; "
+    "throughput over first arrival -> last token; per mode a fresh engine and --warmup-requests "
+    "unrecorded requests first; mean L = drafts per verify; accept = accepted / drafted"
+)
+
+
+if __name__ == "__main__":
+    main()

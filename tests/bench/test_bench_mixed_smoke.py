@@ -1,0 +1,147 @@
+"""Smoke tests of bench/overlap.py and bench/mixed.py: each ``main()`` runs on CPU with
+``dummy:tiny`` and tiny sizes into a temp dir; its JSON has the metadata and positive numbers.
+Plus exact checks of the latency arithmetic both scripts rest on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls on a shared 2-core box: one intra-op thread is ~100x faster than two."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_json(out: Path, script: str) -> dict:
+    data = json.loads((out / f"{script}-cpu.json").read_text())
+    assert META_KEYS <= set(data)
+    assert data["device"] == "cpu" and data["complete"] is True
+    assert data["command"].startswith(f"python bench/{script}.py")
+    assert (out / f"{script}-cpu.png").is_file()
+    return data
+
+
+def test_overlap(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--model", "dummy:tiny", "--batches", "1", "3", "--context", "20",
+            "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]  # fmt: skip
+    load("overlap").main(argv)
+    data = read_json(tmp_path, "overlap")
+    assert data["engine"]["front"] == "EngineCore + ModelRunner.launch"
+    for batch in ("1", "3"):
+        r = data["results"][batch]
+        assert "error" not in r, r.get("error")
+        assert r["verify_batch"] == int(batch) and r["draft_len"] == 4
+        for timing in ("real", "queued"):
+            m = r[timing]
+            for key in ("alone", "overlap", "fused", "sequential"):
+                assert m[f"decode_{key}_ms"] > 0
+            assert m["verify_alone_ms"] > 0 and m["verify_overlap_ms"] > 0
+            assert isinstance(m["gain_vs_fused"], float)
+            assert m["gate_not_held"] == 0
+            assert all(len(m["samples"][k]) == 2 for k in ("alone", "overlap", "verify"))
+            # CPU steps run synchronously: verify is over before decode arrives.
+            assert m["verify_busy_at_arrival_frac"] == 0.0
+
+
+def test_overlap_sample_values() -> None:
+    overlap = load("overlap")
+    timer = SimpleNamespace(ms=lambda a, b: (b - a) * 1e3)
+    marks = {"v_start": 1.000, "v_end": 1.010, "d_arrival": 1.004, "d_end": 1.012,
+             "v_host_ms": 3.0, "d_host_ms": 1.0}  # fmt: skip
+    vals = overlap.sample_values(timer, 1.0, marks)
+    assert vals["decode_ms"] == pytest.approx(8.0)
+    assert vals["verify_ms"] == pytest.approx(10.0)
+    assert vals["overlap_ms"] == pytest.approx(6.0)
+    assert vals["total_ms"] == pytest.approx(12.0)
+    assert vals["verify_busy_at_arrival"] is True
+    assert vals["v_host_ms"] == 3.0
+
+
+MIXED_TINY = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dummy:tiny",
+              "--num-requests", "6", "--rate", "40", "--short-prompt-len", "8", "16",
+              "--short-output-len", "4", "8", "--long-prompt-len", "40", "64",
+              "--long-output-len", "2", "4", "--long-fraction", "0.34", "--warmup-requests", "1",
+              "--max-num-seqs", "8", "--snapshot-interval", "0.002"]  # fmt: skip
+
+
+def test_mixed(tmp_path: Path) -> None:
+    load("mixed").main([*MIXED_TINY, "--out", str(tmp_path)])
+    data = read_json(tmp_path, "mixed")
+    assert data["synthetic_acceptance"]["used"] is True
+    assert data["synthetic_acceptance"]["per_request"] is False
+    assert data["workload"]["num_requests"] == 6
+    lanes = {"three-ctrl": "three", "three-fixed": "three", "single-fixed": "single",
+             "three-off": "three"}  # fmt: skip
+    assert list(data["results"]) == list(lanes)
+    for name, r in data["results"].items():
+        assert "error" not in r, r.get("error")
+        assert r["engine"]["lane_mode"] == lanes[name]
+        load_, lat = r["load"], r["latency"]
+        assert load_["num_finished"] == 6 and load_["num_errors"] == 0
+        assert load_["output_tokens"] == load_["requested_output_tokens"] > 0
+        assert load_["output_tok_s"] > 0
+        assert lat["ttft_ms"]["p50"] > 0 and lat["itl_ms"]["p99"] > 0 and lat["e2e_ms"]["n"] == 6
+        assert len(r["requests"]) == 6
+        if name == "three-off":
+            assert r["spec"] is None and r["controller"] is None
+            continue
+        assert 0 < r["spec"]["acceptance_rate"] < 1 and r["spec"]["mean_drafts_per_verify"] > 0
+        assert r["controller"]["final"]["num_steps"] > 0
+        assert r["controller"]["num_snapshots"] > 0
+    assert data["results"]["three-ctrl"]["engine"]["spec"]["controller"] is True
+    assert data["results"]["single-fixed"]["engine"]["spec"]["controller"] is False
+
+
+def test_trace_arithmetic() -> None:
+    loadgen = load("loadgen")
+    t = loadgen.Trace("r", "short", 10, 4, arrival=0.5)
+    t.deltas = [(1.0, 1), (1.5, 1), (2.5, 2)]
+    t.finish_time, t.finish_reason = 2.5, "length"
+    assert t.ttft_s == pytest.approx(0.5) and t.e2e_s == pytest.approx(2.0)
+    assert t.itl_samples() == pytest.approx([0.5, 0.5, 0.5])  # a 2-token delta: 2 samples
+    assert t.tpot_s == pytest.approx(0.5)
+    stats = loadgen.latency_stats([t])
+    assert stats["itl_ms"]["n"] == 3 and stats["delta_gap_ms"]["p50"] == pytest.approx(750.0)
+    assert loadgen.load_stats([t], 0.5)["output_tok_s"] == pytest.approx(2.0)
+
+
+def test_requests_are_seeded_poisson_mix() -> None:
+    loadgen = load("loadgen")
+    mix = loadgen.Mix((8, 16), (4, 8), (40, 64), (2, 4), long_fraction=0.25)
+    a = loadgen.make_requests(mix, 512, 0, 200, 40.0)
+    b = loadgen.make_requests(mix, 512, 0, 200, 40.0)
+    assert [(r.arrival_s, r.prompt, r.max_tokens) for r in a] == [
+        (r.arrival_s, r.prompt, r.max_tokens) for r in b
+    ]
+    arrivals = [r.arrival_s for r in a]
+    assert arrivals == sorted(arrivals) and 3.0 < arrivals[-1] < 7.0  # 200 at 40/s: ~5 s
+    longs = [r for r in a if r.kind == "long"]
+    assert 25 < len(longs) < 75
+    assert all(40 <= len(r.prompt) <= 64 and 2 <= r.max_tokens <= 4 for r in longs)
+    assert all(max(r.prompt) < 512 for r in a)
+    capped = loadgen.make_requests(mix, 512, 0, 100, 40.0, duration_s=1.0)
+    assert 0 < len(capped) < 100 and all(r.arrival_s <= 1.0 for r in capped)
+    assert all(r.arrival_s == 0.0 for r in loadgen.make_requests(mix, 512, 1, 5, None))
