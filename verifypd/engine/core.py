@@ -112,9 +112,16 @@ class EngineCore:
         if not self._is_cuda:
             raise ValueError("cuda_graphs needs device=cuda")
         max_batch = self.config.scheduler.max_num_seqs
-        self.runner.capture_graphs(max_batch, self.max_model_len)
-        if self.spec.drafter is not None:
-            self.spec.drafter.runner.capture_graphs(max_batch, self.max_model_len)
+        self.runner.capture_graphs(1, max_batch, self.max_model_len)
+        if not self.spec.enabled:
+            return
+        verify_batch = min(max_batch, 64)  # larger verify batches are compute-bound: eager
+        for draft_len in range(1, self.config.spec.max_draft_len + 1):
+            self.runner.capture_graphs(1 + draft_len, verify_batch, self.max_model_len)
+        drafter = self.spec.drafter
+        if drafter is not None:
+            drafter.runner.capture_graphs(1, max_batch, self.max_model_len)
+            drafter.runner.capture_graphs(2, max_batch, self.max_model_len)
 
     def _drafter(self) -> DraftModelProposer | None:
         spec = self.config.spec

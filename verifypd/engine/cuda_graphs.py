@@ -1,4 +1,6 @@
-"""CUDA-graph capture of the decode step (one query token per sequence) for padded batch sizes.
+"""CUDA-graph capture of uniform steps (q query tokens per sequence) for padded batch sizes:
+q = 1 is the decode step, q = 1 + L the verify step of draft length L, q = 2 the drafter's
+catch-up step.
 
 A decode forward of a 1.5B model launches ~400 small kernels; at batch 1 their launch cost, not
 the weight reads, sets the step time. Replaying a captured graph removes it. Inputs live in
@@ -20,38 +22,48 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return [b for b in sizes if b <= max_batch] or [1]
 
 
-class DecodeGraphs:
-    """Captured decode graphs of one model, keyed by padded batch size."""
+class StepGraphs:
+    """Captured graphs of one model for one query length ``q``, keyed by padded batch size."""
 
-    def __init__(self, model, kv: torch.Tensor, block_size: int, max_batch: int, max_len: int):
+    def __init__(
+        self,
+        model,
+        kv: torch.Tensor,
+        block_size: int,
+        max_batch: int,
+        max_len: int,
+        query_len: int = 1,
+    ):
         self.model = model
+        self.q = query_len
         self.kv = kv
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.max_len = max_len
         device = kv.device
-        n, max_blocks = self.max_batch, -(-max_len // block_size)
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slots = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        n, max_blocks, q = self.max_batch, -(-max_len // block_size), query_len
+        self.input_ids = torch.zeros(n * q, dtype=torch.int64, device=device)
+        self.positions = torch.arange(n * q, dtype=torch.int64, device=device) % q
+        self.slots = torch.full((n * q,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.full((n,), q, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device) * q
         self.block_tables = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slots[:b],
+            slot_mapping=self.slots[: b * self.q],
             query_start_loc=self.query_start_loc[: b + 1],
             seq_lens=self.seq_lens[:b],
             block_tables=self.block_tables[:b],
-            max_query_len=1,
+            max_query_len=self.q,
             max_seq_len=self.max_len,
         )
 
     def _forward(self, b: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self.kv, self._meta(b))
+        t = b * self.q
+        hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv, self._meta(b))
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
@@ -73,22 +85,25 @@ class DecodeGraphs:
     def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
         return (
             bool(self.graphs)
-            and meta.max_query_len == 1
+            and meta.max_query_len == self.q
+            and meta.slot_mapping.shape[0] == num_seqs * self.q
             and num_seqs <= self.max_batch
             and meta.max_seq_len <= self.max_len
         )
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
-        """Copies one decode step's inputs into the static buffers and replays; [B, V] logits."""
-        b = input_ids.shape[0]
+        """Copies one step's inputs into the static buffers and replays; [B * q, V] logits."""
+        q = self.q
+        b = input_ids.shape[0] // q
+        t = b * q
         padded = next(s for s in self.sizes if s >= b)
-        self.input_ids[:b].copy_(input_ids, non_blocking=True)
-        self.positions[:b].copy_(positions, non_blocking=True)
-        self.slots[:b].copy_(meta.slot_mapping, non_blocking=True)
-        self.slots[b:padded].fill_(-1)
+        self.input_ids[:t].copy_(input_ids, non_blocking=True)
+        self.positions[:t].copy_(positions, non_blocking=True)
+        self.slots[:t].copy_(meta.slot_mapping, non_blocking=True)
+        self.slots[t : padded * q].fill_(-1)
         self.seq_lens[:b].copy_(meta.seq_lens, non_blocking=True)
-        self.seq_lens[b:padded].fill_(1)
+        self.seq_lens[b:padded].fill_(q)
         width = meta.block_tables.shape[1]
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
         self.graphs[padded].replay()
-        return self.logits[padded][:b]
+        return self.logits[padded][:t]

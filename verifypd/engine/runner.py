@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.model import DecoderLM
 from verifypd.engine.rejection import rejection_sample, synthetic_num_accepted
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
@@ -69,14 +70,15 @@ class ModelRunner:
         self.is_cuda = device.type == "cuda"
         # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
         self.synthetic_acceptance: float | None = None
-        self.graphs = None  # DecodeGraphs once captured (GPU, Triton ops)
+        self.graphs: dict[int, StepGraphs] = {}  # query length -> captured graphs (GPU only)
 
-    def capture_graphs(self, max_batch: int, max_len: int) -> None:
-        from verifypd.engine.cuda_graphs import DecodeGraphs
-
-        graphs = DecodeGraphs(self.model, self.pool.kv, self.block_size, max_batch, max_len)
+    def capture_graphs(self, query_len: int, max_batch: int, max_len: int) -> None:
+        """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode)."""
+        graphs = StepGraphs(
+            self.model, self.pool.kv, self.block_size, max_batch, max_len, query_len
+        )
         graphs.capture()
-        self.graphs = graphs
+        self.graphs[query_len] = graphs
 
     # ------------------------------------------------------------------ inputs
     def prepare(self, plan: StepPlan) -> StepInputs:
@@ -175,10 +177,7 @@ class ModelRunner:
         """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
         inputs = self.prepare(plan)
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
-        if self._use_graph(inputs, len(plan.seqs)):
-            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        else:
-            logits = self.forward(inputs, inputs.sample_rows + verify_flat)
+        logits = self.logits(inputs, inputs.sample_rows + verify_flat)
         pieces: list[torch.Tensor] = []
         layout: list = [("none",)] * len(plan.seqs)
         n_plain = len(inputs.sample_rows)
@@ -201,14 +200,17 @@ class ModelRunner:
                 layout[i] = ("verify", base + k * width, width, acc_base + k)
         return self._pack(plan, pieces, layout)
 
-    def _use_graph(self, inputs: StepInputs, num_seqs: int) -> bool:
-        """Decode-only steps where every row samples replay a captured graph."""
-        return (
-            self.graphs is not None
-            and not inputs.verify_rows
-            and len(inputs.sample_rows) == num_seqs
-            and self.graphs.can_run(inputs.meta, num_seqs)
-        )
+    def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
+        """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every
+        sequence feeds the same q tokens) and a graph for q was captured, else eager."""
+        graphs = self.graphs.get(inputs.meta.max_query_len)
+        num_seqs = len(inputs.meta.seq_lens_cpu)
+        if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
+            return self.forward(inputs, rows)
+        full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V]
+        if len(rows) == full.shape[0]:
+            return full  # rows are always in order: the plan's seqs, then their positions
+        return full.index_select(0, self._to_device(rows, torch.int64))
 
     def _pack(self, plan: StepPlan, pieces: list[torch.Tensor], layout: list) -> PendingStep:
         if not pieces:

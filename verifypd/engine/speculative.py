@@ -56,49 +56,74 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
-        """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry."""
+        """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry.
+
+        Draft step j feeds the token drafted at step j - 1 straight from the device, so the
+        whole proposal costs one host sync, at the end."""
         active = [
-            (e, self._prepare_view(e.seq, n), n, t)
+            (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
-            if n > 0
+            if n > 0 and (v := self._prepare_view(e.seq, n)) is not None
         ]
-        active = [a for a in active if a[1] is not None]
         if not active:
             return
-        probs: dict[int, list[torch.Tensor]] = {id(e): [] for e, *_ in active}
+        active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
+        drafted: list[torch.Tensor] = []  # per step j: [B_j] token ids on the device
+        probs: list[torch.Tensor | None] = []
+        prev: torch.Tensor | None = None
         for j in range(max(n for _, _, n, _ in active)):
             step = [a for a in active if a[2] > j]
-            views = [v for _, v, _, _ in step]
-            toks, q = self._draft_step(views, [t for *_, t in step])
-            for k, (e, v, _, t) in enumerate(step):
+            if prev is not None and len(step) < prev.shape[0]:
+                prev = prev[: len(step)]
+            toks, q = self._draft_step([v for _, v, _, _ in step], [t for *_, t in step], prev)
+            for _, v, _, _ in step:
                 v.num_computed_tokens = v.num_tokens
-                v.token_ids.append(toks[k])
-                e.draft_token_ids.append(toks[k])
-                if q is not None and t > 0:
-                    probs[id(e)].append(q[k])
-        for e, _, _, t in active:
-            if t > 0 and probs[id(e)]:
-                e.draft_probs = torch.stack(probs[id(e)])
+                v.token_ids.append(-1)  # placeholder until the ids come back to the host
+            drafted.append(toks)
+            probs.append(q)
+            prev = toks
+        self._collect(active, drafted, probs)
+
+    def _collect(self, active, drafted: list[torch.Tensor], probs: list) -> None:
+        host = [t.tolist() for t in drafted]  # the one host sync of the proposal
+        for k, (e, v, n, t) in enumerate(active):
+            ids = [host[j][k] for j in range(n)]
+            e.draft_token_ids.extend(ids)
+            v.token_ids[len(v.token_ids) - n :] = ids
+            if t > 0 and all(probs[j] is not None for j in range(n)):
+                e.draft_probs = torch.stack([probs[j][k] for j in range(n)])
 
     def _prepare_view(self, seq: Sequence, num_drafts: int) -> DraftView | None:
         view = self.views.get(seq.seq_id)
         if view is None:
             view = self.views[seq.seq_id] = DraftView(seq)
-        view.token_ids = list(seq.token_ids)
-        view.num_computed_tokens = min(view.num_computed_tokens, seq.num_tokens - 1)
+        view.token_ids = self._drafter_ids(seq.token_ids)
+        # Re-feed the last two tokens when caught up, so catch-up steps are uniform (q = 2) and
+        # replay a CUDA graph; recomputing an already-stored token's KV writes the same values.
+        view.num_computed_tokens = min(view.num_computed_tokens, max(seq.num_tokens - 2, 0))
         self.kv.truncate(view.block_table, view.num_computed_tokens)
         if not self.kv.allocate(view.block_table, seq.num_tokens + num_drafts - 1):
             return None
         return view
 
+    def _drafter_ids(self, token_ids: list[int]) -> list[int]:
+        """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""
+        v = self.vocab_size
+        if not token_ids or max(token_ids) < v:
+            return list(token_ids)
+        return [t if t < v else 0 for t in token_ids]
+
     @torch.inference_mode()
-    def _draft_step(self, views: list[DraftView], temps: list[float]):
+    def _draft_step(self, views: list[DraftView], temps: list[float], prev):
         """One drafter forward: catch-up tokens for each view, one sampled token each."""
-        plan = StepPlan(
-            "draft", [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
-        )
+        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+        plan = StepPlan("draft", entries)
         inputs = self.runner.prepare(plan)
-        logits = self.runner.forward(inputs, inputs.sample_rows)
+        if prev is not None:  # the placeholders' real values, still on the device
+            inputs.input_ids = prev
+        logits = self.runner.logits(inputs, inputs.sample_rows)
+        if all(t == 0 for t in temps):
+            return logits.argmax(dim=-1), None
         t = SamplingTensors.build(
             temperature=temps,
             top_k=[v.params.top_k for v in views],
@@ -107,9 +132,7 @@ class DraftModelProposer:
             positions=[v.num_tokens for v in views],
             device=logits.device,
         )
-        tokens = sample(logits, t)
-        q = None if t.all_greedy else processed_probs(logits, t)
-        return tokens.tolist(), q
+        return sample(logits, t), processed_probs(logits, t)
 
     def free(self, seq_id: int) -> None:
         view = self.views.pop(seq_id, None)

@@ -1,0 +1,42 @@
+"""Draft-model proposer pieces that need no GPU: vocabulary guard and view rollback."""
+
+from __future__ import annotations
+
+import torch
+
+from verifypd.engine.loader import load_model
+from verifypd.engine.speculative import DraftModelProposer
+from verifypd.kernels import get_ops
+from verifypd.types import SamplingParams, ScheduledSeq, Sequence
+
+
+def _proposer(num_blocks: int = 32) -> DraftModelProposer:
+    loaded = load_model("dummy:tiny", torch.device("cpu"), torch.float32, get_ops())
+    return DraftModelProposer(loaded, num_blocks, 4, torch.device("cpu"), torch.float32)
+
+
+def test_target_ids_outside_the_drafter_vocab_map_to_zero():
+    prop = _proposer()
+    v = prop.vocab_size
+    assert prop._drafter_ids([1, v - 1, v, v + 127]) == [1, v - 1, 0, 0]
+    seq = Sequence("r", [3, 4, v + 5, 6], SamplingParams(max_tokens=8, temperature=0))
+    entry = ScheduledSeq(seq, 1)
+    prop.propose([entry], [3], [0.0])  # would index past the embedding without the guard
+    assert len(entry.draft_token_ids) == 3
+    assert all(0 <= t < v for t in entry.draft_token_ids)
+
+
+def test_view_rolls_back_to_the_accepted_prefix_and_frees():
+    prop = _proposer()
+    seq = Sequence("r", list(range(1, 11)), SamplingParams(max_tokens=8, temperature=0))
+    entry = ScheduledSeq(seq, 1)
+    prop.propose([entry], [4], [0.0])
+    view = prop.views[seq.seq_id]
+    assert view.num_computed_tokens == 10 + 3  # last token and d1..d3 have KV, d4 does not
+    seq.token_ids += entry.draft_token_ids[:1] + [7]  # one accepted draft and a correction
+    entry2 = ScheduledSeq(seq, 1)
+    prop.propose([entry2], [2], [0.0])
+    assert view.token_ids[:12] == seq.token_ids
+    prop.free(seq.seq_id)
+    assert prop.kv.usage == 0
+    prop.kv.check_integrity([])
