@@ -112,7 +112,7 @@ def build_core(args: argparse.Namespace) -> EngineCore:
     if graphs is None:
         graphs = core.device.type == "cuda" and core.ops is not REFERENCE_OPS
     if graphs:
-        core.runner.capture_graphs(max(args.batches), core.max_model_len)
+        core.runner.capture_graphs(1, max(args.batches), core.max_model_len)
     return core
 
 

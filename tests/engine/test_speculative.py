@@ -40,3 +40,24 @@ def test_view_rolls_back_to_the_accepted_prefix_and_frees():
     prop.free(seq.seq_id)
     assert prop.kv.usage == 0
     prop.kv.check_integrity([])
+
+
+def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():
+    from verifypd.engine.rejection import greedy_accept, rejection_sample
+
+    gen = torch.Generator().manual_seed(0)
+    b, width, vocab = 64, 4, 7
+    target_ids = torch.randint(0, vocab, (b, width + 1), generator=gen)
+    # drafts that often agree with the target, so every accepted length appears
+    drafts = torch.where(
+        torch.rand(b, width, generator=gen) < 0.7,
+        target_ids[:, :width],
+        torch.randint(0, vocab, (b, width), generator=gen),
+    )
+    num_drafts = torch.randint(0, width + 1, (b,), generator=gen)
+    one_hot = torch.nn.functional.one_hot(target_ids, vocab).float()
+    seeds, positions = torch.arange(b), torch.full((b,), 10)
+    want = rejection_sample(one_hot, None, drafts, num_drafts, seeds, positions)
+    got = greedy_accept(target_ids, drafts, num_drafts)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert set(got[1].tolist()) == set(range(width + 1))

@@ -140,3 +140,26 @@ def synthetic_num_accepted(
     log_alpha = torch.log(alpha.to(torch.float32)).clamp(max=-1e-30)  # alpha = 1 -> huge G
     geometric = torch.floor(torch.log(uniforms) / log_alpha)  # alpha = 0 -> 0
     return torch.minimum(geometric, num_drafts.to(torch.float32)).to(torch.int64)
+
+
+def emit_accepted(drafts: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:
+    """[B, L] drafts, [B] accepted counts k, [B] final tokens -> [B, L + 1] output ids: the
+    first k drafts, then the final token, then -1 padding."""
+    cols = torch.arange(drafts.shape[1] + 1, device=drafts.device)  # [L + 1]
+    padded = torch.cat([drafts, drafts.new_full((drafts.shape[0], 1), -1)], dim=1)
+    out = torch.where(cols[None, :] < num_accepted[:, None], padded, -1)
+    return out.scatter(1, num_accepted[:, None], final[:, None])
+
+
+def greedy_accept(
+    target_ids: Tensor, draft_token_ids: Tensor, num_drafts: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Greedy verification without V-wide work: ``target_ids`` [B, L+1] are the target's argmax
+    ids at the verify positions. Accepts the longest prefix of drafts equal to them; the final
+    token is the target's argmax after it. Same result as ``rejection_sample`` on one-hot p."""
+    width = draft_token_ids.shape[1]
+    cols = torch.arange(width, device=draft_token_ids.device)
+    match = (draft_token_ids == target_ids[:, :width]) & (cols[None, :] < num_drafts[:, None])
+    num_accepted = match.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
+    final = target_ids.gather(1, num_accepted[:, None]).squeeze(1)
+    return emit_accepted(draft_token_ids, num_accepted, final), num_accepted

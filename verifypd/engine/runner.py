@@ -13,7 +13,12 @@ import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.model import DecoderLM
-from verifypd.engine.rejection import rejection_sample, synthetic_num_accepted
+from verifypd.engine.rejection import (
+    emit_accepted,
+    greedy_accept,
+    rejection_sample,
+    synthetic_num_accepted,
+)
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVPool
@@ -239,45 +244,53 @@ class ModelRunner:
         )
 
     def _verify(self, plan: StepPlan, inputs: StepInputs, logits: torch.Tensor):
-        """Rejection-samples each verify seq's 1 + L target distributions against its drafts."""
+        """Verifies each seq's L drafts against its 1 + L target distributions: argmax match
+        for all-greedy batches, rejection sampling otherwise, synthetic in benchmarks."""
         scheds = [plan.seqs[i] for i in inputs.verify_seqs]
+        seqs = [s.seq for s in scheds]
         num_drafts = [len(s.draft_token_ids) for s in scheds]
         width = max(num_drafts)
-        rows = torch.zeros(len(scheds), width + 1, logits.shape[-1], device=logits.device)
+        rows = self._verify_rows(logits, num_drafts, width)  # [B, L + 1, V]
+        b = len(scheds)
+        padded = [
+            d for s in scheds for d in s.draft_token_ids + [0] * (width - len(s.draft_token_ids))
+        ]
+        seeds_host = [s.seed for s in seqs]
+        small = self._to_device(  # one upload: drafts [B * L], then three [B] vectors
+            padded + num_drafts + seeds_host + [s.num_tokens for s in seqs], torch.int64
+        )
+        drafts = small[: b * width].view(b, width)
+        num_drafts_t, seeds, positions = small[b * width :].view(3, b)
+        if self.synthetic_acceptance is not None:
+            return self._synthetic(rows.argmax(-1), drafts, num_drafts_t, seeds, positions)
+        if all(s.params.is_greedy for s in seqs):
+            return greedy_accept(rows.argmax(-1), drafts, num_drafts_t)
+        rep = [s for s in seqs for _ in range(width + 1)]  # each position: its seq's settings
+        pos = [s.num_tokens + j for s in seqs for j in range(width + 1)]
+        t = self._sampling_tensors(rep, pos)
+        target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
+        draft_probs = self._draft_probs(scheds, width, target)
+        return rejection_sample(target, draft_probs, drafts, num_drafts_t, seeds, positions)
+
+    @staticmethod
+    def _verify_rows(logits: torch.Tensor, num_drafts: list[int], width: int) -> torch.Tensor:
+        """[sum(1 + L_b), V] -> [B, 1 + L, V]; a view when every seq has L drafts."""
+        if all(n == width for n in num_drafts):
+            return logits.view(len(num_drafts), width + 1, -1)
+        rows = logits.new_zeros(len(num_drafts), width + 1, logits.shape[-1])
         off = 0
         for k, n in enumerate(num_drafts):
             rows[k, : n + 1] = logits[off : off + n + 1]
             off += n + 1
-        seqs = [s.seq for s in scheds]
-        # Each of the 1 + L positions uses the sampling settings of its seq.
-        rep = [s for s in seqs for _ in range(width + 1)]
-        pos = [s.num_tokens + j for s in seqs for j in range(width + 1)]
-        t = self._sampling_tensors(rep, pos)
-        target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
-        drafts = self._to_device(
-            [s.draft_token_ids + [0] * (width - len(s.draft_token_ids)) for s in scheds],
-            torch.int64,
-        )
-        num_drafts_t = self._to_device(num_drafts, torch.int64)
-        seeds = self._to_device([s.seed for s in seqs], torch.int64)
-        positions = self._to_device([s.num_tokens for s in seqs], torch.int64)
-        if self.synthetic_acceptance is not None:
-            return self._synthetic(target, drafts, num_drafts_t, seeds, positions)
-        draft_probs = self._draft_probs(scheds, width, target)
-        return rejection_sample(target, draft_probs, drafts, num_drafts_t, seeds, positions)
+        return rows
 
-    def _synthetic(self, target, drafts, num_drafts, seeds, positions):
+    def _synthetic(self, target_ids, drafts, num_drafts, seeds, positions):
         """Keeps the first k drafts (k ~ truncated geometric(alpha)) and the target's most
         likely token after them: real forwards, synthetic acceptance (benchmarks only)."""
-        alpha = torch.full_like(num_drafts, 0, dtype=torch.float32) + self.synthetic_acceptance
+        alpha = torch.full(num_drafts.shape, self.synthetic_acceptance, device=drafts.device)
         k = synthetic_num_accepted(alpha, num_drafts, seeds, positions)  # [B]
-        width = drafts.shape[1]
-        cols = torch.arange(width + 1, device=drafts.device)
-        final = target[torch.arange(target.shape[0], device=k.device), k].argmax(-1)  # [B]
-        padded = torch.cat([drafts, drafts.new_full((drafts.shape[0], 1), -1)], dim=1)
-        out = torch.where(cols[None, :] < k[:, None], padded, -1)
-        out = out.scatter(1, k[:, None], final[:, None])
-        return out, k
+        final = target_ids.gather(1, k[:, None]).squeeze(1)
+        return emit_accepted(drafts, k, final), k
 
     def _draft_probs(self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor):
         """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram)."""

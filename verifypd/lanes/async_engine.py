@@ -40,6 +40,7 @@ class AsyncEngine:
             self._deliver,
             ttft_budget_s=config.scheduler.ttft_budget_s,
             single_lane=config.lane_mode == "single",
+            lane_context=self.streams.context,
         )
 
     # ------------------------------------------------------------------ lifecycle

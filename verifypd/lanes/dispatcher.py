@@ -85,7 +85,9 @@ class LaneDispatcher:
         ttft_budget_s: float,
         clock: Callable[[], float] = time.monotonic,
         single_lane: bool = False,
+        lane_context: Callable[[str], contextlib.AbstractContextManager] | None = None,
     ) -> None:
+        self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
         self.core = core
         self.sched = core.scheduler
@@ -171,10 +173,20 @@ class LaneDispatcher:
         return StepPlan("prefill", entries) if entries else None
 
     def _plan_decode(self) -> StepPlan | None:
-        entries = self.sched.plan_decode(self.core.draft_lens())
+        """Drafts for speculating sequences only while the verify lane is idle, so one cohort
+        drafts and verifies together; while a verify is in flight the others decode plainly
+        (decode never waits for verify)."""
         spec = self.core.spec
-        if spec.enabled:
-            spec.propose(entries, self.core.drafter_temps())
+        can_draft = spec.enabled and "verify" not in self.in_flight and not self.verify_queue
+        draft_lens = self.core.draft_lens()
+        if not can_draft:
+            for seq in self.sched.running:
+                seq.draft_len = 0
+            draft_lens = {}
+        entries = self.sched.plan_decode(draft_lens)
+        if can_draft:
+            with self._lane_context("decode"):
+                spec.propose(entries, self.core.drafter_temps())
         plain = [e for e in entries if not e.draft_token_ids]
         for e in entries:
             if e.draft_token_ids:
