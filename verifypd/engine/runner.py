@@ -6,6 +6,7 @@ sampled ids come back through a pinned buffer (``PendingStep.result``).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,9 @@ class ModelRunner:
         # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
         self.synthetic_acceptance: float | None = None
         self.graphs: dict[int, StepGraphs] = {}  # query length -> captured graphs (GPU only)
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
+        self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)
 
     def capture_graphs(self, query_len: int, max_batch: int, max_len: int) -> None:
         """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode)."""
@@ -211,7 +215,10 @@ class ModelRunner:
         graphs = self.graphs.get(inputs.meta.max_query_len)
         num_seqs = len(inputs.meta.seq_lens_cpu)
         if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
+            self.num_eager_steps += 1
+            self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1
             return self.forward(inputs, rows)
+        self.num_graph_steps += 1
         full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V]
         if len(rows) == full.shape[0]:
             return full  # rows are always in order: the plan's seqs, then their positions
