@@ -1,4 +1,7 @@
-"""Loaders and tokenizers: the embedded SmolLM2 GGUF vs transformers, dummy presets, errors."""
+"""Loaders and tokenizers: the embedded SmolLM2 GGUF vs transformers, dummy presets, errors.
+
+``hf_smollm`` (tests/conftest.py, session scope) is transformers' own GGUF loading of that file.
+"""
 
 from __future__ import annotations
 
