@@ -62,6 +62,38 @@ async def run(args) -> None:
     await engine.stop()
 
 
+def check_drafter(args) -> None:
+    """Drafts with the device-advanced graph steps equal drafts prepared on the host."""
+    from verifypd.engine.core import EngineCore
+    from verifypd.types import ScheduledSeq, Sequence
+
+    spec = SpecConfig(method="draft", draft_model=args.draft, max_draft_len=8, initial_draft_len=8)
+    cfg = EngineConfig(model=args.draft, spec=spec,
+                       scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=4096))  # fmt: skip
+    core = EngineCore(cfg)
+    drafter = core.spec.drafter
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 150000, n).tolist() for n in (37, 64, 100, 5)]
+    results = []
+    for advance in (True, False):
+        if not advance:
+            drafter._continue_graph = lambda views, prev: None
+        seqs = [Sequence(f"c{i}{advance}", p, SamplingParams(max_tokens=64, temperature=0))
+                for i, p in enumerate(prompts)]  # fmt: skip
+        drafts = []
+        for _ in range(3):  # three rounds: catch-up, then rounds over a grown prefix
+            entries = [ScheduledSeq(s, 1) for s in seqs]
+            drafter.propose(entries, [8] * len(seqs), [0.0] * len(seqs))
+            drafts.append([e.draft_token_ids for e in entries])
+            for s, e in zip(seqs, entries, strict=True):
+                s.token_ids += e.draft_token_ids[:3]  # pretend three were accepted
+        for s in seqs:
+            drafter.free(s.seq_id)
+        results.append(drafts)
+    print("drafter device-advanced == host-prepared:", results[0] == results[1],
+          "graph steps", drafter.runner.num_graph_steps)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="dummy:qwen2.5-7b")
@@ -71,7 +103,12 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--spec", type=int, default=1)
-    asyncio.run(run(p.parse_args()))
+    p.add_argument("--check-drafter", action="store_true")
+    args = p.parse_args()
+    if args.check_drafter:
+        check_drafter(args)
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

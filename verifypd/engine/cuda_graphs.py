@@ -50,6 +50,9 @@ class StepGraphs:
         self.block_tables = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.block_size = block_size
+        self._last_batch = 0  # batch of the last ``run`` (``run_next`` continues it)
+        self._last_width = 0  # block-table columns copied by it
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -106,4 +109,27 @@ class StepGraphs:
         width = meta.block_tables.shape[1]
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
         self.graphs[padded].replay()
+        self._last_batch, self._last_width = b, width
         return self.logits[padded][:t]
+
+    def can_run_next(self, num_seqs: int, max_position: int) -> bool:
+        """True if ``run_next`` may continue the last decode run (same rows, blocks copied)."""
+        return (
+            self.q == 1
+            and num_seqs == self._last_batch
+            and max_position // self.block_size < self._last_width
+        )
+
+    def run_next(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Next decode step of the same sequences, every input advanced on the device (no host
+        work but a few launches): position + 1, slot from the block table, length + 1."""
+        b, bs = self._last_batch, self.block_size
+        padded = next(s for s in self.sizes if s >= b)
+        self.input_ids[:b].copy_(input_ids, non_blocking=True)
+        pos = self.positions[:b]
+        pos += 1
+        self.seq_lens[:b] += 1
+        blocks = self.block_tables[:b].gather(1, (pos // bs)[:, None]).squeeze(1)
+        self.slots[:b] = blocks.to(torch.int64) * bs + pos % bs
+        self.graphs[padded].replay()
+        return self.logits[padded][:b]

@@ -54,6 +54,7 @@ class DraftModelProposer:
         self.runner = ModelRunner(loaded.model, self.pool, block_size, device)
         self.vocab_size = cfg.vocab_size
         self.views: dict[int, DraftView] = {}
+        self._graph_ready = False  # the last draft step replayed the q = 1 graph
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
         """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry.
@@ -116,12 +117,29 @@ class DraftModelProposer:
     @torch.inference_mode()
     def _draft_step(self, views: list[DraftView], temps: list[float], prev):
         """One drafter forward: catch-up tokens for each view, one sampled token each."""
-        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
-        plan = StepPlan("draft", entries)
-        inputs = self.runner.prepare(plan)
-        if prev is not None:  # the placeholders' real values, still on the device
-            inputs.input_ids = prev
-        logits = self.runner.logits(inputs, inputs.sample_rows)
+        logits = self._continue_graph(views, prev)
+        if logits is None:
+            entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+            inputs = self.runner.prepare(StepPlan("draft", entries))
+            if prev is not None:  # the placeholders' real values, still on the device
+                inputs.input_ids = prev
+            graphed_before = self.runner.num_graph_steps
+            logits = self.runner.logits(inputs, inputs.sample_rows)
+            replayed = self.runner.num_graph_steps > graphed_before
+            self._graph_ready = replayed and inputs.meta.max_query_len == 1
+        return self._pick(logits, views, temps)
+
+    def _continue_graph(self, views: list[DraftView], prev) -> torch.Tensor | None:
+        """After one graphed single-token step, the next one of the same rows advances the
+        graph's inputs on the device instead of preparing them on the host."""
+        graphs = self.runner.graphs.get(1)
+        if prev is None or graphs is None or not self._graph_ready:
+            return None
+        if not graphs.can_run_next(len(views), max(v.num_tokens for v in views) - 1):
+            return None
+        return graphs.run_next(prev)
+
+    def _pick(self, logits: torch.Tensor, views: list[DraftView], temps: list[float]):
         if all(t == 0 for t in temps):
             return logits.argmax(dim=-1), None
         t = SamplingTensors.build(
