@@ -14,6 +14,7 @@ import torch
 
 from verifypd.config import EngineConfig
 from verifypd.controller import build_controller
+from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.runner import ModelRunner
@@ -112,6 +113,12 @@ class EngineCore:
         if not self._is_cuda:
             raise ValueError("cuda_graphs needs device=cuda")
         max_batch = self.config.scheduler.max_num_seqs
+        warm_up_eager(self.loaded.model, self.pool.kv, self.block_size, self.max_model_len)
+        if self.spec.drafter is not None:
+            drafter = self.spec.drafter
+            warm_up_eager(
+                drafter.runner.model, drafter.pool.kv, self.block_size, self.max_model_len
+            )
         self.runner.capture_graphs(1, max_batch, self.max_model_len)
         if not self.spec.enabled:
             return

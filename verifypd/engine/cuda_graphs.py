@@ -90,6 +90,7 @@ class StepGraphs:
             bool(self.graphs)
             and meta.max_query_len == self.q
             and meta.slot_mapping.shape[0] == num_seqs * self.q
+            and meta.block_tables.shape[1] <= self.block_tables.shape[1]
             and num_seqs <= self.max_batch
             and meta.max_seq_len <= self.max_len
         )
@@ -113,7 +114,9 @@ class StepGraphs:
         return self.logits[padded][:t]
 
     def can_run_next(self, num_seqs: int, max_position: int) -> bool:
-        """True if ``run_next`` may continue the last decode run (same rows, blocks copied)."""
+        """True if ``run_next`` may continue the last decode run: the same rows, and every
+        row's blocks up to the new position were copied (the runner copies all allocated
+        blocks; the drafter allocates a proposal's blocks up front)."""
         return (
             self.q == 1
             and num_seqs == self._last_batch
@@ -133,3 +136,33 @@ class StepGraphs:
         self.slots[:b] = blocks.to(torch.int64) * bs + pos % bs
         self.graphs[padded].replay()
         return self.logits[padded][:b]
+
+
+@torch.inference_mode()
+def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> None:
+    """Runs eager forwards over a spread of (num seqs, query len) shapes once at startup.
+
+    Triton specializes integer arguments (== 1, divisible by 16), so the first eager step of
+    a new kind compiles kernels for hundreds of milliseconds: a tail-latency stall if it
+    happens under traffic. Writes go to slot -1 (nowhere); reads stay inside block 0.
+    """
+    device = kv.device
+    for num_seqs in (1, 2, 3, 16, 17):
+        for q in (1, 2, 5, 17, 64):
+            t = num_seqs * q
+            meta = AttentionMetadata(
+                slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
+                query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q,
+                seq_lens=torch.full((num_seqs,), q, dtype=torch.int32, device=device),
+                block_tables=torch.zeros(
+                    num_seqs, -(-q // block_size), dtype=torch.int32, device=device
+                ),  # fmt: skip
+                max_query_len=q,
+                max_seq_len=min(max_len, 4096),
+                query_lens_cpu=[q] * num_seqs,
+                seq_lens_cpu=[q] * num_seqs,
+            )
+            ids = torch.zeros(t, dtype=torch.int64, device=device)
+            pos = torch.arange(t, device=device) % q
+            model.compute_logits(model(ids, pos, kv, meta)[-1:])
+    torch.cuda.synchronize()

@@ -156,13 +156,13 @@ class ModelRunner:
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def _tables(self, plan: StepPlan, seq_lens: list[int]) -> np.ndarray:
-        """[B, max_blocks] int32 block tables, padded with 0 past each seq's length."""
+        """[B, max_blocks] int32: every allocated block of each seq (blocks reserved for later
+        positions included, so a graph can advance on the device), padded with 0."""
         bs = self.block_size
-        max_blocks = max((n + bs - 1) // bs for n in seq_lens)
-        tables = np.zeros((len(plan.seqs), max_blocks), dtype=np.int32)
+        width = max(max(len(s.seq.block_table) for s in plan.seqs), -(-max(seq_lens) // bs))
+        tables = np.zeros((len(plan.seqs), width), dtype=np.int32)
         for i, s in enumerate(plan.seqs):
-            n = (seq_lens[i] + bs - 1) // bs
-            tables[i, :n] = s.seq.block_table[:n]
+            tables[i, : len(s.seq.block_table)] = s.seq.block_table
         return tables
 
     def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:

@@ -16,6 +16,7 @@ budget goes first once.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +55,8 @@ class LaneStreams:
 
     def __init__(self, device: torch.device) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
-        if device.type == "cuda":
+        # VERIFYPD_LANE_STREAMS=0 runs every lane on the current stream (A/B diagnosis).
+        if device.type == "cuda" and os.environ.get("VERIFYPD_LANE_STREAMS", "1") != "0":
             highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
             prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
             self.streams = {n: torch.cuda.Stream(device, priority=p) for n, p in prios.items()}

@@ -160,7 +160,24 @@ def create_engine(config: EngineConfig, observer: Observer | None = None) -> Any
     """Construct the real AsyncEngine (slow: loads the model). Imported lazily (torch)."""
     from verifypd.lanes.async_engine import AsyncEngine
 
+    if config.device != "cuda":
+        limit_cpu_threads()
     return AsyncEngine(config, observer=observer)
+
+
+def limit_cpu_threads() -> int:
+    """Leave one core to the event loop: torch intra-op threads = min(default, cores - 1).
+
+    On CPU the steps run in a worker thread while the event loop streams tokens; OpenMP
+    workers that spin-wait for a core held by the event loop (or by any other process) made
+    each step 8-25x slower on a 2-core machine. An explicit OMP_NUM_THREADS wins.
+    """
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), num_cores - 1)))
+    return torch.get_num_threads()
 
 
 def run_server(
