@@ -55,11 +55,15 @@ class LaneStreams:
 
     def __init__(self, device: torch.device) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
-        # VERIFYPD_LANE_STREAMS=0 runs every lane on the current stream (A/B diagnosis).
-        if device.type == "cuda" and os.environ.get("VERIFYPD_LANE_STREAMS", "1") != "0":
+        # VERIFYPD_LANE_STREAMS: the lanes that get their own stream (comma list; "0" = none,
+        # every lane on the current stream), for A/B measurements.
+        wanted = os.environ.get("VERIFYPD_LANE_STREAMS", "decode,verify,prefill").split(",")
+        if device.type == "cuda":
             highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
             prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
-            self.streams = {n: torch.cuda.Stream(device, priority=p) for n, p in prios.items()}
+            self.streams = {
+                n: torch.cuda.Stream(device, priority=p) for n, p in prios.items() if n in wanted
+            }
 
     def context(self, lane: str):
         stream = self.streams.get(lane)
