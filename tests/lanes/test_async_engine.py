@@ -100,3 +100,24 @@ async def test_abort_mid_stream_frees_blocks_in_every_lane():
     assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
     assert engine.core.spec.drafter.kv.usage == 0
     await engine.stop()
+
+
+@pytest.mark.parametrize("lane_mode", ["three", "single"])
+async def test_n_choices_finishing_in_one_step_all_get_their_last_delta(lane_mode):
+    # Regression: the request used to be forgotten when its first choice finished, so the
+    # other choices finishing in the same step lost their final delta and generate() hung.
+    engine = _engine(lane_mode)
+    params = SamplingParams(max_tokens=5, temperature=0.8, seed=3, n=3, ignore_eos=True)
+    outs = [o async for o in _bounded(engine.generate("n3", PROMPTS[0], params), 30)]
+    finals = sorted((o.index, o.finish_reason, o.num_output_tokens) for o in outs if o.finished)
+    assert finals == [(0, "length", 5), (1, "length", 5), (2, "length", 5)]
+    assert sum(len(o.new_token_ids) for o in outs) == 15
+    engine.check_integrity()
+    assert engine.kv_usage == 0 and engine.core.requests == {}
+    await engine.stop()
+
+
+async def _bounded(agen, seconds: float):
+    async with asyncio.timeout(seconds):
+        async for item in agen:
+            yield item

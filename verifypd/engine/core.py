@@ -55,6 +55,7 @@ class SeqOutputState:
     stop: StopChecker
     num_emitted: int = 0
     pending_ids: list[int] = field(default_factory=list)
+    is_done: bool = False  # its final delta was emitted
 
 
 class EngineCore:
@@ -309,6 +310,7 @@ class EngineCore:
             text += st.stop.flush()
         out = self._delta(st, text, finished=seq.status.is_finished, new_ids=new_ids)
         if seq.status.is_finished:
+            st.is_done = True
             self._report_finished(seq)
             self._forget(seq)
         return out
@@ -331,7 +333,8 @@ class EngineCore:
         self.spec.forget(seq)
         self.controller.remove_request(seq.seq_id)
         states = self.requests.get(seq.request_id)
-        if states and all(s.seq.status.is_finished for s in states):
+        # Not seq.status: choices that finished in this same step still need their last delta.
+        if states and all(s.is_done for s in states):
             del self.requests[seq.request_id]
 
     def _report_tokens(self, seq: Sequence, num_new: int) -> None:
