@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from verifypd.config import CacheConfig, EngineConfig, SpecConfig
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -121,3 +121,64 @@ async def _bounded(agen, seconds: float):
     async with asyncio.timeout(seconds):
         async for item in agen:
             yield item
+
+
+async def test_padded_mixed_length_verify_is_lossless(reference):
+    """Different L per request in one verify batch (drafts cut at each request's max_tokens),
+    padded to the longest as the GPU does to replay one graph: greedy output is unchanged."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    engine = _engine("three", spec)
+    engine.core.runner.always_pad_verify = True
+    padded_steps = []
+    launch = engine.core.runner.launch
+
+    def spy(plan):
+        lens = {len(s.draft_token_ids) for s in plan.seqs if s.draft_token_ids}
+        padded_steps.append(len(lens) > 1)
+        return launch(plan)
+
+    engine.core.runner.launch = spy
+    max_tokens = [10, 13, 17, 24]
+    try:
+        jobs = [
+            _collect(
+                engine, f"p{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            )
+            for i, (p, n) in enumerate(zip(PROMPTS, max_tokens, strict=True))
+        ]
+        got = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        engine.check_integrity()
+    finally:
+        await engine.stop()
+    assert got == [r[:n] for r, n in zip(reference, max_tokens, strict=True)]
+    assert any(padded_steps)
+
+
+async def test_single_lane_prefill_joining_speculating_decodes(reference):
+    """A prompt whose last prefill chunk shares a fused step with speculating decodes gets no
+    drafts (its blocks cover only the prompt); outputs stay exact."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    chunked = SchedulerConfig(max_prefill_chunk=8, max_num_batched_tokens=16)
+    engine = _engine("single", spec, scheduler=chunked)
+
+    async def late(i: int, delay_tokens: int, first: asyncio.Event) -> list[int]:
+        await first.wait()
+        return await _collect(engine, f"late{i}", PROMPTS[i], GREEDY)
+
+    first = asyncio.Event()
+
+    async def early() -> list[int]:
+        ids: list[int] = []
+        async for out in engine.generate("early", PROMPTS[0], GREEDY):
+            ids += out.new_token_ids
+            first.set()
+        return ids
+
+    try:
+        got = await asyncio.wait_for(
+            asyncio.gather(early(), *(late(i, 2, first) for i in range(1, 4))), 60
+        )
+        engine.check_integrity()
+    finally:
+        await engine.stop()
+    assert got == reference

@@ -27,6 +27,7 @@ from verifypd.types import (
     ParamError,
     RequestOutput,
     SamplingParams,
+    SeqStatus,
     Sequence,
     StepPlan,
 )
@@ -256,7 +257,11 @@ class EngineCore:
         for seq in self.scheduler.running:
             seq.draft_len = decisions.get(seq.seq_id, 0)
             self.observer.draft_length(seq.draft_len)
-        return {s.seq_id: s.draft_len for s in self.scheduler.running if self.spec.wants(s)}
+        # Every speculating seq reserves slots for the longest L, so a verify batch can be
+        # padded to one uniform length and replay a CUDA graph.
+        spec = [s for s in self.scheduler.running if self.spec.wants(s)]
+        longest = max((s.draft_len for s in spec), default=0)
+        return {s.seq_id: longest for s in spec}
 
     def drafter_temps(self) -> dict[int, float]:
         return {
@@ -268,7 +273,8 @@ class EngineCore:
     def plan_mixed(self) -> StepPlan | None:
         plan = self.scheduler.schedule_mixed(self.draft_lens())
         if plan is not None and self.spec.enabled:
-            self.spec.propose([e for e in plan.seqs if e.samples], self.drafter_temps())
+            decodes = [e for e in plan.seqs if e.seq.status is SeqStatus.DECODING]
+            self.spec.propose(decodes, self.drafter_temps())
         return plan
 
     def record_step(self, plan: StepPlan, seconds: float) -> None:

@@ -77,6 +77,7 @@ class ModelRunner:
         # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
         self.synthetic_acceptance: float | None = None
         self.graphs: dict[int, StepGraphs] = {}  # query length -> captured graphs (GPU only)
+        self.always_pad_verify = False  # tests: pad mixed-L verify batches without graphs
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)
@@ -100,8 +101,9 @@ class ModelRunner:
         sample_seqs: list[int] = []
         verify_seqs: list[int] = []
         verify_rows: list[list[int]] = []
+        pad_to = self._verify_width(plan)
         for i, s in enumerate(plan.seqs):
-            start, toks = self._query_tokens(s)
+            start, toks = self._query_tokens(s, pad_to)
             end = start + len(toks)
             ids += toks
             pos += range(start, end)
@@ -112,7 +114,7 @@ class ModelRunner:
                 continue
             if s.draft_token_ids:
                 verify_seqs.append(i)
-                verify_rows.append(list(range(qsl[-1] - 1 - len(s.draft_token_ids), qsl[-1])))
+                verify_rows.append(list(range(qsl[-1] - len(toks) + s.num_new_tokens - 1, qsl[-1])))
             else:
                 sample_seqs.append(i)
                 sample_rows.append(qsl[-1] - 1)
@@ -146,10 +148,26 @@ class ModelRunner:
         assert wide.shape[1] == num_tokens
         return StepInputs(wide[0], wide[1], meta, *rows)
 
-    @staticmethod
-    def _query_tokens(s: ScheduledSeq) -> tuple[int, list[int]]:
+    def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
         start = s.seq.num_computed_tokens
-        return start, s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
+        toks = s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
+        if s.draft_token_ids and len(s.draft_token_ids) < pad_to:
+            toks += [0] * (pad_to - len(s.draft_token_ids))  # never accepted: num_drafts says
+        return start, toks
+
+    def _verify_width(self, plan: StepPlan) -> int:
+        """Pads every verify entry to the longest L when a graph exists for it and every
+        padded seq has its slots reserved; 0 = no padding."""
+        lens = {len(s.draft_token_ids) for s in plan.seqs}
+        if 0 in lens or len(lens) < 2:
+            return 0
+        width = max(lens)
+        bs = self.block_size
+        reserved = all(
+            len(s.seq.block_table) * bs >= s.seq.num_computed_tokens + 1 + width for s in plan.seqs
+        )
+        graphed = (1 + width) in self.graphs or self.always_pad_verify
+        return width if reserved and graphed else 0
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
@@ -256,8 +274,9 @@ class ModelRunner:
         scheds = [plan.seqs[i] for i in inputs.verify_seqs]
         seqs = [s.seq for s in scheds]
         num_drafts = [len(s.draft_token_ids) for s in scheds]
-        width = max(num_drafts)
-        rows = self._verify_rows(logits, num_drafts, width)  # [B, L + 1, V]
+        num_rows = [len(r) - 1 for r in inputs.verify_rows]  # L, or the padded width
+        width = max(num_rows)
+        rows = self._verify_rows(logits, num_rows, width)  # [B, L + 1, V]
         b = len(scheds)
         padded = [
             d for s in scheds for d in s.draft_token_ids + [0] * (width - len(s.draft_token_ids))
