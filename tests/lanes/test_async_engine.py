@@ -182,3 +182,10 @@ async def test_single_lane_prefill_joining_speculating_decodes(reference):
     finally:
         await engine.stop()
     assert got == reference
+
+
+def test_max_model_len_is_capped_by_the_kv_pool():
+    # The server defaults max_tokens to the rest of max_model_len: it must fit in the pool.
+    engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16))
+    assert engine.core.max_model_len > 64 and engine.max_model_len == 64
+    assert engine.kv_blocks_free == 4

@@ -186,6 +186,10 @@ class FakeEngine:
     def kv_usage(self) -> float:
         return 1.0 - len(self.pool.free) / self.pool.num_blocks
 
+    @property
+    def kv_blocks_free(self) -> int:
+        return len(self.pool.free)
+
     def check_integrity(self) -> None:
         pool = self.pool
         assert len(pool.free) + len(pool.owner) == pool.num_blocks, "blocks lost"

@@ -28,7 +28,10 @@ class AsyncEngine:
         self.core = EngineCore(config, self.observer)
         self.model_name = self.core.model_name
         self.tokenizer = self.core.tokenizer
-        self.max_model_len = self.core.max_model_len
+        # One sequence can never hold more tokens than the whole KV pool: the effective context
+        # (what the server defaults max_tokens to and reports) is the smaller of the two.
+        kv_capacity = self.core.kv.num_blocks * self.core.block_size
+        self.max_model_len = min(self.core.max_model_len, kv_capacity)
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -99,6 +102,11 @@ class AsyncEngine:
     @property
     def kv_usage(self) -> float:
         return self.core.kv.usage
+
+    @property
+    def kv_blocks_free(self) -> int:
+        """Free KV blocks, prefix-cached (evictable) ones included."""
+        return self.core.kv.num_free_blocks
 
     def check_integrity(self) -> None:
         self.core.check_integrity()

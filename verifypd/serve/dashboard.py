@@ -66,10 +66,12 @@ def dashboard_snapshot(state: ServerState) -> dict:
 
 
 def refresh_engine_gauges(state: ServerState) -> None:
-    """Pull running/waiting/KV usage from the engine so scrapes never show stale gauges."""
+    """Pull running/waiting/KV gauges from the engine so scrapes never show stale values."""
     engine = state.engine
     if engine is not None:
-        state.observer.sample_engine(engine.num_running, engine.num_waiting, engine.kv_usage)
+        state.observer.sample_engine(
+            engine.num_running, engine.num_waiting, engine.kv_usage, engine.kv_blocks_free
+        )
 
 
 async def _history_sampler(app: web.Application) -> AsyncIterator[None]:

@@ -165,8 +165,10 @@ class PrometheusObserver(Observer):
 
     # -- Pull-side refresh ---------------------------------------------------------------
 
-    def sample_engine(self, num_running: int, num_waiting: int, kv_usage: float) -> None:
-        """Refresh the gauges from the engine's own counters (called before each scrape)."""
+    def sample_engine(
+        self, num_running: int, num_waiting: int, kv_usage: float, kv_blocks_free: int
+    ) -> None:
+        """Refresh the gauges from the engine's own counters (called before each scrape):
+        an abort frees blocks without a step, and steps are what report them otherwise."""
         self.requests(num_running, num_waiting)
-        self._m["kv_cache_usage_ratio"].set(kv_usage)
-        self.live.kv_usage = kv_usage
+        self.kv_cache(kv_usage, kv_blocks_free)

@@ -1,0 +1,418 @@
+"""The server against the REAL engine: ``python -m verifypd serve --model default --device cpu``
+(SmolLM2-135M, fp32) in a subprocess, driven by the official ``openai`` client and raw aiohttp.
+
+One server per module serves the API tests (``--max-model-len 256``); the overload and the
+graceful-shutdown tests start their own. Every test is bounded in time; the engine runs at
+some tens of tokens per second on 2 shared cores, so completions stay short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
+
+from server_utils import (  # noqa: E402
+    ServerProcess,
+    bounded,
+    parse_sse,
+    start_server_process,
+    verifypd_serve_command,
+)
+
+pytestmark = pytest.mark.slow
+
+MAX_MODEL_LEN = 256
+NUM_KV_BLOCKS = 48  # 768 tokens: the disconnect storm needs more, so the engine preempts
+MAIN_ARGS = ("--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", str(NUM_KV_BLOCKS),
+             "--max-queue", "64")  # fmt: skip
+MODEL = "SmolLM2-135M-Instruct"
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+TIMEOUT = aiohttp.ClientTimeout(total=60)
+ABORTED = 'verifypd_requests_finished_total{reason="abort"}'
+
+
+def real_server(*args: str) -> ServerProcess:
+    return start_server_process(
+        verifypd_serve_command("--model", "default", "--device", "cpu", *args), timeout=180
+    )
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with real_server(*MAIN_ARGS) as proc:
+        yield proc
+        assert proc.stop(timeout=30) == 0
+
+
+def client_for(server: ServerProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60
+    )
+
+
+async def metrics(session: aiohttp.ClientSession) -> dict[str, float]:
+    """``verifypd_*`` samples of /metrics keyed by name plus labels other than ``model``."""
+    async with session.get("/metrics") as resp:
+        text = await resp.text()
+    samples = {}
+    for line in text.splitlines():
+        match = re.match(r"^(verifypd_\w+)(?:\{(.*)\})? (\S+)$", line)
+        if match:
+            labels = ",".join(p for p in (match[2] or "").split(",") if not p.startswith("model="))
+            samples[match[1] + (f"{{{labels}}}" if labels else "")] = float(match[3])
+    return samples
+
+
+# -- the openai client ---------------------------------------------------------------------
+
+
+@bounded(60)
+async def test_capital_of_france_greedy_stream_and_not(server: ServerProcess) -> None:
+    client = client_for(server)
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=FRANCE, temperature=0, max_tokens=24
+    )
+    text = chat.choices[0].message.content
+    assert "Paris" in text and chat.choices[0].finish_reason == "stop"
+    assert chat.model == MODEL and chat.choices[0].message.role == "assistant"
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=FRANCE, temperature=0, max_tokens=24, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "stop"
+    await client.close()
+
+
+@bounded(60)
+async def test_completions_max_tokens_is_length(server: ServerProcess) -> None:
+    client = client_for(server)
+    kwargs = {"model": MODEL, "prompt": "Once upon a time", "temperature": 0, "max_tokens": 9}
+    done = await client.completions.create(**kwargs)
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 9
+    assert done.usage.prompt_tokens == 4 and done.usage.total_tokens == 13
+    stream = await client.completions.create(**kwargs, stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].text for c in chunks) == done.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=STORY, temperature=0, max_tokens=7
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 7
+    await client.close()
+
+
+@bounded(60)
+async def test_stop_strings_are_cut_and_never_streamed(server: ServerProcess) -> None:
+    client = client_for(server)
+    greedy = await client.chat.completions.create(
+        model=MODEL, messages=FRANCE, temperature=0, max_tokens=24
+    )
+    full = greedy.choices[0].message.content
+    assert "France is" in full  # "The capital of France is Paris."
+    for stop in (["France is"], ["xyz", "Paris"]):
+        cut = full[: min(full.index(s) for s in stop if s in full)]
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=FRANCE, temperature=0, max_tokens=24, stop=stop
+        )
+        assert chat.choices[0].message.content == cut
+        assert chat.choices[0].finish_reason == "stop"
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=FRANCE, temperature=0, max_tokens=24, stop=stop, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    await client.close()
+
+
+@bounded(90)
+async def test_seed_reproducible_and_independent_of_batch_mates(server: ServerProcess) -> None:
+    client = client_for(server)
+
+    async def sample(seed: int) -> str:
+        done = await client.completions.create(
+            model=MODEL, prompt="My favourite animal is", temperature=0.8, seed=seed,
+            max_tokens=16,
+        )  # fmt: skip
+        return done.choices[0].text
+
+    alone = await sample(1234)
+    together = await asyncio.gather(sample(1234), *(sample(s) for s in range(1, 5)))
+    assert together[0] == alone
+    assert len(set(together)) >= 3  # different seeds -> (almost always) different text
+    await client.close()
+
+
+@bounded(60)
+async def test_include_usage_matches_non_streamed_usage(server: ServerProcess) -> None:
+    client = client_for(server)
+    kwargs = {"model": MODEL, "messages": FRANCE, "temperature": 0, "max_tokens": 24}
+    done = await client.chat.completions.create(**kwargs)
+    stream = await client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens == done.usage.prompt_tokens
+    assert last.usage.completion_tokens == done.usage.completion_tokens
+    assert last.usage.total_tokens == done.usage.total_tokens
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == done.choices[0].message.content
+    await client.close()
+
+
+@bounded(60)
+async def test_n_choices(server: ServerProcess) -> None:
+    client = client_for(server)
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=STORY, temperature=0.8, seed=7, max_tokens=8, n=3
+    )
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in chat.choices)
+    assert chat.usage.completion_tokens == 24
+    assert len({c.message.content for c in chat.choices}) >= 2
+    stream = await client.completions.create(
+        model=MODEL, prompt="Once upon a time", temperature=0.8, max_tokens=6, n=2, stream=True
+    )
+    finished = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            assert choice.index in (0, 1)
+            if choice.finish_reason is not None:
+                finished[choice.index] = choice.finish_reason
+    assert finished == {0: "length", 1: "length"}
+    await client.close()
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+@bounded(30)
+async def test_errors(server: ServerProcess) -> None:
+    client = client_for(server)
+    with pytest.raises(openai.BadRequestError) as too_long:
+        await client.completions.create(model=MODEL, prompt="hello " * 300, max_tokens=5)
+    assert too_long.value.param == "prompt" and str(MAX_MODEL_LEN) in too_long.value.message
+    assert int(re.search(r"prompt has (\d+) tokens", too_long.value.message)[1]) > 300
+    with pytest.raises(openai.BadRequestError) as chat_too_long:
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello " * 300}]
+        )
+    assert chat_too_long.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as too_many:
+        await client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=1000)
+    assert str(MAX_MODEL_LEN) in too_many.value.message and "1000" in too_many.value.message
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.completions.create(model="gpt-9", prompt="x")
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
+    bad_values = {"temperature": "hot", "max_tokens": "5", "n": 0, "stop": 3, "seed": 1.5}
+    for field, value in bad_values.items():
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.completions.create(model=MODEL, prompt="x", extra_body={field: value})
+        assert bad.value.param == field and bad.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(model=MODEL, messages="hi")
+    assert bad.value.param == "messages"
+    ok = await client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert ok.usage.completion_tokens <= 2
+    await client.close()
+
+
+# -- disconnects, overload, shutdown (raw aiohttp) --------------------------------------------
+
+
+async def wait_idle(session: aiohttp.ClientSession, num_free: float, timeout: float) -> dict:
+    """Poll /metrics until nothing runs or waits and every KV block is free again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = await metrics(session)
+        idle = m["verifypd_num_requests_running"] == m["verifypd_num_requests_waiting"] == 0
+        if (
+            idle
+            and m["verifypd_kv_cache_usage_ratio"] == 0
+            and m["verifypd_kv_blocks_free"] == (num_free)
+        ):
+            return m
+        assert time.monotonic() < deadline, f"engine did not settle: {m}"
+        await asyncio.sleep(0.2)
+
+
+async def read_event(resp: aiohttp.ClientResponse) -> bytes:
+    return await resp.content.readuntil(b"\n\n")
+
+
+def story(i: int) -> dict:
+    """A greedy completion that runs to max_tokens: its text is a function of its prompt."""
+    prompt = (
+        f"Story number {i}. Once upon a time, in a small village at the edge of a great "
+        "forest, there lived an old clockmaker and his"
+    )  # > 2 KV blocks of 16 tokens
+    return {"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+
+async def full_stream(session: aiohttp.ClientSession, i: int) -> str:
+    """A client that reads its whole stream; returns the text."""
+    async with session.post("/v1/completions", json={**story(i), "stream": True}) as resp:
+        assert resp.status == 200
+        events = parse_sse(await resp.text())
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    return "".join(e["choices"][0]["text"] for e in events[:-1])
+
+
+async def dropped(session: aiohttp.ClientSession, i: int, rng: random.Random) -> str:
+    """A client that goes away: before its first token, mid-stream, or while a non-streamed
+    request runs (n = 2 for a third of them)."""
+    payload = {
+        "messages": [{"role": "user", "content": f"Count to {100 + i}."}], "max_tokens": 64,
+        "ignore_eos": True, "n": 2 if i % 3 == 2 else 1, "stream": i % 4 != 3,
+    }  # fmt: skip
+    if i % 4 in (1, 3):  # cancel the request itself: before headers, or non-streamed
+        task = asyncio.create_task(session.post("/v1/chat/completions", json=payload))
+        await asyncio.sleep(rng.uniform(0.0, 0.3) if i % 4 == 1 else rng.uniform(0.3, 1.5))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if not task.cancelled():  # it got its answer first
+            task.result().close()
+            return "answered"
+        return "before first token" if payload["stream"] else "non-streamed"
+    resp = await session.post("/v1/chat/completions", json=payload)
+    for _ in range(rng.randint(2, 12)):
+        await read_event(resp)
+    resp.close()
+    return "mid-stream"
+
+
+@bounded(120)
+async def test_disconnect_storm_frees_every_block(server: ServerProcess) -> None:
+    rng = random.Random(0)
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        start = await wait_idle(session, (await metrics(session))["verifypd_kv_blocks_free"], 30)
+        num_free = start["verifypd_kv_blocks_free"]
+        assert num_free > 0
+        kept = [asyncio.create_task(full_stream(session, i)) for i in range(12)]
+        moments = await asyncio.gather(*(dropped(session, i, rng) for i in range(12)))
+        texts = await asyncio.gather(*kept)
+        assert {"mid-stream", "before first token", "non-streamed"} <= set(moments)
+        end = await wait_idle(session, num_free, 30)
+        num_aborted = end[ABORTED] - start[ABORTED]
+        assert 4 <= num_aborted <= 12 + 4  # the mid-stream ones surely; at most every choice
+        assert end['verifypd_requests_finished_total{reason="error"}'] == 0
+        assert end["verifypd_preemptions_total"] > start["verifypd_preemptions_total"]
+        # The KV blocks that the aborted requests gave back were reused by the kept streams
+        # and are now prefix-cached: the same prompts again (cache hits) give the same text.
+        again = await asyncio.gather(*(complete(session, story(i)) for i in range(12)))
+        assert [body["choices"][0]["text"] for body in again] == texts
+        assert sum(body["usage"]["prompt_tokens_details"]["cached_tokens"] for body in again)
+        await wait_idle(session, num_free, 30)
+
+
+async def complete(session: aiohttp.ClientSession, payload: dict) -> dict:
+    async with session.post("/v1/completions", json=payload) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+@bounded(120)
+async def test_overload_429_then_recovers() -> None:
+    with real_server("--max-queue", "2") as proc:
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            slow = {"prompt": "Once upon a time", "max_tokens": 64, "stream": True,
+                    "ignore_eos": True}  # fmt: skip
+            streams = [await session.post("/v1/completions", json=slow) for _ in range(2)]
+            for resp in streams:
+                assert resp.status == 200 and (await read_event(resp)).startswith(b"data: ")
+            for path, body in (
+                ("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+                ("/v1/chat/completions", {"messages": FRANCE, "max_tokens": 2}),
+                ("/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True}),
+            ):
+                async with session.post(path, json=body) as resp:
+                    assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+                    assert (await resp.json())["error"]["type"] == "rate_limit_error"
+            async with session.get("/health") as resp:
+                assert resp.status == 200
+            for resp in streams:
+                events = parse_sse((await resp.read()).decode())
+                assert events[-1] == "[DONE]"
+                assert events[-2]["choices"][0]["finish_reason"] == "length"
+            async with session.post("/v1/completions", json={"prompt": "x", "max_tokens": 3}) as r:
+                assert r.status == 200
+                assert (await r.json())["usage"]["completion_tokens"] <= 3
+        assert proc.stop(timeout=30) == 0
+
+
+@bounded(120)
+async def test_sigterm_drains_in_flight_stream() -> None:
+    with real_server("--drain-timeout", "30") as proc:
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            payload = {"messages": STORY, "max_tokens": 48, "stream": True, "ignore_eos": True}
+            resp = await session.post("/v1/chat/completions", json=payload)
+            first = await read_event(resp)
+            proc.proc.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            await asyncio.sleep(0.2)
+            async with session.get("/health") as health:
+                assert health.status == 503 and (await health.json())["status"] == "draining"
+            async with session.post("/v1/completions", json={"prompt": "x"}) as refused:
+                assert refused.status == 503 and "Retry-After" in refused.headers
+            events = parse_sse((first + await resp.read()).decode())
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        rc = await asyncio.to_thread(proc.proc.wait, 30)
+        assert rc == 0 and time.monotonic() - started < 30
+
+
+@bounded(60)
+async def test_lone_disconnect_frees_blocks_in_metrics(server: ServerProcess) -> None:
+    # No step runs after the abort: /metrics must still show the blocks back at once.
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        start = await wait_idle(session, (await metrics(session))["verifypd_kv_blocks_free"], 30)
+        payload = {"messages": STORY, "max_tokens": 200, "stream": True, "ignore_eos": True}
+        resp = await session.post("/v1/chat/completions", json=payload)
+        for _ in range(4):
+            await read_event(resp)
+        busy = await metrics(session)
+        assert busy["verifypd_kv_blocks_free"] < start["verifypd_kv_blocks_free"]
+        assert busy["verifypd_kv_cache_usage_ratio"] > 0
+        resp.close()
+        await wait_idle(session, start["verifypd_kv_blocks_free"], 5)
+
+
+@bounded(90)
+async def test_sigterm_past_drain_timeout_aborts_cleanly() -> None:
+    with real_server("--drain-timeout", "2", "--max-num-seqs", "1") as proc:
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            long = {"prompt": "Once upon a time", "max_tokens": 4000, "stream": True,
+                    "ignore_eos": True}  # fmt: skip
+            resp = await session.post("/v1/completions", json=long)
+            first = await read_event(resp)
+            queued = asyncio.create_task(  # waits in the engine behind the long stream
+                session.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 4000})
+            )
+            await asyncio.sleep(0.5)
+            proc.proc.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            events = parse_sse((first + await resp.read()).decode())
+            assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error"
+            assert "shutting down" in events[-2]["error"]["message"]
+            refused = await queued
+            assert refused.status == 503 and "Retry-After" in refused.headers
+            refused.close()
+        rc = await asyncio.to_thread(proc.proc.wait, 30)
+        assert rc == 0 and time.monotonic() - started < 2 + 5 + 3
