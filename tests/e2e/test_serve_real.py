@@ -416,3 +416,29 @@ async def test_sigterm_past_drain_timeout_aborts_cleanly() -> None:
             refused.close()
         rc = await asyncio.to_thread(proc.proc.wait, 30)
         assert rc == 0 and time.monotonic() - started < 2 + 5 + 3
+
+
+@bounded(90)
+async def test_ngram_speculation_through_the_server_is_lossless(server: ServerProcess) -> None:
+    prompts = [
+        "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat",
+        "List the numbers from 1 to 20, separated by commas.",
+    ]
+    plain = client_for(server)
+    with real_server("--spec", "ngram", "--max-model-len", str(MAX_MODEL_LEN)) as proc:
+        spec_client = client_for(proc)
+        for prompt in prompts:
+            kwargs = {"model": MODEL, "temperature": 0, "max_tokens": 40,
+                      "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+            want = (await plain.chat.completions.create(**kwargs)).choices[0].message.content
+            got = await spec_client.chat.completions.create(**kwargs)
+            assert got.choices[0].message.content == want
+            stream = await spec_client.chat.completions.create(**kwargs, stream=True)
+            assert "".join([c.choices[0].delta.content or "" async for c in stream]) == want
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            m = await metrics(session)
+        assert m["verifypd_spec_accepted_tokens_total"] > 0
+        assert m['verifypd_lane_step_seconds_count{lane="verify"}'] > 0
+        await spec_client.close()
+        assert proc.stop(timeout=30) == 0
+    await plain.close()

@@ -189,3 +189,26 @@ def test_max_model_len_is_capped_by_the_kv_pool():
     engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16))
     assert engine.core.max_model_len > 64 and engine.max_model_len == 64
     assert engine.kv_blocks_free == 4
+
+
+async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving():
+    # Regression: an exception in the step loop (here: folding a step back in) killed the
+    # loop task silently and every request waited forever.
+    engine = _engine()
+    finish_step, calls = engine.core.finish_step, []
+
+    def fail_once(plan, token_ids):
+        calls.append(plan.lane)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return finish_step(plan, token_ids)
+
+    engine.core.finish_step = fail_once
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    outs = [o async for o in _bounded(engine.generate("bad", PROMPTS[0], params), 30)]
+    assert [(o.finished, o.finish_reason) for o in outs] == [(True, "error")]
+    assert len(await asyncio.wait_for(_collect(engine, "ok", PROMPTS[1], params), 30)) == 4
+    assert engine.num_running == engine.num_waiting == 0 and engine.core.requests == {}
+    engine.check_integrity()
+    assert engine.kv_usage == 0
+    await engine.stop()

@@ -9,6 +9,7 @@ and the scheduler are touched only from the event-loop thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +18,8 @@ from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.dispatcher import LaneDispatcher, LaneStreams
 from verifypd.types import Observer, RequestOutput, SamplingParams, StepPlan
+
+logger = logging.getLogger("verifypd")
 
 
 class AsyncEngine:
@@ -113,6 +116,32 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ loop
     async def _run(self) -> None:
+        while True:
+            try:
+                await self._loop()
+            except Exception:  # a bug in a step must not leave every request waiting forever
+                logger.exception("engine step loop failed; ending live requests with 'error'")
+                self._fail_all()
+                self._wakeup.clear()
+                await self._wakeup.wait()  # resume with the next request, not in a tight loop
+
+    def _fail_all(self) -> None:
+        """End every live request with "error"; free the blocks of steps lost in the crash."""
+        d = self.dispatcher
+        queued = [e.seq for f in d.in_flight.values() for e in f.plan.seqs]
+        queued += [e.seq for e in d.verify_queue]  # these steps still land and fold back in
+        for rid in list(self._queues):
+            seqs = [st.seq for st in self.core.requests.get(rid, [])]
+            for out in self.core.abort_request(rid):
+                out.finish_reason = "error"
+                self._deliver(out)
+            for seq in seqs:
+                if seq.in_flight and not any(seq is q for q in queued):
+                    seq.in_flight = 0  # its step never comes back: free what it held now
+                    self.core.kv.free(seq.block_table)
+        self._report_depths()
+
+    async def _loop(self) -> None:
         d = self.dispatcher
         while True:
             if await d.tick():
