@@ -27,6 +27,13 @@ def test_starved_prefill_jumps_the_queue():
     assert choose_lane(ALL - {"prefill"}, work, 0.51, 0.5) == "decode"  # prefill busy
 
 
+def test_due_verify_goes_before_decode():
+    work = {"decode": True, "verify": True, "prefill": True}
+    assert choose_lane(ALL, work, None, 0.5, verify_due=True) == "verify"
+    assert choose_lane(ALL, work, 0.51, 0.5, verify_due=True) == "prefill"  # TTFT first
+    assert choose_lane(ALL - {"verify"}, work, None, 0.5, verify_due=True) == "decode"
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -108,5 +115,24 @@ async def test_verify_queue_feeds_the_verify_lane():
     for _ in range(40):
         await d.tick()
     assert "verify" in d.launch_log
+    assert not core.has_unfinished()
+    core.check_integrity()
+
+
+async def test_verify_is_not_starved_by_plain_decodes():
+    # On a serial device (CPU) every step lands before the next choice, so the decode lane is
+    # always idle; with a plain-decoding neighbour it used to win every time and the drafted
+    # sequence waited in the verify queue until the neighbour finished.
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    core, d, clock = _dispatcher(spec)
+    _add(core, "a", 5, clock, max_tokens=20)
+    core.add_request("b", [3, 4, 5], SamplingParams(max_tokens=60, temperature=0, speculate=False))
+    await _ticks(d, 8)
+    assert "verify" in d.launch_log
+    queued = 0
+    for _ in range(40):
+        await d.tick()
+        queued = queued + 1 if d.verify_queue else 0
+        assert queued <= 2  # a drafted cohort waits for at most one decode step
     assert not core.has_unfinished()
     core.check_integrity()

@@ -39,11 +39,15 @@ def choose_lane(
     prefill_wait_s: float | None,
     ttft_budget_s: float,
     lanes: tuple[str, ...] = LANES,
+    verify_due: bool = False,
 ) -> str | None:
-    """Policy: the highest-priority idle lane with work; a starved prefill first."""
+    """Policy: the highest-priority idle lane with work; a starved prefill first, then a
+    verify that has already waited for one decode step (``verify_due``)."""
     starved = prefill_wait_s is not None and prefill_wait_s > ttft_budget_s
     if starved and "prefill" in idle and has_work.get("prefill"):
         return "prefill"
+    if verify_due and "verify" in idle and has_work.get("verify"):
+        return "verify"
     for lane in lanes:
         if lane in idle and has_work.get(lane):
             return lane
@@ -106,6 +110,7 @@ class LaneDispatcher:
         self.verify_queue: list[ScheduledSeq] = []
         self.in_flight: dict[str, InFlight] = {}
         self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
+        self._last_lane: str | None = None
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -147,6 +152,9 @@ class LaneDispatcher:
                 self._prefill_wait(),
                 self.ttft_budget_s,
                 self.lanes,
+                # Where steps land before the next choice (CPU), decode is always idle and
+                # strict priority would starve the drafted cohort behind plain decodes.
+                verify_due=bool(self.verify_queue) and self._last_lane == "decode",
             )
             if lane is None:
                 return progressed
@@ -213,7 +221,10 @@ class LaneDispatcher:
         if lane != "verify":  # verify entries were marked when they were queued
             self.sched.begin_step(plan)
         start = self.clock()
+        self._last_lane = lane
         self.launch_log.append(lane)
+        if len(self.launch_log) > 4096:  # a server runs for days: keep the recent part
+            del self.launch_log[:2048]
         self._report()
         flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
         try:
