@@ -424,21 +424,33 @@ async def test_ngram_speculation_through_the_server_is_lossless(server: ServerPr
         "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat",
         "List the numbers from 1 to 20, separated by commas.",
     ]
+    requests = [
+        {"model": MODEL, "temperature": 0, "max_tokens": 40,
+         "messages": [{"role": "user", "content": prompt}]}
+        for prompt in prompts
+    ]  # fmt: skip
     plain = client_for(server)
+    wanted = [
+        (await plain.chat.completions.create(**r)).choices[0].message.content for r in requests
+    ]
+    await plain.close()
     with real_server("--spec", "ngram", "--max-model-len", str(MAX_MODEL_LEN)) as proc:
-        spec_client = client_for(proc)
-        for prompt in prompts:
-            kwargs = {"model": MODEL, "temperature": 0, "max_tokens": 40,
-                      "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
-            want = (await plain.chat.completions.create(**kwargs)).choices[0].message.content
-            got = await spec_client.chat.completions.create(**kwargs)
-            assert got.choices[0].message.content == want
-            stream = await spec_client.chat.completions.create(**kwargs, stream=True)
-            assert "".join([c.choices[0].delta.content or "" async for c in stream]) == want
+        client = client_for(proc)
         async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            # A long neighbour decodes alongside (plainly whenever it has no n-gram match):
+            # drafted sequences must not wait behind it (see test_dispatcher for the exact case).
+            story = {"messages": STORY, "max_tokens": 200, "stream": True, "ignore_eos": True}
+            neighbour = await session.post("/v1/chat/completions", json=story)
+            await read_event(neighbour)
+            for request, want in zip(requests, wanted, strict=True):
+                got = await client.chat.completions.create(**request)
+                assert got.choices[0].message.content == want
+                stream = await client.chat.completions.create(**request, stream=True)
+                assert "".join([c.choices[0].delta.content or "" async for c in stream]) == want
+            assert not neighbour.content.at_eof()  # done while the neighbour still decodes
+            neighbour.close()
             m = await metrics(session)
         assert m["verifypd_spec_accepted_tokens_total"] > 0
         assert m['verifypd_lane_step_seconds_count{lane="verify"}'] > 0
-        await spec_client.close()
+        await client.close()
         assert proc.stop(timeout=30) == 0
-    await plain.close()
