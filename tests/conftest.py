@@ -5,6 +5,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Without a GPU, Triton kernels run on the interpreter. It must be chosen before the first
+# ``@triton.jit`` runs, whichever test module happens to import a kernel module first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="session")
 def hf_smollm():
