@@ -108,14 +108,7 @@ class EngineCore:
         )
         if self.use_cuda_graphs:
             self._capture_graphs()
-        # The dispatcher queues a whole drafted cohort for verification at once, so the queue
-        # depth that means "verify is falling behind" scales with the batch, not a constant.
-        max_seqs = config.scheduler.max_num_seqs
-        self.controller = build_controller(
-            config.spec,
-            verify_queue_high=max(8, max_seqs + max_seqs // 2),
-            verify_queue_low=max(2, max_seqs // 2),
-        )
+        self.controller = build_controller(config.spec)
         self.requests: dict[str, list[SeqOutputState]] = {}
 
     def _capture_graphs(self) -> None:
