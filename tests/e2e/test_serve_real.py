@@ -434,7 +434,9 @@ async def test_ngram_speculation_through_the_server_is_lossless(server: ServerPr
         (await plain.chat.completions.create(**r)).choices[0].message.content for r in requests
     ]
     await plain.close()
-    with real_server("--spec", "ngram", "--max-model-len", str(MAX_MODEL_LEN)) as proc:
+    # A fixed L: how long the controller keeps speculation on depends on measured step times.
+    spec = ("--spec", "ngram", "--draft-len", "3")
+    with real_server(*spec, "--max-model-len", str(MAX_MODEL_LEN)) as proc:
         client = client_for(proc)
         async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
             # A long neighbour decodes alongside (plainly whenever it has no n-gram match):

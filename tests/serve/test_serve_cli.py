@@ -47,10 +47,14 @@ def test_all_options_reach_the_config() -> None:
     assert config.scheduler.max_num_seqs == 4 and config.scheduler.max_model_len == 1024
     assert (config.cache.num_blocks, config.cache.block_size) == (100, 32)
     assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
+    assert config_from_args(parse("--spec", "ngram")).spec.controller
+    fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec
+    assert (fixed.initial_draft_len, fixed.max_draft_len, fixed.controller) == (3, 3, False)
 
 
 @pytest.mark.parametrize(
-    "argv", [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24")]
+    "argv",
+    [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24"), ("--draft-len", "17")],
 )
 def test_bad_options_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
     assert serve_main(parse(*argv)) == 2

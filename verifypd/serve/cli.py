@@ -21,6 +21,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="speculative decoding method (default: draft if --draft-model, else off)",
     )
+    add(
+        "--draft-len",
+        type=int,
+        default=None,
+        help="fixed draft length L (turns the controller off); default: the controller picks L",
+    )
     add("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     add("--host", default="127.0.0.1")
@@ -52,6 +58,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the EngineConfig; raises ValueError on inconsistent options."""
     method = args.spec or ("draft" if args.draft_model else "off")
+    fixed = {} if args.draft_len is None else {
+        "max_draft_len": args.draft_len, "initial_draft_len": args.draft_len, "controller": False,
+    }  # fmt: skip
+    spec = SpecConfig(method=method, draft_model=args.draft_model, **fixed)
     return EngineConfig(
         model=args.model,
         device=args.device,
@@ -60,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         lane_mode=args.lane_mode,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
-        spec=SpecConfig(method=method, draft_model=args.draft_model),
+        spec=spec,
     )
 
 
