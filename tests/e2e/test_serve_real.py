@@ -456,3 +456,24 @@ async def test_ngram_speculation_through_the_server_is_lossless(server: ServerPr
         assert m['verifypd_lane_step_seconds_count{lane="verify"}'] > 0
         await client.close()
         assert proc.stop(timeout=30) == 0
+
+
+@bounded(90)
+async def test_huge_prompt_does_not_stall_other_streams(server: ServerProcess) -> None:
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        story = {"messages": STORY, "max_tokens": 200, "stream": True, "ignore_eos": True}
+        resp = await session.post("/v1/chat/completions", json=story)
+        await read_event(resp)
+        huge = {"prompt": "hello world, this is a test. " * 150_000, "max_tokens": 5}  # 4.3 MB
+        started = time.monotonic()
+        task = asyncio.create_task(session.post("/v1/completions", json=huge))
+        gaps, last = [], time.monotonic()
+        while not task.done():  # tokenizing it takes seconds: tokens keep streaming meanwhile
+            await read_event(resp)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+        took = time.monotonic() - started
+        rejected = task.result()
+        assert rejected.status == 400 and (await rejected.json())["error"]["param"] == "prompt"
+        resp.close()
+        assert max(gaps) < 1.0, f"a stream stalled for {max(gaps):.2f}s (request took {took:.2f}s)"

@@ -8,6 +8,7 @@ KV blocks, and releases the admission slot.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from verifypd.types import ParamError, RequestOutput, SamplingParams
 logger = logging.getLogger("verifypd.serve")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("verifypd_state", ServerState)
 FAILED_REASONS = ("abort", "error")
+MAX_INLINE_ENCODE_CHARS = 32_768
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -50,7 +52,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     state.check_model(body.model)
     prompt = completion_prompt(body)
     tokenizer = state.engine.tokenizer
-    ids = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=True)
+    ids = prompt if isinstance(prompt, list) else await encode(tokenizer, prompt, True)
     requested = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     max_tokens = resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
     meta = ResponseMeta.new("completion", state.model_name, body.include_usage)
@@ -63,7 +65,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state.check_accepting()
     body = parse_request(ChatCompletionRequest, await request.read())
     state.check_model(body.model)
-    ids = encode_chat(state.engine.tokenizer, chat_messages(body))
+    ids = await encode_chat(state.engine.tokenizer, chat_messages(body))
     limit = state.engine.max_model_len
     max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
     meta = ResponseMeta.new("chat", state.model_name, body.include_usage)
@@ -71,13 +73,21 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     return await generate_response(request, state, meta, ids, params, body.is_stream)
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Render the chat template (with the assistant generation prompt) and tokenize it."""
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # template errors (e.g. role order) are the client's input
         raise invalid_request(f"Could not apply the chat template: {exc}", "messages") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+    return await encode(tokenizer, text, False)
+
+
+async def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+    """Tokenize; long texts in a worker thread (1 MB takes ~0.5 s, and the fast tokenizer
+    releases the GIL), so that one huge prompt does not stall every stream."""
+    if len(text) < MAX_INLINE_ENCODE_CHARS:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
 def resolve_max_tokens(
