@@ -238,17 +238,15 @@ async def test_errors(server: ServerProcess) -> None:
 # -- disconnects, overload, shutdown (raw aiohttp) --------------------------------------------
 
 
-async def wait_idle(session: aiohttp.ClientSession, num_free: float, timeout: float) -> dict:
-    """Poll /metrics until nothing runs or waits and every KV block is free again."""
+async def wait_idle(session: aiohttp.ClientSession, timeout: float = 30) -> dict:
+    """Poll /metrics until nothing runs or waits and every KV block of the module's server is
+    free again (prefix-cached blocks count as free: they are evictable)."""
     deadline = time.monotonic() + timeout
     while True:
         m = await metrics(session)
         idle = m["verifypd_num_requests_running"] == m["verifypd_num_requests_waiting"] == 0
-        if (
-            idle
-            and m["verifypd_kv_cache_usage_ratio"] == 0
-            and m["verifypd_kv_blocks_free"] == (num_free)
-        ):
+        all_free = m["verifypd_kv_blocks_free"] == NUM_KV_BLOCKS
+        if idle and all_free and m["verifypd_kv_cache_usage_ratio"] == 0:
             return m
         assert time.monotonic() < deadline, f"engine did not settle: {m}"
         await asyncio.sleep(0.2)
@@ -303,14 +301,12 @@ async def dropped(session: aiohttp.ClientSession, i: int, rng: random.Random) ->
 async def test_disconnect_storm_frees_every_block(server: ServerProcess) -> None:
     rng = random.Random(0)
     async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
-        start = await wait_idle(session, (await metrics(session))["verifypd_kv_blocks_free"], 30)
-        num_free = start["verifypd_kv_blocks_free"]
-        assert num_free > 0
+        start = await wait_idle(session)
         kept = [asyncio.create_task(full_stream(session, i)) for i in range(12)]
         moments = await asyncio.gather(*(dropped(session, i, rng) for i in range(12)))
         texts = await asyncio.gather(*kept)
         assert {"mid-stream", "before first token", "non-streamed"} <= set(moments)
-        end = await wait_idle(session, num_free, 30)
+        end = await wait_idle(session)
         num_aborted = end[ABORTED] - start[ABORTED]
         assert 4 <= num_aborted <= 12 + 4  # the mid-stream ones surely; at most every choice
         assert end['verifypd_requests_finished_total{reason="error"}'] == 0
@@ -320,7 +316,7 @@ async def test_disconnect_storm_frees_every_block(server: ServerProcess) -> None
         again = await asyncio.gather(*(complete(session, story(i)) for i in range(12)))
         assert [body["choices"][0]["text"] for body in again] == texts
         assert sum(body["usage"]["prompt_tokens_details"]["cached_tokens"] for body in again)
-        await wait_idle(session, num_free, 30)
+        await wait_idle(session)
 
 
 async def complete(session: aiohttp.ClientSession, payload: dict) -> dict:
@@ -382,7 +378,7 @@ async def test_sigterm_drains_in_flight_stream() -> None:
 async def test_lone_disconnect_frees_blocks_in_metrics(server: ServerProcess) -> None:
     # No step runs after the abort: /metrics must still show the blocks back at once.
     async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
-        start = await wait_idle(session, (await metrics(session))["verifypd_kv_blocks_free"], 30)
+        start = await wait_idle(session)
         payload = {"messages": STORY, "max_tokens": 200, "stream": True, "ignore_eos": True}
         resp = await session.post("/v1/chat/completions", json=payload)
         for _ in range(4):
@@ -391,7 +387,7 @@ async def test_lone_disconnect_frees_blocks_in_metrics(server: ServerProcess) ->
         assert busy["verifypd_kv_blocks_free"] < start["verifypd_kv_blocks_free"]
         assert busy["verifypd_kv_cache_usage_ratio"] > 0
         resp.close()
-        await wait_idle(session, start["verifypd_kv_blocks_free"], 5)
+        await wait_idle(session, 5)  # at once: no step follows the abort
 
 
 @bounded(90)
@@ -477,3 +473,27 @@ async def test_huge_prompt_does_not_stall_other_streams(server: ServerProcess) -
         assert rejected.status == 400 and (await rejected.json())["error"]["param"] == "prompt"
         resp.close()
         assert max(gaps) < 1.0, f"a stream stalled for {max(gaps):.2f}s (request took {took:.2f}s)"
+
+
+@bounded(60)
+async def test_metrics_account_for_each_request(server: ServerProcess) -> None:
+    client = client_for(server)
+    assert [(m.id, m.max_model_len) for m in (await client.models.list()).data] == [
+        (MODEL, MAX_MODEL_LEN)
+    ]
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        before = await wait_idle(session)  # earlier tests' aborted requests are accounted
+        done = await client.chat.completions.create(
+            model=MODEL, messages=STORY, temperature=0, max_tokens=12, n=2
+        )
+        after = await metrics(session)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["verifypd_generation_tokens_total"] == done.usage.completion_tokens == 24
+    assert delta["verifypd_prompt_tokens_total"] == 2 * done.usage.prompt_tokens  # per choice
+    assert delta['verifypd_requests_finished_total{reason="length"}'] == 2
+    assert delta["verifypd_time_to_first_token_seconds_count"] == 2
+    assert delta["verifypd_e2e_request_latency_seconds_count"] == 2
+    assert delta["verifypd_inter_token_latency_seconds_count"] == 2 * 11
+    assert delta['verifypd_lane_step_seconds_count{lane="decode"}'] >= 11
+    assert delta["verifypd_prefix_cache_queries_total"] >= done.usage.prompt_tokens
+    await client.close()
