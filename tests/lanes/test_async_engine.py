@@ -212,3 +212,32 @@ async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving()
     engine.check_integrity()
     assert engine.kv_usage == 0
     await engine.stop()
+
+
+async def test_controller_signals_reach_the_observer():
+    """Draft lengths, drafter temperature, spec tokens and lane steps are all exported."""
+    from verifypd.types import Observer
+
+    class Recorder(Observer):
+        def __init__(self) -> None:
+            self.calls: dict[str, list] = {}
+
+        def __getattribute__(self, name):
+            if name in ("draft_length", "drafter_temperature", "spec_tokens", "lane_step"):
+                return lambda *a: self.calls.setdefault(name, []).append(a)
+            return super().__getattribute__(name)
+
+    rec = Recorder()
+    cfg = EngineConfig(
+        model="dummy:tiny",
+        device="cpu",
+        spec=SpecConfig(method="draft", draft_model="dummy:tiny", controller=False),
+    )
+    engine = AsyncEngine(cfg, rec)
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=3, ignore_eos=True)
+    try:
+        await asyncio.wait_for(_collect(engine, "s", PROMPTS[0], params), 60)
+    finally:
+        await engine.stop()
+    assert {"draft_length", "drafter_temperature", "spec_tokens", "lane_step"} <= set(rec.calls)
+    assert all(0 < t <= 0.7 for (t,) in rec.calls["drafter_temperature"])

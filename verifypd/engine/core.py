@@ -264,11 +264,14 @@ class EngineCore:
         return {s.seq_id: longest for s in spec}
 
     def drafter_temps(self) -> dict[int, float]:
-        return {
+        temps = {
             s.seq_id: self.controller.drafter_temperature(s.seq_id)
             for s in self.scheduler.running
             if self.spec.wants(s)
         }
+        if temps:  # exported as the mean over the speculating requests
+            self.observer.drafter_temperature(sum(temps.values()) / len(temps))
+        return temps
 
     def plan_mixed(self) -> StepPlan | None:
         plan = self.scheduler.schedule_mixed(self.draft_lens())
