@@ -136,3 +136,22 @@ async def test_verify_is_not_starved_by_plain_decodes():
         assert queued <= 2  # a drafted cohort waits for at most one decode step
     assert not core.has_unfinished()
     core.check_integrity()
+
+
+async def test_failed_step_ends_requests_and_caches_nothing():
+    """A launch that raises ends its requests with "error"; the KV it never wrote must not
+    reach the prefix cache (a later request with the same prompt would read garbage)."""
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+
+    async def broken(lane: str, plan: StepPlan) -> PendingStep:
+        raise RuntimeError("device fell over")
+
+    outputs = []
+    d = LaneDispatcher(core, broken, outputs.append, 0.5)
+    prompt = list(range(3, 3 + 40))  # two full blocks of 16
+    core.add_request("x", prompt, SamplingParams(max_tokens=4, temperature=0))
+    await d.tick()
+    assert [(o.finished, o.finish_reason) for o in outputs] == [(True, "error")]
+    assert core.kv.match_prefix(prompt) == []
+    assert core.kv.usage == 0 and not core.has_unfinished()
+    core.check_integrity()

@@ -195,6 +195,11 @@ class Scheduler:
         for s in plan.seqs:
             s.seq.in_flight += 1
 
+    def abandon(self, plan: StepPlan) -> None:
+        """A step that failed: nothing it computed is kept (no progress, nothing cached)."""
+        for sched in plan.seqs:
+            sched.seq.in_flight -= 1
+
     def update(self, plan: StepPlan, token_ids: list[list[int]]) -> list[Sequence]:
         """Folds a finished step back in; returns the sequences that got new tokens."""
         changed: list[Sequence] = []

@@ -16,6 +16,7 @@ budget goes first once.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -235,10 +236,8 @@ class LaneDispatcher:
 
     def _fail(self, plan: StepPlan) -> None:
         """A launch raised: end the affected requests with "error" instead of hanging."""
-        import logging
-
         logging.getLogger("verifypd").exception("lane step failed; ending its requests")
-        self.sched.update(plan, [[] for _ in plan.seqs])
+        self.sched.abandon(plan)  # its KV was never written: nothing may reach the cache
         for rid in {s.seq.request_id for s in plan.seqs}:
             for out in self.core.abort_request(rid):
                 out.finish_reason = "error"
