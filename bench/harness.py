@@ -334,3 +334,11 @@ def decode_floor(
         out["floor_tok_s"] = batch / step
         out["floor_tok_s_all_weights"] = batch * gbps * 1e9 / (all_weights + kv)
     return out
+
+
+# Engine variants the latency and GPU-check benchmarks compare.
+VARIANTS = {
+    "eager": {"use_triton": False, "cuda_graphs": False},
+    "triton": {"use_triton": True, "cuda_graphs": False},
+    "graphs": {"use_triton": True, "cuda_graphs": True},
+}

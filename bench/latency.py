@@ -36,6 +36,7 @@ from common import (  # noqa: E402
     write_json,
 )
 from harness import (  # noqa: E402
+    VARIANTS,
     attach_recorder,
     blocks_for,
     build_engine,
@@ -47,11 +48,6 @@ from harness import (  # noqa: E402
 )
 
 SCRIPT = "latency"
-VARIANTS = {
-    "eager": {"use_triton": False, "cuda_graphs": False},
-    "triton": {"use_triton": True, "cuda_graphs": False},
-    "graphs": {"use_triton": True, "cuda_graphs": True},
-}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
