@@ -46,9 +46,11 @@ def profile_model(spec: str, copy_gbps: float | None) -> dict:
         core.runner.forward(inputs, inputs.sample_rows)  # eager: the kernels the graph holds
         torch.cuda.synchronize()
     by_kind: dict[str, list[float]] = defaultdict(list)
+    by_name: dict[str, list[float]] = defaultdict(list)
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             by_kind[_kind(evt.name)].append(evt.device_time_total / 1e3)  # ms
+            by_name[evt.name[:90]].append(evt.device_time_total / 1e3)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(20):
@@ -64,6 +66,10 @@ def profile_model(spec: str, copy_gbps: float | None) -> dict:
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
         "gpu_ms_by_kind": {k: round(sum(v), 4) for k, v in by_kind.items()},
+        "kernels_by_name": sorted(
+            ({"name": k, "count": len(v), "ms": round(sum(v), 4)} for k, v in by_name.items()),
+            key=lambda r: -r["ms"],
+        ),
         "eager_kernel_ms_total": round(sum(sum(v) for v in by_kind.values()), 4),
         "graph_replay_ms_median": round(sorted(times)[len(times) // 2], 4),
         "weight_bytes": weight_bytes,
@@ -84,6 +90,10 @@ def main() -> None:
         print(f"{r['model']:<20} {r['num_kernels']:>7} {g.get('matmul', 0):>10.3f} "
               f"{g.get('attention', 0):>8.3f} {g.get('other', 0):>9.3f} "
               f"{r['graph_replay_ms_median']:>9.3f} {r['bytes_floor_ms']:>9.3f}")  # fmt: skip
+    for r in rows:
+        print(f"\n{r['model']}: kernels by name (count, ms per forward)")
+        for k in r["kernels_by_name"][:20]:
+            print(f"  {k['count']:>4} {k['ms']:>8.4f}  {k['name']}")
     device = torch.device("cuda")
     report = {**metadata("profile_decode", sys.argv[1:], vars(args), device), "results": rows}
     print("wrote", write_json(result_path(args.out, "profile_decode", device, "json"), report))

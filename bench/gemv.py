@@ -1,0 +1,180 @@
+"""Skinny-matmul sweep: our Triton GEMV (plain and with its fused prologues) against cuBLAS
+(``F.linear``) on the projection shapes of the decode benchmarks, at 1..8 rows.
+
+Weights rotate over enough copies to overflow L2 (each layer's weights are cold in a real
+forward); times are CUDA-graph replays (median), the way decode runs. "% copy" is the weight
+bytes read per call over the measured copy bandwidth. The sweep picks the tile config that
+``choose_config`` should return; the fused rows show what one launch saves against two.
+
+    python bench/gemv.py --out bench/results
+    python bench/gemv.py --dry-run   # CPU, Triton interpreter, tiny shapes: logic check only
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import torch  # noqa: E402
+
+SCRIPT = "gemv"
+MODELS = {  # name: (hidden, intermediate, q heads, kv heads, head_dim, vocab)
+    "qwen2.5-0.5b": (896, 4864, 14, 2, 64, 151936),
+    "qwen2.5-1.5b": (1536, 8960, 12, 2, 128, 151936),
+    "qwen2.5-7b": (3584, 18944, 28, 4, 128, 152064),
+}
+CONFIGS_1 = [  # (block_n, block_k, num_warps, num_stages) swept at one row
+    (bn, bk, w, st)
+    for bn, bk, w, st in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 3))
+    if bn * bk <= 16384
+]
+CONFIGS_N = [  # swept at 2..8 rows (registers hold M_PAD x BLOCK_N x BLOCK_K products)
+    (bn, bk, w, st)
+    for bn, bk, w, st in itertools.product((4, 8, 16), (64, 128, 256), (4, 8), (1, 3))
+    if bn * bk <= 2048
+]
+
+
+def projections(model: str) -> dict[str, tuple[int, int]]:
+    """name -> (N, K) of each decode projection."""
+    hidden, inter, hq, hkv, d, vocab = MODELS[model]
+    return {
+        "qkv": ((hq + 2 * hkv) * d, hidden),
+        "o": (hidden, hq * d),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "lm_head": (vocab, hidden),
+    }
+
+
+def graph_timing(b, fn) -> dict[str, float | None]:
+    """CUDA-graph replay median only (the sweep is large; eager launch cost is not the point)."""
+    if b.dry_run:
+        return b.measure(fn)
+    import triton.testing
+
+    return {"ms": float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))}
+
+
+def weights(b, n: int, k: int) -> list[torch.Tensor]:
+    copies = b.copies_for(n * k * 2)
+    return [torch.randn(n, k, dtype=b.dtype, device=b.device) * 0.02 for _ in range(copies)]
+
+
+def sweep_shape(b, model: str, name: str, n: int, k: int, rows: int, configs) -> dict[str, Any]:
+    """Time cuBLAS and every config on one shape; returns the summary row."""
+    import torch.nn.functional as F
+    from kernels import rotating
+
+    from verifypd.kernels.triton_gemv import gemv
+
+    ws = weights(b, n, k)
+    x = torch.randn(rows, k, dtype=b.dtype, device=b.device)
+    nbytes = n * k * 2
+    ref = F.linear(x, ws[0])
+    shape = f"{model} {name} N={n} K={k} M={rows}"
+    cublas = b.add("cublas", shape, b.measure(rotating(lambda i: F.linear(x, ws[i]), len(ws))),
+                   nbytes=nbytes)  # fmt: skip
+    best, default_row = None, None
+    for bn, bk, w, st in configs:
+        cfg = {"block_n": bn, "block_k": bk, "num_warps": w, "num_stages": st}
+        check = b.check(gemv(x, ws[0], **cfg), ref)
+        timing = graph_timing(b, rotating(lambda i, c=cfg: gemv(x, ws[i], **c), len(ws)))
+        row = b.add("triton_gemv", shape, timing, nbytes=nbytes, config=cfg, **check)
+        if check["ok"] and (best is None or row["ms"] < best["ms"]):
+            best = row
+    default_row = b.add("triton_gemv_default", shape, b.measure(
+        rotating(lambda i: gemv(x, ws[i]), len(ws))), nbytes=nbytes)  # fmt: skip
+    return {"shape": shape, "cublas": cublas, "best": best, "default": default_row}
+
+
+def fused_rows(b, model: str, rows: int) -> list[dict[str, Any]]:
+    """One fused launch against the two launches it replaces (norm/silu kernel + cuBLAS)."""
+    import torch.nn.functional as F
+    from kernels import rotating
+
+    from verifypd.kernels.triton_gemv import rms_norm_gemv, silu_mul_gemv
+    from verifypd.kernels.triton_rms_norm import rms_norm
+    from verifypd.kernels.triton_silu_mul import silu_and_mul
+
+    proj = projections(model)
+    out = []
+    n, k = proj["gate_up"]
+    ws = weights(b, n, k)
+    x, res = (torch.randn(rows, k, dtype=b.dtype, device=b.device) for _ in range(2))
+    nw = torch.rand(k, dtype=b.dtype, device=b.device) + 0.5
+    shape = f"{model} norm+gate_up M={rows}"
+
+    def two(i):
+        h, r = rms_norm(x, nw, 1e-6, res)
+        return F.linear(h, ws[i]), r
+
+    y_ref, _ = two(0)
+    y, _ = rms_norm_gemv(x, res, nw, 1e-6, ws[0])
+    check = b.check(y, y_ref)
+    out.append(b.add("rms_norm+cublas", shape, b.measure(rotating(two, len(ws))), nbytes=n * k * 2))
+    fused = rotating(lambda i: rms_norm_gemv(x, res, nw, 1e-6, ws[i]), len(ws))
+    out.append(b.add("rms_norm_gemv", shape, b.measure(fused), nbytes=n * k * 2, **check))
+    del ws
+    n, k = proj["down"]
+    ws = weights(b, n, k)
+    gu = torch.randn(rows, 2 * k, dtype=b.dtype, device=b.device)
+    shape = f"{model} silu+down M={rows}"
+    check = b.check(silu_mul_gemv(gu, ws[0]), F.linear(silu_and_mul(gu), ws[0]))
+    two = rotating(lambda i: F.linear(silu_and_mul(gu), ws[i]), len(ws))
+    out.append(b.add("silu_mul+cublas", shape, b.measure(two), nbytes=n * k * 2))
+    fused = rotating(lambda i: silu_mul_gemv(gu, ws[i]), len(ws))
+    out.append(b.add("silu_mul_gemv", shape, b.measure(fused), nbytes=n * k * 2, **check))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 5, 8])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+        MODELS.clear()
+        MODELS["tiny"] = (64, 96, 4, 2, 16, 300)
+        args.models = ["tiny"]
+    from common import format_table, hardware_ceilings, metadata, result_path, write_json
+    from kernels import Bench
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    b = Bench(device, args.dry_run, hardware_ceilings(device))
+    summary, table = [], []
+    for model in args.models:
+        for rows in args.rows:
+            configs = CONFIGS_1 if rows == 1 else CONFIGS_N
+            configs = configs[:2] if args.dry_run else configs
+            for name, (n, k) in projections(model).items():
+                s = sweep_shape(b, model, name, n, k, rows, configs)
+                summary.append(s)
+                best, cub, dflt = s["best"], s["cublas"], s["default"]
+                table.append([s["shape"], f"{cub['ms'] * 1e3:.1f}",
+                              f"{cub['frac_ceiling'] or 0:.0%}", f"{dflt['ms'] * 1e3:.1f}",
+                              f"{best['ms'] * 1e3:.1f}", f"{best['frac_ceiling'] or 0:.0%}",
+                              str(best["config"])])  # fmt: skip
+            fused_rows(b, model, rows)
+    headers = ["shape", "cublas us", "%copy", "ours dflt us", "ours best us", "%copy", "best cfg"]
+    print(format_table(headers, table))
+    fused = [r for r in b.rows if "+" in r["kernel"] or r["kernel"].endswith("mul_gemv")
+             or r["kernel"] == "rms_norm_gemv"]  # fmt: skip
+    print(format_table(["kernel", "shape", "us"], [[r["kernel"], r["shape"], f"{r['ms'] * 1e3:.1f}"]
+                                                   for r in fused]))  # fmt: skip
+    report = {**metadata(SCRIPT, argv or sys.argv[1:], vars(args), device),
+              "ceilings": b.ceilings, "summary": summary, "rows": b.rows}  # fmt: skip
+    print("wrote", write_json(result_path(args.out, SCRIPT, device, "json"), report))
+
+
+if __name__ == "__main__":
+    main()
