@@ -78,24 +78,26 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: Tensor,  # [T, H]
+        qkv: Tensor,  # [T, (Hq + 2 Hkv) D], the fused projection's output
         positions: Tensor,  # [T]
         k_cache: Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: Tensor,
         meta: AttentionMetadata,
         cos_sin_cache: Tensor,  # [max_pos, D]
     ) -> Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self._head_norm(q, self.q_norm.weight), self._head_norm(k, self.k_norm.weight)
-        q, k = self.ops.rope(q, k, positions, cos_sin_cache)
-        self.ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q = self.ops.rope_store_kv(
+            q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping
+        )
         out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        out = out.reshape(num_tokens, self.num_heads * self.head_dim)
+        return self.ops.linear(out, self.o_proj.weight, None)
 
     def _head_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm over each head: [T, H, D] -> [T, H, D]."""
@@ -110,8 +112,14 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, **factory)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # [T, H]
+    def forward(
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        """Pre-norm (fused with the residual add) + SwiGLU MLP -> (out [T, H], residual)."""
+        gate_up, residual = self.ops.rms_norm_linear(
+            x, residual, norm_weight, eps, self.gate_up_proj.weight
+        )
+        return self.ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
 
 
 class DecoderLayer(nn.Module):
@@ -132,11 +140,14 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
         cos_sin_cache: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """Pre-norm block; the residual stream is carried separately (fused add + norm)."""
-        h, residual = self.ops.rms_norm(x, self.input_layernorm.weight, self.eps, residual)
-        h = self.self_attn(h, positions, kv_layer[0], kv_layer[1], meta, cos_sin_cache)
-        h, residual = self.ops.rms_norm(h, self.post_attention_layernorm.weight, self.eps, residual)
-        return self.mlp(h), residual
+        """Pre-norm block; the residual stream is carried separately, and each norm is fused
+        with its residual add and with the projection after it."""
+        qkv_proj = self.self_attn.qkv_proj
+        qkv, residual = self.ops.rms_norm_linear(
+            x, residual, self.input_layernorm.weight, self.eps, qkv_proj.weight, qkv_proj.bias
+        )
+        h = self.self_attn(qkv, positions, kv_layer[0], kv_layer[1], meta, cos_sin_cache)
+        return self.mlp(h, residual, self.post_attention_layernorm.weight, self.eps)
 
 
 class DecoderLM(nn.Module):
@@ -192,4 +203,4 @@ class DecoderLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, H] -> [N, V] fp32 logits (tied embedding or separate LM head)."""
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, head).float()
+        return self.ops.linear(hidden, head, None).float()

@@ -24,6 +24,10 @@ class Ops:
     rms_norm: Callable[..., object]
     rope: Callable[..., object]
     silu_and_mul: Callable[..., object]
+    rope_store_kv: Callable[..., object]
+    linear: Callable[..., object]
+    rms_norm_linear: Callable[..., object]
+    silu_mul_linear: Callable[..., object]
 
 
 REFERENCE_OPS = Ops(
@@ -32,6 +36,10 @@ REFERENCE_OPS = Ops(
     rms_norm=reference.rms_norm,
     rope=reference.rope,
     silu_and_mul=reference.silu_and_mul,
+    rope_store_kv=reference.rope_store_kv,
+    linear=reference.linear,
+    rms_norm_linear=reference.rms_norm_linear,
+    silu_mul_linear=reference.silu_mul_linear,
 )
 
 
@@ -55,4 +63,8 @@ def _triton_ops() -> Ops:
         rms_norm=triton_ops.rms_norm,
         rope=triton_ops.rope,
         silu_and_mul=triton_ops.silu_and_mul,
+        rope_store_kv=triton_ops.rope_store_kv,
+        linear=triton_ops.linear,
+        rms_norm_linear=triton_ops.rms_norm_linear,
+        silu_mul_linear=triton_ops.silu_mul_linear,
     )

@@ -168,3 +168,47 @@ def silu_and_mul(x: Tensor) -> Tensor:
     """SwiGLU activation: x [T, 2I] = (gate | up) -> silu(gate) * up [T, I]."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def rope_store_kv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> Tensor:
+    """``rope`` then ``store_kv``: write the rotated k and v into the cache, return rotated q.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D]; positions, slot_mapping: [T] int64 (slots < 0 are
+    padding); cos_sin_cache: [max_pos, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]
+    -> q rotated [T, Hq, D] (a new tensor; q and k themselves are left as they are).
+    """
+    q, k = rope(q, k, positions, cos_sin_cache)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x [T, K] @ weight[N, K]^T (+ bias [N])`` -> [T, N]."""
+    return F.linear(x, weight, bias)
+
+
+def rms_norm_linear(
+    x: Tensor,
+    residual: Tensor | None,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``rms_norm`` (with the residual add) then ``linear``: -> (projection [T, N], r [T, K])."""
+    normed, residual = rms_norm(x, norm_weight, eps, residual)
+    return linear(normed, weight, bias), residual
+
+
+def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
+    """``silu_and_mul`` then ``linear``: gate_up [T, 2I] -> [T, N]."""
+    return linear(silu_and_mul(gate_up), weight)

@@ -127,10 +127,19 @@ class GemvConfig(NamedTuple):
 
 
 def choose_config(num_rows: int, n: int, k: int) -> GemvConfig:
-    """Tile sizes from the shape (host ints only, so CUDA-graph capture sees one choice)."""
-    if num_rows == 1:
-        return GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=3)
-    return GemvConfig(block_n=8, block_k=128, num_warps=4, num_stages=3)
+    """Tile sizes from the shape (host ints only, so CUDA-graph capture sees one choice).
+
+    Tuned on an H200 with ``bench/gemv.py`` (Qwen2.5 0.5B/1.5B/7B projections, one row): wide
+    outputs (gate_up, LM head) want 16-row tiles of 256 columns; narrow ones (q/k/v, o, down)
+    want 4-row tiles and the longest K tile that does not leave a mostly empty last tile.
+    """
+    if num_rows > 1:
+        return GemvConfig(block_n=8, block_k=128, num_warps=4, num_stages=3)
+    if n > 8192:
+        return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3)
+    if k % 1024 == 0 or k % 512 != 0:
+        return GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=3)
+    return GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
 
 
 def gemv(
