@@ -95,49 +95,63 @@ def sweep_shape(b, model: str, name: str, n: int, k: int, rows: int, configs) ->
 
 
 def fused_rows(b, model: str, rows: int) -> list[dict[str, Any]]:
-    """One fused launch against the two launches it replaces (norm/silu kernel + cuBLAS)."""
-    import torch.nn.functional as F
+    """Each fused launch (norm+qkv+bias, norm+gate_up, SwiGLU+down+residual) over a config sweep,
+    against the separate norm / SwiGLU kernel followed by the plain GEMV (default config)."""
     from kernels import rotating
 
-    from verifypd.kernels.triton_gemv import rms_norm_gemv, silu_mul_gemv
+    from verifypd.kernels.triton_gemv import gemv, rms_norm_gemv, silu_mul_gemv
     from verifypd.kernels.triton_rms_norm import rms_norm
     from verifypd.kernels.triton_silu_mul import silu_and_mul
 
-    proj = projections(model)
-    out = []
-    n, k = proj["gate_up"]
-    ws = weights(b, n, k)
-    x, res = (torch.randn(rows, k, dtype=b.dtype, device=b.device) for _ in range(2))
-    nw = torch.rand(k, dtype=b.dtype, device=b.device) + 0.5
-    shape = f"{model} norm+gate_up M={rows}"
+    proj, out = projections(model), []
+    configs = CONFIGS_1 if rows == 1 else CONFIGS_N
+    configs = configs[:2] if b.dry_run else configs
+    for name, prologue in (("qkv", "norm"), ("gate_up", "norm"), ("down", "silu")):
+        n, k = proj[name]
+        ws = weights(b, n, k)
+        shape = f"{model} {prologue}+{name} M={rows}"
+        if prologue == "norm":
+            x = torch.randn(rows, k, dtype=b.dtype, device=b.device)
+            nw = torch.rand(k, dtype=b.dtype, device=b.device) + 0.5
+            bias = torch.randn(n, dtype=b.dtype, device=b.device) if name == "qkv" else None
 
-    def two(i):
-        h, r = rms_norm(x, nw, 1e-6, res)
-        return F.linear(h, ws[i]), r
+            def fused(i, c, x=x, nw=nw, bias=bias, ws=ws):
+                return rms_norm_gemv(x, nw, 1e-6, ws[i], bias, **c)
 
-    y_ref, _ = two(0)
-    y, _ = rms_norm_gemv(x, res, nw, 1e-6, ws[0])
-    check = b.check(y, y_ref)
-    out.append(b.add("rms_norm+cublas", shape, b.measure(rotating(two, len(ws))), nbytes=n * k * 2))
-    fused = rotating(lambda i: rms_norm_gemv(x, res, nw, 1e-6, ws[i]), len(ws))
-    out.append(b.add("rms_norm_gemv", shape, b.measure(fused), nbytes=n * k * 2, **check))
-    del ws
-    n, k = proj["down"]
-    ws = weights(b, n, k)
-    gu = torch.randn(rows, 2 * k, dtype=b.dtype, device=b.device)
-    shape = f"{model} silu+down M={rows}"
-    check = b.check(silu_mul_gemv(gu, ws[0]), F.linear(silu_and_mul(gu), ws[0]))
-    two = rotating(lambda i: F.linear(silu_and_mul(gu), ws[i]), len(ws))
-    out.append(b.add("silu_mul+cublas", shape, b.measure(two), nbytes=n * k * 2))
-    fused = rotating(lambda i: silu_mul_gemv(gu, ws[i]), len(ws))
-    out.append(b.add("silu_mul_gemv", shape, b.measure(fused), nbytes=n * k * 2, **check))
+            def separate(i, x=x, nw=nw, bias=bias, ws=ws):
+                return gemv(rms_norm(x, nw, 1e-6)[0], ws[i], bias)
+        else:
+            gu = torch.randn(rows, 2 * k, dtype=b.dtype, device=b.device)
+            res = torch.randn(rows, n, dtype=b.dtype, device=b.device)
+
+            def fused(i, c, gu=gu, res=res, ws=ws):
+                return silu_mul_gemv(gu, ws[i], res, **c)
+
+            def separate(i, gu=gu, res=res, ws=ws):
+                return gemv(silu_and_mul(gu), ws[i], None, res)
+
+        ref = separate(0)
+        sep = b.add(
+            "separate", shape, graph_timing(b, rotating(separate, len(ws))), nbytes=n * k * 2
+        )
+        best = None
+        for bn, bk, w, st in configs:
+            cfg = {"block_n": bn, "block_k": bk, "num_warps": w, "num_stages": st}
+            check = b.check(fused(0, cfg), ref)
+            timing = graph_timing(b, rotating(lambda i, c=cfg: fused(i, c), len(ws)))
+            row = b.add("fused", shape, timing, nbytes=n * k * 2, config=cfg, **check)
+            if check["ok"] and (best is None or row["ms"] < best["ms"]):
+                best = row
+        dflt = b.add("fused_default", shape, graph_timing(b, rotating(lambda i: fused(i, {}),
+                     len(ws))), nbytes=n * k * 2)  # fmt: skip
+        out.append({"shape": shape, "separate": sep, "fused_best": best, "fused_default": dflt})
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", nargs="+", default=list(MODELS))
-    p.add_argument("--rows", nargs="+", type=int, default=[1, 5, 8])
+    p.add_argument("--rows", nargs="+", type=int, default=[1])
     p.add_argument("--out", default="bench/results")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
@@ -151,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     b = Bench(device, args.dry_run, hardware_ceilings(device))
-    summary, table = [], []
+    summary, table, fused_summary = [], [], []
     for model in args.models:
         for rows in args.rows:
             configs = CONFIGS_1 if rows == 1 else CONFIGS_N
@@ -164,15 +178,18 @@ def main(argv: list[str] | None = None) -> None:
                               f"{cub['frac_ceiling'] or 0:.0%}", f"{dflt['ms'] * 1e3:.1f}",
                               f"{best['ms'] * 1e3:.1f}", f"{best['frac_ceiling'] or 0:.0%}",
                               str(best["config"])])  # fmt: skip
-            fused_rows(b, model, rows)
+            fused_summary.extend(fused_rows(b, model, rows))
     headers = ["shape", "cublas us", "%copy", "ours dflt us", "ours best us", "%copy", "best cfg"]
     print(format_table(headers, table))
-    fused = [r for r in b.rows if "+" in r["kernel"] or r["kernel"].endswith("mul_gemv")
-             or r["kernel"] == "rms_norm_gemv"]  # fmt: skip
-    print(format_table(["kernel", "shape", "us"], [[r["kernel"], r["shape"], f"{r['ms'] * 1e3:.1f}"]
-                                                   for r in fused]))  # fmt: skip
+    print(format_table(
+        ["fused shape", "separate us", "fused dflt us", "fused best us", "best cfg"],
+        [[f["shape"], f"{f['separate']['ms'] * 1e3:.1f}", f"{f['fused_default']['ms'] * 1e3:.1f}",
+          f"{f['fused_best']['ms'] * 1e3:.1f}", str(f["fused_best"]["config"])]
+         for f in fused_summary],
+    ))  # fmt: skip
     report = {**metadata(SCRIPT, argv or sys.argv[1:], vars(args), device),
-              "ceilings": b.ceilings, "summary": summary, "rows": b.rows}  # fmt: skip
+              "ceilings": b.ceilings, "summary": summary, "fused": fused_summary,
+              "rows": b.rows}  # fmt: skip
     print("wrote", write_json(result_path(args.out, SCRIPT, device, "json"), report))
 
 

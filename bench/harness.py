@@ -4,6 +4,7 @@ a step/speculation recorder, decode timing and the memory-bandwidth floor of a d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -341,4 +342,31 @@ VARIANTS = {
     "eager": {"use_triton": False, "cuda_graphs": False},
     "triton": {"use_triton": True, "cuda_graphs": False},
     "graphs": {"use_triton": True, "cuda_graphs": True},
+    "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
+    "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
 }
+# Kernel-choice switches of ``verifypd.kernels.triton_ops`` per variant (A/B in one run):
+# unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all.
+OPS_SWITCHES = {
+    "graphs-unfused": {"FUSE_NORM": False, "FUSE_SILU": False},
+    "graphs-cublas": {"GEMV_MAX_ROWS": 0},
+}
+
+
+@contextlib.contextmanager
+def ops_switches(variant: str):
+    """Set the variant's triton_ops switches while its engine is built and run."""
+    switches = OPS_SWITCHES.get(variant, {})
+    if not switches:
+        yield
+        return
+    from verifypd.kernels import triton_ops
+
+    saved = {name: getattr(triton_ops, name) for name in switches}
+    for name, value in switches.items():
+        setattr(triton_ops, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(triton_ops, name, value)

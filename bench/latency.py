@@ -45,6 +45,7 @@ from harness import (  # noqa: E402
     engine_config,
     engine_info,
     measure_decode,
+    ops_switches,
 )
 
 SCRIPT = "latency"
@@ -82,11 +83,12 @@ def bench_variant(args, model: str, variant: str, device, gbps) -> dict[str, Any
         lane_mode=args.lane_mode,
         **VARIANTS[variant],
     )
-    llm = build_engine(cfg, args.front)
-    try:
-        return measure_variant(args, llm, device, gbps, variant)
-    finally:
-        close_engine(llm)
+    with ops_switches(variant):
+        llm = build_engine(cfg, args.front)
+        try:
+            return measure_variant(args, llm, device, gbps, variant)
+        finally:
+            close_engine(llm)
 
 
 def measure_variant(args, llm, device, gbps, variant: str) -> dict[str, Any]:

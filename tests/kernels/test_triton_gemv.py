@@ -23,48 +23,49 @@ def _close(target, out, ref):
 @pytest.mark.parametrize("num_rows", [1, 3, 8])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_gemv_matches_linear(target, num_rows, n, k, with_bias):
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gemv_matches_linear(target, num_rows, n, k, with_bias, with_residual):
     gen = torch.Generator().manual_seed(n + k + num_rows)
     wide = _rand(target, num_rows, k + 8, gen=gen)
     x = wide[:, 3 : 3 + k]  # a strided row view
     weight = _rand(target, n, k, gen=gen, scale=0.1)
     bias = _rand(target, n, gen=gen) if with_bias else None
+    residual = _rand(target, num_rows, n, gen=gen) if with_residual else None
 
-    _close(target, gemv(x, weight, bias), reference.linear(x, weight, bias))
+    out = gemv(x, weight, bias, residual)
+
+    _close(target, out, reference.linear(x, weight, bias, residual))
 
 
 @pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("num_rows", [1, 5])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_gemv_matches_norm_then_linear(target, tiles, num_rows, with_residual):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rms_norm_gemv_matches_norm_then_linear(target, tiles, num_rows, with_bias):
     n, k = 70, 600
     gen = torch.Generator().manual_seed(num_rows)
-    x = _rand(target, num_rows, k, gen=gen)
-    residual = _rand(target, num_rows, k, gen=gen) if with_residual else None
+    x = _rand(target, num_rows, k, gen=gen, scale=3.0)
     norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(target.dtype).to(target.device)
     weight = _rand(target, n, k, gen=gen, scale=0.1)
-    bias = _rand(target, n, gen=gen)
+    bias = _rand(target, n, gen=gen) if with_bias else None
 
-    out, res_out = rms_norm_gemv(x, residual, norm_weight, 1e-6, weight, bias, **tiles)
+    out = rms_norm_gemv(x, norm_weight, 1e-6, weight, bias, **tiles)
 
-    ref_out, ref_res = reference.rms_norm_linear(x, residual, norm_weight, 1e-6, weight, bias)
-    _close(target, out, ref_out)
-    torch.testing.assert_close(res_out, ref_res, rtol=target.rtol, atol=target.atol)
-    if not with_residual:
-        assert res_out is x
+    _close(target, out, reference.rms_norm_linear(x, norm_weight, 1e-6, weight, bias))
 
 
 @pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("num_rows", [1, 4])
-def test_silu_mul_gemv_matches_swiglu_then_linear(target, tiles, num_rows):
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_silu_mul_gemv_matches_swiglu_then_linear(target, tiles, num_rows, with_residual):
     n, k = 33, 520
     gen = torch.Generator().manual_seed(10 + num_rows)
     gate_up = _rand(target, num_rows, 2 * k, gen=gen)
     weight = _rand(target, n, k, gen=gen, scale=0.1)
+    residual = _rand(target, num_rows, n, gen=gen) if with_residual else None
 
-    out = silu_mul_gemv(gate_up, weight, **tiles)
+    out = silu_mul_gemv(gate_up, weight, residual, **tiles)
 
-    _close(target, out, reference.silu_mul_linear(gate_up, weight))
+    _close(target, out, reference.silu_mul_linear(gate_up, weight, residual))
 
 
 def test_gemv_rejects_bad_inputs(target):
@@ -76,11 +77,17 @@ def test_gemv_rejects_bad_inputs(target):
         gemv(x[:1, :16], weight)
     with pytest.raises(AssertionError, match="dtype"):
         gemv(x[:1].double(), weight)
+    with pytest.raises(AssertionError, match="residual"):
+        gemv(x[:1], weight, None, torch.zeros_like(x[:1]))
 
 
 @pytest.mark.parametrize("num_rows", [1, 3])
-def test_ops_dispatch_matches_reference_for_any_row_count(target, num_rows):
-    """One row goes through the GEMV, more through norm/SwiGLU kernels + matmul: same math."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused):
+    """One row goes through the GEMV (prologues fused or not), more through the norm and
+    SwiGLU kernels + matmul: the same math either way."""
+    monkeypatch.setattr(triton_ops, "FUSE_NORM", fused)
+    monkeypatch.setattr(triton_ops, "FUSE_SILU", fused)
     n, k = 48, 64
     gen = torch.Generator().manual_seed(num_rows)
     x, residual = _rand(target, num_rows, k, gen=gen), _rand(target, num_rows, k, gen=gen)
@@ -89,13 +96,17 @@ def test_ops_dispatch_matches_reference_for_any_row_count(target, num_rows):
     gate_up = _rand(target, num_rows, 2 * n, gen=gen)
     down = _rand(target, k, n, gen=gen, scale=0.1)
 
-    out, res = triton_ops.rms_norm_linear(x, residual, norm_weight, 1e-6, weight, bias)
-    ref_out, ref_res = reference.rms_norm_linear(x, residual, norm_weight, 1e-6, weight, bias)
-    _close(target, out, ref_out)
-    _close(target, res, ref_res)
-    _close(target, triton_ops.linear(x, weight, bias), reference.linear(x, weight, bias))
     _close(
         target,
-        triton_ops.silu_mul_linear(gate_up, down),
-        reference.silu_mul_linear(gate_up, down),
+        triton_ops.rms_norm_linear(x, norm_weight, 1e-6, weight, bias),
+        reference.rms_norm_linear(x, norm_weight, 1e-6, weight, bias),
+    )
+    for b in (None, bias):
+        _close(target, triton_ops.linear(x, weight, b), reference.linear(x, weight, b))
+    _close(target, triton_ops.linear(gate_up[:, :n], down, None, residual),
+           reference.linear(gate_up[:, :n], down, None, residual))  # fmt: skip
+    _close(
+        target,
+        triton_ops.silu_mul_linear(gate_up, down, residual),
+        reference.silu_mul_linear(gate_up, down, residual),
     )

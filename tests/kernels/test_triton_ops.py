@@ -9,7 +9,10 @@ import torch
 
 from verifypd.kernels import reference, triton_ops
 
-OPS = ["store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul"]
+OPS = [
+    "store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul", "rope_store_kv",
+    "linear", "rms_norm_linear", "silu_mul_linear",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", OPS)

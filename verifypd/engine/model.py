@@ -78,14 +78,19 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        qkv: Tensor,  # [T, (Hq + 2 Hkv) D], the fused projection's output
+        residual: Tensor,  # [T, H], the residual stream
+        norm_weight: Tensor,  # [H], the block's pre-norm
+        eps: float,
         positions: Tensor,  # [T]
         k_cache: Tensor,  # [num_blocks, block_size, Hkv, D]
         v_cache: Tensor,
         meta: AttentionMetadata,
         cos_sin_cache: Tensor,  # [max_pos, D]
     ) -> Tensor:
-        num_tokens = qkv.shape[0]
+        """Pre-norm attention block: returns the residual stream plus the block's output."""
+        num_tokens = residual.shape[0]
+        qkv_proj = self.qkv_proj
+        qkv = self.ops.rms_norm_linear(residual, norm_weight, eps, qkv_proj.weight, qkv_proj.bias)
         q, k, v = qkv.split(self.split_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -97,7 +102,7 @@ class Attention(nn.Module):
         )
         out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
         out = out.reshape(num_tokens, self.num_heads * self.head_dim)
-        return self.ops.linear(out, self.o_proj.weight, None)
+        return self.ops.linear(out, self.o_proj.weight, None, residual)
 
     def _head_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm over each head: [T, H, D] -> [T, H, D]."""
@@ -112,14 +117,10 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, **factory)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, **factory)
 
-    def forward(
-        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        """Pre-norm (fused with the residual add) + SwiGLU MLP -> (out [T, H], residual)."""
-        gate_up, residual = self.ops.rms_norm_linear(
-            x, residual, norm_weight, eps, self.gate_up_proj.weight
-        )
-        return self.ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
+    def forward(self, residual: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
+        """Pre-norm SwiGLU block: residual stream [T, H] -> residual + MLP(norm(residual))."""
+        gate_up = self.ops.rms_norm_linear(residual, norm_weight, eps, self.gate_up_proj.weight)
+        return self.ops.silu_mul_linear(gate_up, self.down_proj.weight, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -133,21 +134,19 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: Tensor,
-        residual: Tensor | None,
+        residual: Tensor,  # [T, H], the residual stream
         positions: Tensor,
         kv_layer: Tensor,  # [2, num_blocks, block_size, Hkv, D]
         meta: AttentionMetadata,
         cos_sin_cache: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Pre-norm block; the residual stream is carried separately, and each norm is fused
-        with its residual add and with the projection after it."""
-        qkv_proj = self.self_attn.qkv_proj
-        qkv, residual = self.ops.rms_norm_linear(
-            x, residual, self.input_layernorm.weight, self.eps, qkv_proj.weight, qkv_proj.bias
-        )
-        h = self.self_attn(qkv, positions, kv_layer[0], kv_layer[1], meta, cos_sin_cache)
-        return self.mlp(h, residual, self.post_attention_layernorm.weight, self.eps)
+    ) -> Tensor:
+        """Two pre-norm blocks; each norm runs with the projection after it, and each block's
+        last projection adds the residual stream in its epilogue."""
+        residual = self.self_attn(
+            residual, self.input_layernorm.weight, self.eps, positions,
+            kv_layer[0], kv_layer[1], meta, cos_sin_cache,
+        )  # fmt: skip
+        return self.mlp(residual, self.post_attention_layernorm.weight, self.eps)
 
 
 class DecoderLM(nn.Module):
@@ -193,12 +192,11 @@ class DecoderLM(nn.Module):
     ) -> Tensor:
         """input_ids, positions: [T] int64; kv: [num_layers, 2, num_blocks, block_size, Hkv, D]
         -> final-norm hidden states [T, H]. Writes the new tokens' KV into ``kv``."""
-        x = self.embed_tokens(input_ids)  # [T, H]
-        residual: Tensor | None = None
+        residual = self.embed_tokens(input_ids)  # [T, H]
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, positions, kv[i], meta, self.cos_sin_cache)
-        x, _ = self.ops.rms_norm(x, self.norm.weight, self.cfg.rms_norm_eps, residual)
-        return x
+            residual = layer(residual, positions, kv[i], meta, self.cos_sin_cache)
+        hidden, _ = self.ops.rms_norm(residual, self.norm.weight, self.cfg.rms_norm_eps)
+        return hidden
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """[N, H] -> [N, V] fp32 logits (tied embedding or separate LM head)."""

@@ -191,24 +191,22 @@ def rope_store_kv(
     return q
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x [T, K] @ weight[N, K]^T (+ bias [N])`` -> [T, N]."""
-    return F.linear(x, weight, bias)
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None
+) -> Tensor:
+    """``x [T, K] @ weight[N, K]^T (+ bias [N]) (+ residual [T, N])`` -> [T, N]."""
+    out = F.linear(x, weight, bias)
+    return out if residual is None else out + residual
 
 
 def rms_norm_linear(
-    x: Tensor,
-    residual: Tensor | None,
-    norm_weight: Tensor,
-    eps: float,
-    weight: Tensor,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``rms_norm`` (with the residual add) then ``linear``: -> (projection [T, N], r [T, K])."""
-    normed, residual = rms_norm(x, norm_weight, eps, residual)
-    return linear(normed, weight, bias), residual
+    x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None = None
+) -> Tensor:
+    """``rms_norm(x) * norm_weight`` then ``linear``: x [T, K] -> [T, N]."""
+    normed, _ = rms_norm(x, norm_weight, eps)
+    return linear(normed, weight, bias)
 
 
-def silu_mul_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
-    """``silu_and_mul`` then ``linear``: gate_up [T, 2I] -> [T, N]."""
-    return linear(silu_and_mul(gate_up), weight)
+def silu_mul_linear(gate_up: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
+    """``silu_and_mul`` then ``linear`` (+ residual): gate_up [T, 2I] -> [T, N]."""
+    return linear(silu_and_mul(gate_up), weight, None, residual)

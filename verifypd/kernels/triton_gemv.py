@@ -1,20 +1,22 @@
-"""Skinny matmul ``out = prologue(x) W^T (+ b)`` for a few rows (batch-1..8 decode), Triton.
+"""Skinny matmul ``out = prologue(x) W^T (+ b) (+ residual)`` for one to a few rows, Triton.
 
-At decode the projections are matrix-vector products: every weight byte is read once and used
-for a handful of rows, so the time is the weight bytes over the memory bandwidth, plus the fixed
-cost of each launch. This kernel streams W once and folds the cheap per-row work around a
-projection into the same launch, which removes three of the eleven launches of a decoder layer:
+At batch-1 decode the projections are matrix-vector products: every weight byte is read once,
+so the time is the weight bytes over the memory bandwidth plus the fixed cost of each launch.
+This kernel streams W once and folds the cheap per-row work around a projection into it:
 
-* ``PROLOGUE_RMS_NORM``: x is first ``rms_norm(x + residual) * norm_weight`` (the pre-norm of
-  the attention or MLP block). Every program recomputes the row statistics from x (a few KiB,
-  L2-resident); program 0 also writes ``x + residual``, the residual stream of the next block.
-* ``PROLOGUE_SILU_MUL``: x = [gate | up] rows and the input is ``silu(gate) * up`` (SwiGLU
-  before the down projection).
-* ``HAS_BIAS``: the q/k/v bias of Qwen2.
+* ``PROLOGUE_RMS_NORM``: the input is ``rms_norm(x) * norm_weight`` (the pre-norm of the
+  attention or MLP block). Since the normalisation is one scale per row, the kernel multiplies
+  by ``norm_weight`` on the fly, accumulates the row's sum of squares in the same pass and scales
+  the dot products once at the end (the reference rounds the normalised input first; the two
+  agree to rounding).
+* ``PROLOGUE_SILU_MUL``: x = [gate | up] and the input is ``silu(gate) * up`` (SwiGLU).
+* ``HAS_BIAS``: the q/k/v bias of Qwen2. ``HAS_RESIDUAL``: ``+ residual [M, N]``, so the
+  o and down projections write the next residual stream directly.
 
-Grid: one program per BLOCK_N output columns; each loops over K in BLOCK_K tiles and keeps
-the M_PAD x BLOCK_N partial sums in fp32. Rounding follows the torch reference: the residual
-sum, the normalised input and silu(gate) are rounded to x's dtype as the reference does.
+Every program re-reads its input rows (L2-resident) for its BLOCK_N outputs; the prologues
+make that re-read a little wider, which is why the ops layer fuses them only where measured
+to pay off (``bench/gemv.py``). Grid: one program per BLOCK_N output columns, looping over K
+in BLOCK_K tiles, partial sums in fp32.
 """
 
 from __future__ import annotations
@@ -34,24 +36,22 @@ MAX_ROWS = 8  # more rows than this go to cuBLAS (a GEMM reuses each weight tile
 @triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K], or [M, 2K] = [gate | up] for PROLOGUE_SILU_MUL
-    residual_ptr,  # [M, K], read when HAS_RESIDUAL
     norm_weight_ptr,  # [K], read for PROLOGUE_RMS_NORM
     w_ptr,  # [N, K]
     bias_ptr,  # [N], read when HAS_BIAS
+    residual_ptr,  # [M, N], read when HAS_RESIDUAL (may be out itself)
     out_ptr,  # [M, N]
-    residual_out_ptr,  # [M, K], written by program 0 when HAS_RESIDUAL
     num_rows,
     N,
     K,
     eps,
     stride_x_m,
-    stride_r_m,
     stride_w_n,
+    stride_r_m,
     stride_o_m,
-    stride_ro_m,
     PROLOGUE: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     M_PAD: tl.constexpr,  # next power of two >= num_rows
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -64,28 +64,10 @@ def _gemv_kernel(
     m_mask = offs_m < num_rows
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x_m  # [M_PAD, 1]
-    r_rows = residual_ptr + offs_m[:, None].to(tl.int64) * stride_r_m
 
-    inv_rms = tl.zeros([M_PAD], dtype=tl.float32)
-    if PROLOGUE == 1:  # pass 1: rms of r = x (+ residual); program 0 stores r
-        rows_stored = tl.where(pid == 0, num_rows, 0)  # (interpreter-safe scalar condition)
-        ro_rows = residual_out_ptr + offs_m[:, None].to(tl.int64) * stride_ro_m
-        sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + offs_kb
-            mk_mask = m_mask[:, None] & (offs_k[None, :] < K)
-            r = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0)
-            if HAS_RESIDUAL:
-                res = tl.load(r_rows + offs_k[None, :], mask=mk_mask, other=0.0)
-                r = (r.to(tl.float32) + res.to(tl.float32)).to(dtype)
-                store_mask = (offs_m[:, None] < rows_stored) & (offs_k[None, :] < K)
-                tl.store(ro_rows + offs_k[None, :], r, mask=store_mask)
-            r = r.to(tl.float32)
-            sum_sq += tl.sum(r * r, axis=1)
-        inv_rms = tl.rsqrt(sum_sq / K + eps)
-
+    sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce once at the end
+    acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce at the end
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_kb
         k_mask = offs_k < K
@@ -98,25 +80,29 @@ def _gemv_kernel(
         else:
             a = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
             if PROLOGUE == 1:
-                if HAS_RESIDUAL:
-                    res = tl.load(r_rows + offs_k[None, :], mask=mk_mask, other=0.0)
-                    a = (a + res.to(tl.float32)).to(dtype).to(tl.float32)
+                sum_sq += tl.sum(a * a, axis=1)
                 nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-                a = (a * inv_rms[:, None] * nw[None, :]).to(dtype).to(tl.float32)
+                a = a * nw[None, :]
         w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n + offs_k[None, :]
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_ptrs, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        w = tl.load(
+            w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
         if M_PAD == 1:
             acc_1row += w * a  # a: [1, BLOCK_K]
         else:
             acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
+    if PROLOGUE == 1:
+        acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    mn_mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RESIDUAL:
+        r_ptrs = residual_ptr + offs_m[:, None].to(tl.int64) * stride_r_m + offs_n[None, :]
+        acc += tl.load(r_ptrs, mask=mn_mask, other=0.0).to(tl.float32)
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_o_m + offs_n[None, :]
-    tl.store(out_ptrs, acc.to(dtype), mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(out_ptrs, acc.to(dtype), mask=mn_mask)
 
 
 class GemvConfig(NamedTuple):
@@ -126,7 +112,7 @@ class GemvConfig(NamedTuple):
     num_stages: int
 
 
-def choose_config(num_rows: int, n: int, k: int) -> GemvConfig:
+def choose_config(prologue: int, num_rows: int, n: int, k: int) -> GemvConfig:
     """Tile sizes from the shape (host ints only, so CUDA-graph capture sees one choice).
 
     Tuned on an H200 with ``bench/gemv.py`` (Qwen2.5 0.5B/1.5B/7B projections, one row): wide
@@ -143,37 +129,34 @@ def choose_config(num_rows: int, n: int, k: int) -> GemvConfig:
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, **config
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    **config,
 ) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K]^T (+ bias [N])`` -> [M, N], M <= MAX_ROWS."""
-    out, _ = _launch(PROLOGUE_NONE, x, weight, bias, config)
-    return out
+    """``x [M, K] @ weight[N, K]^T (+ bias [N]) (+ residual [M, N])`` -> [M, N], M <= MAX_ROWS."""
+    return _launch(PROLOGUE_NONE, x, weight, bias, residual, config)
 
 
 def rms_norm_gemv(
     x: torch.Tensor,
-    residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     **config,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(r) * norm_weight @ weight^T (+ bias), r)`` with r = x (+ residual)."""
-    k = x.shape[1]
-    assert norm_weight.shape == (k,) and norm_weight.is_contiguous(), "norm_weight: [K]"
-    if residual is not None:
-        assert residual.shape == x.shape and residual.dtype == x.dtype
-        assert residual.stride(1) == 1, "residual: last dim must be contiguous"
-    return _launch(
-        PROLOGUE_RMS_NORM, x, weight, bias, config, residual=residual, norm=(norm_weight, eps)
-    )
+) -> torch.Tensor:
+    """``(rms_norm(x) * norm_weight) @ weight^T (+ bias)`` -> [M, N]."""
+    assert norm_weight.shape == (x.shape[1],) and norm_weight.is_contiguous(), "norm_weight: [K]"
+    return _launch(PROLOGUE_RMS_NORM, x, weight, bias, None, config, norm=(norm_weight, eps))
 
 
-def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, **config) -> torch.Tensor:
-    """``(silu(gate) * up) @ weight^T`` with gate_up [M, 2K] = [gate | up] -> [M, N]."""
-    out, _ = _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, config)
-    return out
+def silu_mul_gemv(
+    gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, **config
+) -> torch.Tensor:
+    """``(silu(gate) * up) @ weight^T (+ residual)`` with gate_up [M, 2K] = [gate | up]."""
+    return _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, residual, config)
 
 
 def _launch(
@@ -181,10 +164,10 @@ def _launch(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
     config: dict,
-    residual: torch.Tensor | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     num_rows = x.shape[0]
     n, k = weight.shape
     in_width = 2 * k if prologue == PROLOGUE_SILU_MUL else k
@@ -194,17 +177,19 @@ def _launch(
     assert weight.dtype == x.dtype, "x and weight must share a dtype"
     if bias is not None:
         assert bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype, "bias: [N]"
+    if residual is not None:
+        assert residual.shape == (num_rows, n) and residual.stride(1) == 1, "residual: [M, N]"
+        assert residual.dtype == x.dtype, "residual must share x's dtype"
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(x) if residual is not None else x
-    cfg = choose_config(num_rows, n, k)._replace(**config)
+    cfg = choose_config(prologue, num_rows, n, k)._replace(**config)
     norm_weight, eps = norm if norm is not None else (x, 0.0)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, residual if residual is not None else x, norm_weight, weight,
-        bias if bias is not None else x, out, res_out, num_rows, n, k, eps,
-        x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0),
-        out.stride(0), res_out.stride(0),
-        PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        x, norm_weight, weight, bias if bias is not None else x,
+        residual if residual is not None else out, out, num_rows, n, k, eps,
+        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         M_PAD=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return out, res_out
+    return out

@@ -43,6 +43,10 @@ __all__ = [
 # at one row it beats cuBLAS on every Qwen2.5 projection (cuBLAS also adds split-K reduction
 # launches); its several-row path is slower than cuBLAS, so it is not used.
 GEMV_MAX_ROWS = 1
+# Whether the GEMV folds the preceding RMSNorm / SwiGLU in (one launch) or a separate kernel
+# runs first (a narrower input re-read per GEMV program); see bench/gemv.py.
+FUSE_NORM = True
+FUSE_SILU = True
 
 
 def paged_attention(
@@ -58,30 +62,39 @@ def paged_attention(
     return prefill_attention(q, k_cache, v_cache, meta, scale)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [T, K] @ weight[N, K]^T (+ bias)`` -> [T, N]."""
-    if x.shape[0] <= GEMV_MAX_ROWS and x.shape[0] > 0:
-        return gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]."""
+    if 0 < x.shape[0] <= GEMV_MAX_ROWS:
+        return gemv(x, weight, bias, residual)
+    if residual is not None and bias is None:
+        return torch.addmm(residual, x, weight.t())  # the add rides on the GEMM epilogue
+    out = F.linear(x, weight, bias)
+    return out if residual is None else out + residual
 
 
 def rms_norm_linear(
     x: torch.Tensor,
-    residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm (after the residual add) then the projection -> (out [T, N], residual [T, K])."""
-    if x.shape[0] <= GEMV_MAX_ROWS and x.shape[0] > 0:
-        return rms_norm_gemv(x, residual, norm_weight, eps, weight, bias)
-    normed, residual = rms_norm(x, norm_weight, eps, residual)
-    return F.linear(normed, weight, bias), residual
+) -> torch.Tensor:
+    """RMSNorm of x [T, K] then the projection -> [T, N]."""
+    if FUSE_NORM and 0 < x.shape[0] <= GEMV_MAX_ROWS:
+        return rms_norm_gemv(x, norm_weight, eps, weight, bias)
+    normed, _ = rms_norm(x, norm_weight, eps)
+    return linear(normed, weight, bias)
 
 
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of gate_up [T, 2I] then the projection -> [T, N]."""
-    if gate_up.shape[0] <= GEMV_MAX_ROWS and gate_up.shape[0] > 0:
-        return silu_mul_gemv(gate_up, weight)
-    return F.linear(silu_and_mul(gate_up), weight)
+def silu_mul_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
+    if FUSE_SILU and 0 < gate_up.shape[0] <= GEMV_MAX_ROWS:
+        return silu_mul_gemv(gate_up, weight, residual)
+    return linear(silu_and_mul(gate_up), weight, None, residual)
