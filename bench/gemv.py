@@ -34,10 +34,10 @@ CONFIGS_1 = [  # (block_n, block_k, num_warps, num_stages) swept at one row
     for bn, bk, w, st in itertools.product((4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 3))
     if bn * bk <= 16384
 ]
-CONFIGS_N = [  # swept at 2..8 rows (registers hold M_PAD x BLOCK_N x BLOCK_K products)
+CONFIGS_N = [  # swept at 2..16 rows (tensor-core tiles of 16 rows)
     (bn, bk, w, st)
-    for bn, bk, w, st in itertools.product((4, 8, 16), (64, 128, 256), (4, 8), (1, 3))
-    if bn * bk <= 2048
+    for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 3, 4))
+    if bn * bk <= 16384
 ]
 
 

@@ -20,7 +20,7 @@ def _close(target, out, ref):
     torch.testing.assert_close(out, ref, rtol=target.rtol, atol=target.atol * 4)
 
 
-@pytest.mark.parametrize("num_rows", [1, 3, 8])
+@pytest.mark.parametrize("num_rows", [1, 3, 8, 16])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])

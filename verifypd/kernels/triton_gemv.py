@@ -30,7 +30,7 @@ import triton.language as tl
 PROLOGUE_NONE = 0
 PROLOGUE_RMS_NORM = 1
 PROLOGUE_SILU_MUL = 2
-MAX_ROWS = 8  # more rows than this go to cuBLAS (a GEMM reuses each weight tile over rows)
+MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
 
 
 @triton.jit
@@ -52,9 +52,10 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    M_PAD: tl.constexpr,  # next power of two >= num_rows
+    M_PAD: tl.constexpr,  # 1, or a power of two >= max(16, num_rows): tensor-core tiles
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     dtype = out_ptr.dtype.element_ty
@@ -88,9 +89,9 @@ def _gemv_kernel(
             w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first"
         ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
         if M_PAD == 1:
-            acc_1row += w * a  # a: [1, BLOCK_K]
-        else:
-            acc += tl.sum(a[:, None, :] * w[None, :, :], axis=2)
+            acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
+        else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
+            acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
     if PROLOGUE == 1:
@@ -115,17 +116,21 @@ class GemvConfig(NamedTuple):
 def choose_config(prologue: int, num_rows: int, n: int, k: int) -> GemvConfig:
     """Tile sizes from the shape (host ints only, so CUDA-graph capture sees one choice).
 
-    Tuned on an H200 with ``bench/gemv.py`` (Qwen2.5 0.5B/1.5B/7B projections, one row): wide
-    outputs (gate_up, LM head) want 16-row tiles of 256 columns; narrow ones (q/k/v, o, down)
-    want 4-row tiles and the longest K tile that does not leave a mostly empty last tile.
+    Tuned on an H200 with ``bench/gemv.py`` on the Qwen2.5 0.5B/1.5B/7B projections. One row:
+    wide outputs (gate_up, LM head) want 16-row tiles of 256 columns; narrow ones (q/k/v, o,
+    down) want 4-row tiles (8 behind a prologue, which re-reads the input per program) and the
+    longest K tile that does not leave a mostly empty last tile. Several rows: tensor-core
+    tiles of 16 rows.
     """
     if num_rows > 1:
-        return GemvConfig(block_n=8, block_k=128, num_warps=4, num_stages=3)
-    if n > 8192:
+        return GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=3)
+    if n > 8192 and prologue == PROLOGUE_NONE:
         return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3)
-    if k % 1024 == 0 or k % 512 != 0:
-        return GemvConfig(block_n=4, block_k=1024, num_warps=8, num_stages=3)
-    return GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
+    long_k = k <= 2048 or k % 512 != 0
+    block_n = 4 if prologue == PROLOGUE_NONE or n < 1024 else 8
+    num_warps = 8 if long_k or prologue == PROLOGUE_SILU_MUL else 4
+    return GemvConfig(block_n=block_n, block_k=1024 if long_k else 512, num_warps=num_warps,
+                      num_stages=3)  # fmt: skip
 
 
 def gemv(
@@ -189,7 +194,9 @@ def _launch(
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
         out.stride(0),
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        M_PAD=triton.next_power_of_2(num_rows), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

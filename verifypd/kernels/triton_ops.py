@@ -44,8 +44,11 @@ __all__ = [
 # launches); its several-row path is slower than cuBLAS, so it is not used.
 GEMV_MAX_ROWS = 1
 # Whether the GEMV folds the preceding RMSNorm / SwiGLU in (one launch) or a separate kernel
-# runs first (a narrower input re-read per GEMV program); see bench/gemv.py.
+# runs first. Every GEMV program re-reads its input, and a prologue widens that re-read: on an
+# H200 (bench/gemv.py) the fused norm won on the narrow q/k/v projection and lost on gate_up
+# (thousands of programs), the fused SwiGLU broke even or won.
 FUSE_NORM = True
+FUSE_NORM_MAX_N = 8192
 FUSE_SILU = True
 
 
@@ -85,7 +88,7 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm of x [T, K] then the projection -> [T, N]."""
-    if FUSE_NORM and 0 < x.shape[0] <= GEMV_MAX_ROWS:
+    if FUSE_NORM and 0 < x.shape[0] <= GEMV_MAX_ROWS and weight.shape[0] <= FUSE_NORM_MAX_N:
         return rms_norm_gemv(x, norm_weight, eps, weight, bias)
     normed, _ = rms_norm(x, norm_weight, eps)
     return linear(normed, weight, bias)
