@@ -83,11 +83,13 @@ def test_gemv_rejects_bad_inputs(target):
 
 @pytest.mark.parametrize("num_rows", [1, 3])
 @pytest.mark.parametrize("fused", [False, True])
-def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused):
-    """One row goes through the GEMV (prologues fused or not), more through the norm and
-    SwiGLU kernels + matmul: the same math either way."""
+@pytest.mark.parametrize("gemv_max_rows", [0, 1, 16])
+def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused, gemv_max_rows):
+    """The GEMV (one row, prologues fused or not; several rows on tensor cores) or the norm
+    and SwiGLU kernels + matmul: the same math whichever way a projection is dispatched."""
     monkeypatch.setattr(triton_ops, "FUSE_NORM", fused)
     monkeypatch.setattr(triton_ops, "FUSE_SILU", fused)
+    monkeypatch.setattr(triton_ops, "GEMV_MAX_ROWS", gemv_max_rows)
     n, k = 48, 64
     gen = torch.Generator().manual_seed(num_rows)
     x, residual = _rand(target, num_rows, k, gen=gen), _rand(target, num_rows, k, gen=gen)

@@ -106,6 +106,14 @@ def _gemv_kernel(
     tl.store(out_ptrs, acc.to(dtype), mask=mn_mask)
 
 
+def beats_gemm(num_rows: int, n: int, k: int) -> bool:
+    """Whether this kernel was measured faster than cuBLAS for the shape (H200, bench/gemv.py):
+    always at one row; at 2..16 rows except narrow outputs over a long K (too few programs)."""
+    if num_rows == 1:
+        return True
+    return num_rows <= MAX_ROWS and not (n <= 2048 and k >= 4096)
+
+
 class GemvConfig(NamedTuple):
     block_n: int
     block_k: int
@@ -123,7 +131,14 @@ def choose_config(prologue: int, num_rows: int, n: int, k: int) -> GemvConfig:
     tiles of 16 rows.
     """
     if num_rows > 1:
-        return GemvConfig(block_n=32, block_k=256, num_warps=4, num_stages=3)
+        if n > 8192:
+            block_k = 256 if k >= 1536 and n > 65536 else 128
+            return GemvConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=3)
+        if n <= 2048:
+            return GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3)
+        if n <= 4096 or k >= 8192:
+            return GemvConfig(block_n=32, block_k=512, num_warps=4, num_stages=4)
+        return GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)
     if n > 8192 and prologue == PROLOGUE_NONE:
         return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3)
     long_k = k <= 2048 or k % 512 != 0

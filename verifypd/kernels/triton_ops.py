@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from verifypd.kernels.triton_decode_attention import decode_attention, is_short_query
-from verifypd.kernels.triton_gemv import gemv, rms_norm_gemv, silu_mul_gemv
+from verifypd.kernels.triton_gemv import beats_gemm, gemv, rms_norm_gemv, silu_mul_gemv
 from verifypd.kernels.triton_prefill_attention import prefill_attention
 from verifypd.kernels.triton_rms_norm import rms_norm
 from verifypd.kernels.triton_rope import rope
@@ -46,7 +46,8 @@ GEMV_MAX_ROWS = 1
 # Whether the GEMV folds the preceding RMSNorm / SwiGLU in (one launch) or a separate kernel
 # runs first. Every GEMV program re-reads its input, and a prologue widens that re-read: on an
 # H200 (bench/gemv.py) the fused norm won on the narrow q/k/v projection and lost on gate_up
-# (thousands of programs), the fused SwiGLU broke even or won.
+# (thousands of programs), the fused SwiGLU broke even or won. Both only at one row: on the
+# tensor-core path (several rows) every fused prologue lost.
 FUSE_NORM = True
 FUSE_NORM_MAX_N = 8192
 FUSE_SILU = True
@@ -72,7 +73,7 @@ def linear(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]."""
-    if 0 < x.shape[0] <= GEMV_MAX_ROWS:
+    if 0 < x.shape[0] <= GEMV_MAX_ROWS and beats_gemm(x.shape[0], *weight.shape):
         return gemv(x, weight, bias, residual)
     if residual is not None and bias is None:
         return torch.addmm(residual, x, weight.t())  # the add rides on the GEMM epilogue
@@ -88,7 +89,7 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm of x [T, K] then the projection -> [T, N]."""
-    if FUSE_NORM and 0 < x.shape[0] <= GEMV_MAX_ROWS and weight.shape[0] <= FUSE_NORM_MAX_N:
+    if FUSE_NORM and x.shape[0] == 1 and GEMV_MAX_ROWS >= 1 and weight.shape[0] <= FUSE_NORM_MAX_N:
         return rms_norm_gemv(x, norm_weight, eps, weight, bias)
     normed, _ = rms_norm(x, norm_weight, eps)
     return linear(normed, weight, bias)
@@ -98,6 +99,6 @@ def silu_mul_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
-    if FUSE_SILU and 0 < gate_up.shape[0] <= GEMV_MAX_ROWS:
+    if FUSE_SILU and gate_up.shape[0] == 1 and GEMV_MAX_ROWS >= 1:
         return silu_mul_gemv(gate_up, weight, residual)
     return linear(silu_and_mul(gate_up), weight, None, residual)
