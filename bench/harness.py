@@ -344,15 +344,15 @@ VARIANTS = {
     "graphs": {"use_triton": True, "cuda_graphs": True},
     "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
     "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
-    "graphs-gemv16": {"use_triton": True, "cuda_graphs": True},
+    "graphs-gemv1": {"use_triton": True, "cuda_graphs": True},
 }
 # Kernel-choice switches of ``verifypd.kernels.triton_ops`` per variant (A/B in one run):
 # unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all;
-# gemv16 = the GEMV for up to 16 rows (batched decode, verify) instead of one.
+# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify).
 OPS_SWITCHES = {
     "graphs-unfused": {"FUSE_NORM": False, "FUSE_SILU": False},
     "graphs-cublas": {"GEMV_MAX_ROWS": 0},
-    "graphs-gemv16": {"GEMV_MAX_ROWS": 16},
+    "graphs-gemv1": {"GEMV_MAX_ROWS": 1},
 }
 
 

@@ -39,10 +39,11 @@ __all__ = [
     "silu_mul_linear",
     "store_kv",
 ]
-# Rows up to which a projection runs on the GEMV kernel. Measured on an H200 (bench/gemv.py):
-# at one row it beats cuBLAS on every Qwen2.5 projection (cuBLAS also adds split-K reduction
-# launches); its several-row path is slower than cuBLAS, so it is not used.
-GEMV_MAX_ROWS = 1
+# Rows up to which a projection may run on the GEMV kernel (``beats_gemm`` says for which
+# shapes). Measured on an H200 (bench/gemv.py, bench/latency.py): at one row it beats cuBLAS
+# on every Qwen2.5 projection (cuBLAS also adds split-K reduction launches); at 2..16 rows
+# (batched decode, verify of 1 + L tokens) its tensor-core path beats cuBLAS on most of them.
+GEMV_MAX_ROWS = 16
 # Whether the GEMV folds the preceding RMSNorm / SwiGLU in (one launch) or a separate kernel
 # runs first. Every GEMV program re-reads its input, and a prologue widens that re-read: on an
 # H200 (bench/gemv.py) the fused norm won on the narrow q/k/v projection and lost on gate_up

@@ -1,0 +1,109 @@
+"""Where a batch-1 speculative step spends its time: draft proposal vs target verify vs the
+engine's own host work, each as wall time and as GPU time (CUDA events), against plain decode.
+
+Each phase ends in the engine's one host sync (the drafts come back to the host; the sampled
+tokens come back), so its wall time is exact; the GPU time is the span between CUDA events
+recorded around it. Wall minus GPU is host work the GPU waited for.
+
+    python bench/profile_spec.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from common import format_table, metadata, result_path, write_json  # noqa: E402
+
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from verifypd.engine.core import EngineCore  # noqa: E402
+from verifypd.types import SamplingParams  # noqa: E402
+
+
+class PhaseTimer:
+    """Wraps a bound method: wall seconds and GPU milliseconds (events) of every call."""
+
+    def __init__(self, obj, name: str, log: dict[str, list[tuple[float, float]]]) -> None:
+        self.inner, self.name, self.log = getattr(obj, name), name, log
+        setattr(obj, name, self)
+
+    def __call__(self, *args, **kwargs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        out = self.inner(*args, **kwargs)
+        end.record()
+        end.synchronize()
+        self.log[self.name].append((time.perf_counter() - t0, start.elapsed_time(end)))
+        return out
+
+
+def profile(args, spec_on: bool) -> dict:
+    spec = SpecConfig(method="draft", draft_model=args.draft, max_draft_len=args.draft_len,
+                      initial_draft_len=args.draft_len, controller=False,
+                      synthetic_acceptance=args.acceptance)  # fmt: skip
+    cfg = EngineConfig(model=args.model, spec=spec if spec_on else SpecConfig(),
+                       scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=4096),
+                       cache=CacheConfig(num_blocks=512, enable_prefix_caching=False))  # fmt: skip
+    core = EngineCore(cfg)
+    ids = np.random.default_rng(0).integers(0, 150000, args.prompt_len).tolist()
+    core.add_request("r", ids, SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True))
+    for _ in range(10):
+        core.step()
+    log: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    PhaseTimer(core.runner, "execute", log)
+    if spec_on:
+        PhaseTimer(core.spec, "propose", log)
+    steps, tokens, t0 = 0, 0, time.perf_counter()
+    step_times = []
+    for _ in range(args.steps):
+        s0 = time.perf_counter()
+        outs = core.step()
+        step_times.append(time.perf_counter() - s0)
+        tokens += sum(len(o.new_token_ids) for o in outs)
+        steps += 1
+    wall = time.perf_counter() - t0
+    phases = {
+        name: {"wall_ms": 1e3 * float(np.median([w for w, _ in v])),
+               "gpu_ms": float(np.median([g for _, g in v]))}
+        for name, v in log.items()
+    }  # fmt: skip
+    return {"spec": spec_on, "steps": steps, "tokens": tokens, "tok_s": tokens / wall,
+            "tokens_per_step": tokens / steps, "step_ms": 1e3 * float(np.median(step_times)),
+            "phases": phases}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="dummy:qwen2.5-7b")
+    p.add_argument("--draft", default="dummy:qwen2.5-0.5b")
+    p.add_argument("--draft-len", type=int, default=4)
+    p.add_argument("--acceptance", type=float, default=0.8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args()
+    rows, table = [], []
+    for spec_on in (False, True):
+        r = profile(args, spec_on)
+        rows.append(r)
+        for name, ph in r["phases"].items():
+            table.append(["spec" if spec_on else "plain", name, f"{ph['wall_ms']:.2f}",
+                          f"{ph['gpu_ms']:.2f}", f"{r['step_ms']:.2f}",
+                          f"{r['tokens_per_step']:.2f}", f"{r['tok_s']:.1f}"])  # fmt: skip
+    print(format_table(["mode", "phase", "wall ms", "gpu ms", "step ms", "tok/step", "tok/s"],
+                       table))  # fmt: skip
+    device = torch.device("cuda")
+    report = {**metadata("profile_spec", sys.argv[1:], vars(args), device), "results": rows}
+    print("wrote", write_json(result_path(args.out, "profile_spec", device, "json"), report))
+
+
+if __name__ == "__main__":
+    main()
