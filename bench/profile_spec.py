@@ -54,7 +54,7 @@ def profile(args, spec_on: bool) -> dict:
                        cache=CacheConfig(num_blocks=512, enable_prefix_caching=False))  # fmt: skip
     core = EngineCore(cfg)
     ids = np.random.default_rng(0).integers(0, 150000, args.prompt_len).tolist()
-    core.add_request("r", ids, SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True))
+    core.add_request("r", ids, SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True))
     for _ in range(10):
         core.step()
     log: dict[str, list[tuple[float, float]]] = defaultdict(list)
