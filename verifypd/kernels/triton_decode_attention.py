@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from verifypd.kernels.pdl import launch_options, wait_for_previous
 from verifypd.kernels.triton_prefill_attention import (
     attend_tile,
     check_attention_inputs,
@@ -77,7 +78,9 @@ def _split_kv_attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile, a multiple of BLOCK_SIZE
     DIRECT_OUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -153,7 +156,9 @@ def _merge_splits_kernel(
     num_splits,  # S
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     # Token rows past the last sequence's queries are padding: nothing to merge or write.
@@ -239,13 +244,14 @@ def decode_attention(
         GROUP_SIZE=group_size, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=max(tiles.block_n, block_size), DIRECT_OUT=direct,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(q.device),
     )  # fmt: skip
     if not direct:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, meta.query_start_loc, out, *po_strides, *pl_strides,
             out.stride(0), out.stride(1), num_seqs, num_splits, HEAD_DIM=head_dim,
             SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            **launch_options(q.device),
         )  # fmt: skip
     return out
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verifypd.kernels.pdl import launch_options, wait_for_previous
+
 PROLOGUE_NONE = 0
 PROLOGUE_RMS_NORM = 1
 PROLOGUE_SILU_MUL = 2
@@ -56,7 +58,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     pid = tl.program_id(0)
     dtype = out_ptr.dtype.element_ty
     offs_m = tl.arange(0, M_PAD)
@@ -212,6 +216,6 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out

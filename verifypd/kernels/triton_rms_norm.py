@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verifypd.kernels.pdl import launch_options, wait_for_previous
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -26,7 +28,9 @@ def _rms_norm_kernel(
     stride_ro_m,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,  # next power of two >= n_cols
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_N)
     mask = offs < n_cols
@@ -70,6 +74,7 @@ def rms_norm(
         x2, res2, weight, out.view(-1, n_cols), res_out2, n_cols, eps,
         x2.stride(0), res2.stride(0), n_cols, res_out2.stride(0),
         HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=_num_warps(block_n),
+        **launch_options(x.device),
     )  # fmt: skip
     return out, res_out
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from verifypd.kernels.pdl import launch_options, wait_for_previous
+
 
 @triton.jit
 def _rope_store_kv_kernel(
@@ -44,7 +46,9 @@ def _rope_store_kv_kernel(
     HALF_DIM: tl.constexpr,
     Q_HEADS_PAD: tl.constexpr,  # next power of two >= num_q_heads
     KV_HEADS_PAD: tl.constexpr,  # next power of two >= num_kv_heads
+    USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + t)
     offs_d = tl.arange(0, HALF_DIM)
@@ -136,6 +140,7 @@ def rope_store_kv(
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HALF_DIM=head_dim // 2,
         Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), num_warps=4,
+        **launch_options(q.device),
     )  # fmt: skip
     return q
 
