@@ -82,7 +82,12 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["dummy:qwen2.5-1.5b", "dummy:qwen2.5-7b"])
     p.add_argument("--copy-gbps", type=float, default=4200.0, help="measured copy bandwidth")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
     args = p.parse_args()
+    if args.no_pdl:
+        from verifypd.kernels import pdl
+
+        pdl.ENABLED = False
     rows = [profile_model(m, args.copy_gbps) for m in args.models]
     print("model                kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
     for r in rows:
@@ -96,7 +101,8 @@ def main() -> None:
             print(f"  {k['count']:>4} {k['ms']:>8.4f}  {k['name']}")
     device = torch.device("cuda")
     report = {**metadata("profile_decode", sys.argv[1:], vars(args), device), "results": rows}
-    print("wrote", write_json(result_path(args.out, "profile_decode", device, "json"), report))
+    path = result_path(args.out, "profile_decode", device, "json", "no-pdl" if args.no_pdl else "")
+    print("wrote", write_json(path, report))
 
 
 if __name__ == "__main__":
