@@ -127,3 +127,25 @@ def test_compare_reports_prefix_and_divergence() -> None:
     out = gpu_check.compare([[1, 2, 3], [1, 9, 3], [4]], [[1, 2, 3], [1, 2, 3], [5]])
     assert [c["matching_prefix"] for c in out] == [3, 1, 0]
     assert [c["first_divergence"] for c in out] == [None, 1, 0]
+
+
+def test_gemv_sweep_dry_run(tmp_path: Path) -> None:
+    """bench/gemv.py on the interpreter: every config checked against cuBLAS' stand-in."""
+    load("gemv").main(["--dry-run", "--rows", "1", "3", "--out", str(tmp_path)])
+    data = read_json(tmp_path, "gemv")
+    assert len(data["summary"]) == 10 and len(data["fused"]) == 6  # 5 shapes, 3 fusions x 2
+    assert all(s["best"]["ok"] for s in data["summary"])
+    assert all(f["fused_best"]["ok"] for f in data["fused"])
+
+
+def test_ops_switches_apply_only_inside_the_variant() -> None:
+    harness = load("harness")
+    from verifypd.kernels import triton_ops
+
+    assert set(harness.OPS_SWITCHES) <= set(harness.VARIANTS)
+    before = triton_ops.GEMV_MAX_ROWS
+    with harness.ops_switches("graphs-cublas"):
+        assert triton_ops.GEMV_MAX_ROWS == 0
+    with harness.ops_switches("graphs-unfused"):
+        assert triton_ops.FUSE_NORM is False and triton_ops.FUSE_SILU is False
+    assert triton_ops.GEMV_MAX_ROWS == before and triton_ops.FUSE_NORM and triton_ops.FUSE_SILU
