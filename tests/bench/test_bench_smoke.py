@@ -129,8 +129,11 @@ def test_compare_reports_prefix_and_divergence() -> None:
     assert [c["first_divergence"] for c in out] == [None, 1, 0]
 
 
-def test_gemv_sweep_dry_run(tmp_path: Path) -> None:
+def test_gemv_sweep_dry_run(tmp_path: Path, monkeypatch) -> None:
     """bench/gemv.py on the interpreter: every config checked against cuBLAS' stand-in."""
+    # bench/gemv.py imports bench/kernels.py as ``kernels``; under pytest that name may already
+    # be the tests/kernels namespace package.
+    monkeypatch.delitem(sys.modules, "kernels", raising=False)
     load("gemv").main(["--dry-run", "--rows", "1", "3", "--out", str(tmp_path)])
     data = read_json(tmp_path, "gemv")
     assert len(data["summary"]) == 10 and len(data["fused"]) == 6  # 5 shapes, 3 fusions x 2

@@ -45,7 +45,9 @@ MAX_SPLITS = 32
 MAX_ROWS = 64  # (query token, head) rows per program: max_query_len * G must fit
 
 
-@triton.jit
+# Ints that change from step to step are not specialized (Triton would compile a variant
+# for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
+@triton.jit(do_not_specialize=["stride_bt_b", "num_splits"])
 def _split_kv_attention_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
@@ -139,7 +141,9 @@ def _split_kv_attention_kernel(
         tl.store(lse_ptrs, lse, mask=tok < q_len)
 
 
-@triton.jit
+# Ints that change from step to step are not specialized (Triton would compile a variant
+# for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _merge_splits_kernel(
     part_out_ptr,  # [T, Hq, S, D] fp32
     part_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)

@@ -35,7 +35,9 @@ PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
 
 
-@triton.jit
+# Ints that change from step to step are not specialized (Triton would compile a variant
+# for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
+@triton.jit(do_not_specialize=["num_rows"])
 def _gemv_kernel(
     x_ptr,  # [M, K], or [M, 2K] = [gate | up] for PROLOGUE_SILU_MUL
     norm_weight_ptr,  # [K], read for PROLOGUE_RMS_NORM

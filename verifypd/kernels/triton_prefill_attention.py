@@ -89,7 +89,9 @@ def attend_tile(
     return acc, m_new, l_i
 
 
-@triton.jit
+# Ints that change from step to step are not specialized (Triton would compile a variant
+# for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
+@triton.jit(do_not_specialize=["stride_bt_b"])
 def _prefill_attention_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
