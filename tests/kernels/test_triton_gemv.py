@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from verifypd.kernels import reference, triton_ops
-from verifypd.kernels.triton_gemv import MAX_ROWS, gemv, rms_norm_gemv, silu_mul_gemv
+from verifypd.kernels.triton_gemv import (
+    MAX_ROWS,
+    PROLOGUE_NONE,
+    PROLOGUE_RMS_NORM,
+    PROLOGUE_SILU_MUL,
+    beats_gemm,
+    choose_config,
+    gemv,
+    rms_norm_gemv,
+    silu_mul_gemv,
+)
 
 SHAPES = [(40, 96), (17, 600), (130, 1030)]  # (N, K): neither divides the tiles
 TILES = [{}, {"block_n": 4, "block_k": 64}, {"block_n": 16, "block_k": 1024}]
@@ -112,3 +122,20 @@ def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused, ge
         triton_ops.silu_mul_linear(gate_up, down, residual),
         reference.silu_mul_linear(gate_up, down, residual),
     )
+
+
+def test_cublas_keeps_narrow_long_k_projections_at_several_rows():
+    assert beats_gemm(1, 1536, 8960)  # one row: always the GEMV
+    assert not beats_gemm(5, 1536, 8960)  # too few programs over a long K
+    assert beats_gemm(5, 4608, 3584) and beats_gemm(16, 151936, 896)
+    assert not beats_gemm(MAX_ROWS + 1, 4608, 3584)
+
+
+@pytest.mark.parametrize("prologue", [PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SILU_MUL])
+@pytest.mark.parametrize("num_rows", [1, 2, 16])
+@pytest.mark.parametrize("n,k", [(1152, 896), (2048, 1536), (37888, 3584), (3584, 18944)])
+def test_configs_are_power_of_two_tiles(prologue, num_rows, n, k):
+    cfg = choose_config(prologue, num_rows, n, k)
+    for size in (cfg.block_n, cfg.block_k, cfg.num_warps):
+        assert size > 0 and size & (size - 1) == 0
+    assert cfg.block_n >= (16 if num_rows > 1 else 1)  # tensor-core tiles need 16 columns
