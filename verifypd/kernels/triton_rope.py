@@ -30,26 +30,39 @@ def _rope_kernel(
     KV_HEADS_PAD: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + t)
     offs_d = tl.arange(0, HALF_DIM)
-    cos = tl.load(cos_sin_ptr + pos * stride_cs_p + offs_d).to(tl.float32)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_cs_p + HALF_DIM + offs_d).to(tl.float32)[None, :]
+    cos, sin = load_cos_sin(cos_sin_ptr, positions_ptr, t, stride_cs_p, offs_d, HALF_DIM)
 
     offs_hq = tl.arange(0, Q_HEADS_PAD)
     q_mask = (offs_hq[:, None] < num_q_heads) & (offs_d[None, :] < HALF_DIM)  # [Hq_pad, D/2]
     q1_ptrs = q_ptr + t * stride_q_t + offs_hq[:, None] * stride_q_h + offs_d[None, :]
-    q1 = tl.load(q1_ptrs, mask=q_mask, other=0.0).to(tl.float32)
-    q2 = tl.load(q1_ptrs + HALF_DIM, mask=q_mask, other=0.0).to(tl.float32)
-    tl.store(q1_ptrs, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(q1_ptrs + HALF_DIM, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+    q1, q2 = rotated_halves(q1_ptrs, q_mask, cos, sin, HALF_DIM)
+    tl.store(q1_ptrs, q1.to(q_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q1_ptrs + HALF_DIM, q2.to(q_ptr.dtype.element_ty), mask=q_mask)
 
     offs_hk = tl.arange(0, KV_HEADS_PAD)
     k_mask = (offs_hk[:, None] < num_kv_heads) & (offs_d[None, :] < HALF_DIM)
     k1_ptrs = k_ptr + t * stride_k_t + offs_hk[:, None] * stride_k_h + offs_d[None, :]
-    k1 = tl.load(k1_ptrs, mask=k_mask, other=0.0).to(tl.float32)
-    k2 = tl.load(k1_ptrs + HALF_DIM, mask=k_mask, other=0.0).to(tl.float32)
-    tl.store(k1_ptrs, (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(k1_ptrs + HALF_DIM, (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty), mask=k_mask)
+    k1, k2 = rotated_halves(k1_ptrs, k_mask, cos, sin, HALF_DIM)
+    tl.store(k1_ptrs, k1.to(k_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k1_ptrs + HALF_DIM, k2.to(k_ptr.dtype.element_ty), mask=k_mask)
+
+
+@triton.jit
+def load_cos_sin(cos_sin_ptr, positions_ptr, t, stride_cs_p, offs_d, HALF_DIM: tl.constexpr):
+    """cos and sin rows [1, D/2] (fp32) of token t's position."""
+    row = cos_sin_ptr + tl.load(positions_ptr + t) * stride_cs_p
+    cos = tl.load(row + offs_d).to(tl.float32)[None, :]
+    sin = tl.load(row + HALF_DIM + offs_d).to(tl.float32)[None, :]
+    return cos, sin
+
+
+@triton.jit
+def rotated_halves(x1_ptrs, mask, cos, sin, HALF_DIM: tl.constexpr):
+    """Loads the halves x1 (at x1_ptrs) and x2 (HALF_DIM further) -> rotated (x1', x2') fp32."""
+    x1 = tl.load(x1_ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x1_ptrs + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
 def rope(

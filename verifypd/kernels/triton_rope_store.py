@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from verifypd.kernels.pdl import launch_options, wait_for_previous
+from verifypd.kernels.triton_rope import load_cos_sin, rotated_halves
 
 
 @triton.jit
@@ -50,19 +51,16 @@ def _rope_store_kv_kernel(
 ):
     wait_for_previous(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + t)
     offs_d = tl.arange(0, HALF_DIM)
-    cos = tl.load(cos_sin_ptr + pos * stride_cs_p + offs_d).to(tl.float32)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_cs_p + HALF_DIM + offs_d).to(tl.float32)[None, :]
+    cos, sin = load_cos_sin(cos_sin_ptr, positions_ptr, t, stride_cs_p, offs_d, HALF_DIM)
 
     # q: rotated in place, padding tokens included.
     offs_hq = tl.arange(0, Q_HEADS_PAD)
     q_mask = (offs_hq[:, None] < num_q_heads) & (offs_d[None, :] < HALF_DIM)  # [Hq_pad, D/2]
     q1_ptrs = q_ptr + t * stride_q_t + offs_hq[:, None] * stride_q_h + offs_d[None, :]
-    q1 = tl.load(q1_ptrs, mask=q_mask, other=0.0).to(tl.float32)
-    q2 = tl.load(q1_ptrs + HALF_DIM, mask=q_mask, other=0.0).to(tl.float32)
-    tl.store(q1_ptrs, (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(q1_ptrs + HALF_DIM, (q2 * cos + q1 * sin).to(q_ptr.dtype.element_ty), mask=q_mask)
+    q1, q2 = rotated_halves(q1_ptrs, q_mask, cos, sin, HALF_DIM)
+    tl.store(q1_ptrs, q1.to(q_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q1_ptrs + HALF_DIM, q2.to(q_ptr.dtype.element_ty), mask=q_mask)
 
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     block_id = slot // BLOCK_SIZE
@@ -77,10 +75,9 @@ def _rope_store_kv_kernel(
     # the cache holds what rope-then-store_kv would have written.
     k_mask = is_head_written & (offs_d[None, :] < HALF_DIM)  # [Hkv_pad, D/2]
     k1_ptrs = k_ptr + t * stride_k_t + offs_hk[:, None] * stride_k_h + offs_d[None, :]
-    k1 = tl.load(k1_ptrs, mask=k_mask, other=0.0).to(tl.float32)
-    k2 = tl.load(k1_ptrs + HALF_DIM, mask=k_mask, other=0.0).to(tl.float32)
-    k1_rot = (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-    k2_rot = (k2 * cos + k1 * sin).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+    k1, k2 = rotated_halves(k1_ptrs, k_mask, cos, sin, HALF_DIM)
+    k1_rot = k1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+    k2_rot = k2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
     dst_k = block_id * stride_kc_b + offset * stride_kc_s + offs_hk[:, None] * stride_kc_h
     kc1_ptrs = k_cache_ptr + dst_k + offs_d[None, :]
     tl.store(kc1_ptrs, k1_rot, mask=k_mask)
