@@ -345,31 +345,35 @@ VARIANTS = {
     "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
     "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
     "graphs-gemv1": {"use_triton": True, "cuda_graphs": True},
+    "graphs-noprefetch": {"use_triton": True, "cuda_graphs": True},
 }
-# Kernel-choice switches of ``verifypd.kernels.triton_ops`` per variant (A/B in one run):
+# Kernel-choice switches per variant (A/B in one run), as "module.NAME" in verifypd.kernels:
 # unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all;
-# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify).
+# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify); noprefetch = the
+# GEMV waits for its predecessor before requesting any weights.
 OPS_SWITCHES = {
-    "graphs-unfused": {"FUSE_NORM": False, "FUSE_SILU": False},
-    "graphs-cublas": {"GEMV_MAX_ROWS": 0},
-    "graphs-gemv1": {"GEMV_MAX_ROWS": 1},
+    "graphs-unfused": {"triton_ops.FUSE_NORM": False, "triton_ops.FUSE_SILU": False},
+    "graphs-cublas": {"triton_ops.GEMV_MAX_ROWS": 0},
+    "graphs-gemv1": {"triton_ops.GEMV_MAX_ROWS": 1},
+    "graphs-noprefetch": {"triton_gemv.PREFETCH_WEIGHTS": False},
 }
 
 
 @contextlib.contextmanager
 def ops_switches(variant: str):
-    """Set the variant's triton_ops switches while its engine is built and run."""
-    switches = OPS_SWITCHES.get(variant, {})
-    if not switches:
-        yield
-        return
-    from verifypd.kernels import triton_ops
+    """Set the variant's kernel switches while its engine is built and run."""
+    import importlib
 
-    saved = {name: getattr(triton_ops, name) for name in switches}
-    for name, value in switches.items():
-        setattr(triton_ops, name, value)
+    switches = OPS_SWITCHES.get(variant, {})
+    targets = {}
+    for key in switches:
+        module, name = key.split(".")
+        targets[key] = (importlib.import_module(f"verifypd.kernels.{module}"), name)
+    saved = {key: getattr(mod, name) for key, (mod, name) in targets.items()}
+    for key, value in switches.items():
+        setattr(*targets[key], value)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(triton_ops, name, value)
+        for key, value in saved.items():
+            setattr(*targets[key], value)

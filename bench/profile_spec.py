@@ -21,6 +21,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import format_table, metadata, result_path, write_json  # noqa: E402
+from torch.profiler import ProfilerActivity, record_function  # noqa: E402
+from torch.profiler import profile as torch_profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
@@ -28,7 +30,8 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 
 class PhaseTimer:
-    """Wraps a bound method: wall seconds and GPU milliseconds (events) of every call."""
+    """Wraps a bound method: wall seconds and GPU milliseconds (events) of every call, inside a
+    profiler range named after it (``--trace`` files each kernel under its phase)."""
 
     def __init__(self, obj, name: str, log: dict[str, list[tuple[float, float]]]) -> None:
         self.inner, self.name, self.log = getattr(obj, name), name, log
@@ -38,7 +41,8 @@ class PhaseTimer:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        out = self.inner(*args, **kwargs)
+        with record_function(f"phase:{self.name}"):
+            out = self.inner(*args, **kwargs)
         end.record()
         end.synchronize()
         self.log[self.name].append((time.perf_counter() - t0, start.elapsed_time(end)))
@@ -70,6 +74,7 @@ def profile(args, spec_on: bool) -> dict:
         tokens += sum(len(o.new_token_ids) for o in outs)
         steps += 1
     wall = time.perf_counter() - t0
+    trace = kernel_trace(core, args.trace) if args.trace else None
     phases = {
         name: {"wall_ms": 1e3 * float(np.median([w for w, _ in v])),
                "gpu_ms": float(np.median([g for _, g in v]))}
@@ -77,7 +82,44 @@ def profile(args, spec_on: bool) -> dict:
     }  # fmt: skip
     return {"spec": spec_on, "steps": steps, "tokens": tokens, "tok_s": tokens / wall,
             "tokens_per_step": tokens / steps, "step_ms": 1e3 * float(np.median(step_times)),
-            "phases": phases}  # fmt: skip
+            "phases": phases, "trace": trace}  # fmt: skip
+
+
+def kernel_trace(core: EngineCore, steps: int) -> dict:
+    """Profiles ``steps`` more engine steps and files every GPU kernel under the phase whose
+    host range holds its start (each phase ends in a host sync, so its kernels finish inside
+    it); kernels outside every phase are the step's own bookkeeping ("step")."""
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            core.step()
+        torch.cuda.synchronize()
+    events = prof.events()
+    ranges = [(e.name.removeprefix("phase:"), e.time_range.start, e.time_range.end)
+              for e in events if e.name.startswith("phase:")]  # fmt: skip
+    kernels: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t = e.time_range.start
+        phase = next((n for n, a, b in ranges if a <= t <= b), "step")
+        kernels[phase].append((t, e.time_range.end, e.name[:80]))
+    out = {}
+    for phase, ks in kernels.items():
+        ks.sort()
+        busy = sum(b - a for a, b, _ in ks)
+        by_name: dict[str, list[float]] = defaultdict(list)
+        for a, b, name in ks:
+            by_name[name].append(b - a)
+        out[phase] = {
+            "kernels_per_step": len(ks) / steps,
+            "kernel_ms_per_step": busy / steps / 1e3,
+            "by_name": sorted(
+                ({"name": n, "per_step": len(v) / steps, "ms_per_step": sum(v) / steps / 1e3,
+                  "mean_us": sum(v) / len(v)} for n, v in by_name.items()),
+                key=lambda r: -r["ms_per_step"],
+            ),
+        }  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -88,6 +130,7 @@ def main() -> None:
     p.add_argument("--acceptance", type=float, default=0.8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--trace", type=int, default=0, help="profile this many more steps per kernel")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     rows, table = [], []
@@ -100,6 +143,14 @@ def main() -> None:
                           f"{r['tokens_per_step']:.2f}", f"{r['tok_s']:.1f}"])  # fmt: skip
     print(format_table(["mode", "phase", "wall ms", "gpu ms", "step ms", "tok/step", "tok/s"],
                        table))  # fmt: skip
+    for r in rows:
+        for phase, t in (r["trace"] or {}).items():
+            print(
+                f"\n{'spec' if r['spec'] else 'plain'} {phase}: {t['kernels_per_step']:.0f} "
+                f"kernels, {t['kernel_ms_per_step']:.3f} ms of kernels per step"
+            )
+            for k in t["by_name"][:14]:
+                print(f"  {k['per_step']:6.1f} x {k['mean_us']:7.2f} us  {k['name']}")
     device = torch.device("cuda")
     report = {**metadata("profile_spec", sys.argv[1:], vars(args), device), "results": rows}
     print("wrote", write_json(result_path(args.out, "profile_spec", device, "json"), report))

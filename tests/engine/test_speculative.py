@@ -42,6 +42,33 @@ def test_view_rolls_back_to_the_accepted_prefix_and_frees():
     prop.kv.check_integrity([])
 
 
+def test_first_draft_step_feeds_one_token_unless_a_view_accepted_every_draft():
+    """The catch-up step is uniform (a CUDA graph of q = 1 or q = 2), and q = 2 only when some
+    view must add both its last draft and the bonus token."""
+    prop = _proposer()
+    seqs = [Sequence(f"r{i}", list(range(1, 9)), SamplingParams(max_tokens=32, temperature=0))
+            for i in range(2)]  # fmt: skip
+    entries = [ScheduledSeq(s, 1) for s in seqs]
+    prop.propose(entries, [3, 3], [0.0, 0.0])
+    fed: list[list[int]] = []
+    real_prepare = prop.runner.prepare
+    prop.runner.prepare = lambda plan: (
+        fed.append([e.num_new_tokens for e in plan.seqs]) or (real_prepare(plan))
+    )
+    seqs[0].token_ids += entries[0].draft_token_ids[:1] + [5]  # one draft accepted
+    seqs[1].token_ids += entries[1].draft_token_ids[:1] + [6]
+    entries = [ScheduledSeq(s, 1) for s in seqs]
+    prop.propose(entries, [3, 3], [0.0, 0.0])
+    assert fed[0] == [1, 1]  # both caught up but the bonus token
+    seqs[0].token_ids += entries[0].draft_token_ids + [5]  # every draft accepted
+    seqs[1].token_ids += entries[1].draft_token_ids[:2] + [6]
+    fed.clear()
+    prop.propose([ScheduledSeq(s, 1) for s in seqs], [3, 3], [0.0, 0.0])
+    assert fed[0] == [2, 2]  # the second view re-feeds one token to match the first
+    for s in seqs:
+        assert prop.views[s.seq_id].token_ids[: s.num_tokens] == s.token_ids
+
+
 def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():
     from verifypd.engine.rejection import greedy_accept, rejection_sample
 

@@ -68,6 +68,7 @@ class DraftModelProposer:
         ]
         if not active:
             return
+        _uniform_catch_up([v for _, v, _, _ in active])
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
         drafted: list[torch.Tensor] = []  # per step j: [B_j] token ids on the device
         probs: list[torch.Tensor | None] = []
@@ -99,9 +100,7 @@ class DraftModelProposer:
         if view is None:
             view = self.views[seq.seq_id] = DraftView(seq)
         view.token_ids = self._drafter_ids(seq.token_ids)
-        # Re-feed the last two tokens when caught up, so catch-up steps are uniform (q = 2) and
-        # replay a CUDA graph; recomputing an already-stored token's KV writes the same values.
-        view.num_computed_tokens = min(view.num_computed_tokens, max(seq.num_tokens - 2, 0))
+        view.num_computed_tokens = min(view.num_computed_tokens, seq.num_tokens - 1)
         self.kv.truncate(view.block_table, view.num_computed_tokens)
         if not self.kv.allocate(view.block_table, seq.num_tokens + num_drafts - 1):
             return None
@@ -214,6 +213,19 @@ class SpecDecoder:
             self.ngram.forget(seq.seq_id)
         if self.drafter is not None:
             self.drafter.free(seq.seq_id)
+
+
+def _uniform_catch_up(views: list[DraftView]) -> None:
+    """Makes the first draft step uniform so it replays a CUDA graph: every view feeds one
+    token when all are caught up (the last verify rejected a draft), else any view one token
+    behind (all drafts accepted: the last draft and the bonus token are new) makes the others
+    re-feed their last two. Recomputing an already-stored token's KV writes the same values."""
+    behind = [v.num_tokens - v.num_computed_tokens for v in views]
+    if max(behind) != 2:
+        return  # all at one token, or a longer catch-up (a new request): an eager step anyway
+    for v, n in zip(views, behind, strict=True):
+        if n == 1 and v.num_computed_tokens > 0:
+            v.num_computed_tokens -= 1
 
 
 def _drafter_temp(params: SamplingParams, controller_temp: float | None) -> float:

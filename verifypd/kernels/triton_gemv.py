@@ -33,6 +33,8 @@ PROLOGUE_NONE = 0
 PROLOGUE_RMS_NORM = 1
 PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
+# Request the first weight tile before the PDL wait (benchmarks A/B it; see the kernel).
+PREFETCH_WEIGHTS = True
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
@@ -60,9 +62,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH_W: tl.constexpr,  # load the first weight tile before waiting for the predecessor
     USE_PDL: tl.constexpr,
 ):
-    wait_for_previous(USE_PDL)
     pid = tl.program_id(0)
     dtype = out_ptr.dtype.element_ty
     offs_m = tl.arange(0, M_PAD)
@@ -71,6 +73,17 @@ def _gemv_kernel(
     m_mask = offs_m < num_rows
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x_m  # [M_PAD, 1]
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n  # [BLOCK_N, 1]
+    # The weights are no earlier kernel's output: the first tile is requested before waiting
+    # for the predecessor (PDL), so its DRAM latency hides behind that kernel's tail.
+    if not PREFETCH_W:
+        wait_for_previous(USE_PDL)
+    w = tl.load(
+        w_rows + offs_kb[None, :], mask=n_mask[:, None] & (offs_kb < K)[None, :], other=0.0,
+        eviction_policy="evict_first",
+    )  # fmt: skip
+    if PREFETCH_W:
+        wait_for_previous(USE_PDL)
 
     sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
@@ -90,14 +103,16 @@ def _gemv_kernel(
                 sum_sq += tl.sum(a * a, axis=1)
                 nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
                 a = a * nw[None, :]
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n + offs_k[None, :]
-        w = tl.load(
-            w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first"
-        ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        next_k = offs_k + BLOCK_K  # the next tile is in flight while this one is used
+        w_next = tl.load(
+            w_rows + next_k[None, :], mask=n_mask[:, None] & (next_k < K)[None, :], other=0.0,
+            eviction_policy="evict_first",
+        )  # fmt: skip
         if M_PAD == 1:
             acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
         else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
             acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
+        w = w_next
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
     if PROLOGUE == 1:
@@ -218,6 +233,7 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
+        PREFETCH_W=PREFETCH_WEIGHTS, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_options(x.device),
     )  # fmt: skip
     return out
