@@ -37,6 +37,32 @@ MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
 PREFETCH_WEIGHTS = True
 
 
+@triton.jit
+def _gemv_tile(
+    acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_k, m_mask, K,
+    dtype: tl.constexpr, PROLOGUE: tl.constexpr, M_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One K tile: the input tile (through the prologue) times the weight tile w, added up."""
+    k_mask = offs_k < K
+    mk_mask = m_mask[:, None] & k_mask[None, :]
+    if PROLOGUE == 2:
+        gate = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+        up = tl.load(x_rows + K + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+        silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        a = (silu * up).to(dtype).to(tl.float32)
+    else:
+        a = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+        if PROLOGUE == 1:
+            sum_sq += tl.sum(a * a, axis=1)
+            nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            a = a * nw[None, :]
+    if M_PAD == 1:
+        acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
+    else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
+        acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
+    return acc, acc_1row, sum_sq
+
+
 # Ints that change from step to step are not specialized (Triton would compile a variant
 # for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
 @triton.jit(do_not_specialize=["num_rows"])
@@ -88,31 +114,20 @@ def _gemv_kernel(
     sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce at the end
-    for k0 in range(0, K, BLOCK_K):
+    acc, acc_1row, sum_sq = _gemv_tile(
+        acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_kb, m_mask, K, dtype,
+        PROLOGUE, M_PAD, DOT_PRECISION,
+    )  # fmt: skip
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # the first tile was peeled off above
         offs_k = k0 + offs_kb
-        k_mask = offs_k < K
-        mk_mask = m_mask[:, None] & k_mask[None, :]
-        if PROLOGUE == 2:
-            gate = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_rows + K + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-            silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-            a = (silu * up).to(dtype).to(tl.float32)
-        else:
-            a = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-            if PROLOGUE == 1:
-                sum_sq += tl.sum(a * a, axis=1)
-                nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-                a = a * nw[None, :]
-        next_k = offs_k + BLOCK_K  # the next tile is in flight while this one is used
-        w_next = tl.load(
-            w_rows + next_k[None, :], mask=n_mask[:, None] & (next_k < K)[None, :], other=0.0,
+        w = tl.load(
+            w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0,
             eviction_policy="evict_first",
         )  # fmt: skip
-        if M_PAD == 1:
-            acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
-        else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
-            acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
-        w = w_next
+        acc, acc_1row, sum_sq = _gemv_tile(
+            acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_k, m_mask, K, dtype,
+            PROLOGUE, M_PAD, DOT_PRECISION,
+        )  # fmt: skip
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
     if PROLOGUE == 1:
