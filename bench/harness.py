@@ -345,17 +345,14 @@ VARIANTS = {
     "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
     "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
     "graphs-gemv1": {"use_triton": True, "cuda_graphs": True},
-    "graphs-noprefetch": {"use_triton": True, "cuda_graphs": True},
 }
 # Kernel-choice switches per variant (A/B in one run), as "module.NAME" in verifypd.kernels:
 # unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all;
-# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify); noprefetch = the
-# GEMV waits for its predecessor before requesting any weights.
+# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify).
 OPS_SWITCHES = {
     "graphs-unfused": {"triton_ops.FUSE_NORM": False, "triton_ops.FUSE_SILU": False},
     "graphs-cublas": {"triton_ops.GEMV_MAX_ROWS": 0},
     "graphs-gemv1": {"triton_ops.GEMV_MAX_ROWS": 1},
-    "graphs-noprefetch": {"triton_gemv.PREFETCH_WEIGHTS": False},
 }
 
 

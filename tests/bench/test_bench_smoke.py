@@ -143,7 +143,7 @@ def test_gemv_sweep_dry_run(tmp_path: Path, monkeypatch) -> None:
 
 def test_ops_switches_apply_only_inside_the_variant() -> None:
     harness = load("harness")
-    from verifypd.kernels import triton_gemv, triton_ops
+    from verifypd.kernels import triton_ops
 
     assert set(harness.OPS_SWITCHES) <= set(harness.VARIANTS)
     before = triton_ops.GEMV_MAX_ROWS
@@ -151,7 +151,4 @@ def test_ops_switches_apply_only_inside_the_variant() -> None:
         assert triton_ops.GEMV_MAX_ROWS == 0
     with harness.ops_switches("graphs-unfused"):
         assert triton_ops.FUSE_NORM is False and triton_ops.FUSE_SILU is False
-    with harness.ops_switches("graphs-noprefetch"):
-        assert triton_gemv.PREFETCH_WEIGHTS is False
     assert triton_ops.GEMV_MAX_ROWS == before and triton_ops.FUSE_NORM and triton_ops.FUSE_SILU
-    assert triton_gemv.PREFETCH_WEIGHTS

@@ -33,34 +33,6 @@ PROLOGUE_NONE = 0
 PROLOGUE_RMS_NORM = 1
 PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
-# Request the first weight tile before the PDL wait (benchmarks A/B it; see the kernel).
-PREFETCH_WEIGHTS = True
-
-
-@triton.jit
-def _gemv_tile(
-    acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_k, m_mask, K,
-    dtype: tl.constexpr, PROLOGUE: tl.constexpr, M_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One K tile: the input tile (through the prologue) times the weight tile w, added up."""
-    k_mask = offs_k < K
-    mk_mask = m_mask[:, None] & k_mask[None, :]
-    if PROLOGUE == 2:
-        gate = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-        up = tl.load(x_rows + K + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-        silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-        a = (silu * up).to(dtype).to(tl.float32)
-    else:
-        a = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-        if PROLOGUE == 1:
-            sum_sq += tl.sum(a * a, axis=1)
-            nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            a = a * nw[None, :]
-    if M_PAD == 1:
-        acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
-    else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
-        acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
-    return acc, acc_1row, sum_sq
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
@@ -88,9 +60,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PREFETCH_W: tl.constexpr,  # load the first weight tile before waiting for the predecessor
     USE_PDL: tl.constexpr,
 ):
+    wait_for_previous(USE_PDL)
     pid = tl.program_id(0)
     dtype = out_ptr.dtype.element_ty
     offs_m = tl.arange(0, M_PAD)
@@ -99,35 +71,33 @@ def _gemv_kernel(
     m_mask = offs_m < num_rows
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x_m  # [M_PAD, 1]
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n  # [BLOCK_N, 1]
-    # The weights are no earlier kernel's output: the first tile is requested before waiting
-    # for the predecessor (PDL), so its DRAM latency hides behind that kernel's tail.
-    if not PREFETCH_W:
-        wait_for_previous(USE_PDL)
-    w = tl.load(
-        w_rows + offs_kb[None, :], mask=n_mask[:, None] & (offs_kb < K)[None, :], other=0.0,
-        eviction_policy="evict_first",
-    )  # fmt: skip
-    if PREFETCH_W:
-        wait_for_previous(USE_PDL)
 
     sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce at the end
-    acc, acc_1row, sum_sq = _gemv_tile(
-        acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_kb, m_mask, K, dtype,
-        PROLOGUE, M_PAD, DOT_PRECISION,
-    )  # fmt: skip
-    for k0 in range(BLOCK_K, K, BLOCK_K):  # the first tile was peeled off above
+    for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_kb
+        k_mask = offs_k < K
+        mk_mask = m_mask[:, None] & k_mask[None, :]
+        if PROLOGUE == 2:
+            gate = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_rows + K + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+            silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+            a = (silu * up).to(dtype).to(tl.float32)
+        else:
+            a = tl.load(x_rows + offs_k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+            if PROLOGUE == 1:
+                sum_sq += tl.sum(a * a, axis=1)
+                nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+                a = a * nw[None, :]
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n + offs_k[None, :]
         w = tl.load(
-            w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0,
-            eviction_policy="evict_first",
-        )  # fmt: skip
-        acc, acc_1row, sum_sq = _gemv_tile(
-            acc, acc_1row, sum_sq, w, x_rows, norm_weight_ptr, offs_k, m_mask, K, dtype,
-            PROLOGUE, M_PAD, DOT_PRECISION,
-        )  # fmt: skip
+            w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        if M_PAD == 1:
+            acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
+        else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
+            acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
     if PROLOGUE == 1:
@@ -248,7 +218,6 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        PREFETCH_W=PREFETCH_WEIGHTS, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_options(x.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out

@@ -48,12 +48,9 @@ GEMV_MAX_ROWS = 16
 # runs first. Every GEMV program re-reads its input, and a prologue widens that re-read: on an
 # H200 (bench/gemv.py) the fused norm won on the narrow q/k/v projection and lost on gate_up
 # (thousands of programs), the fused SwiGLU broke even or won. Both only at one row: on the
-# tensor-core path (several rows) every fused prologue lost. Over a short input (K <= 2048, the
-# 0.5B/1.5B hidden sizes) the re-read is small enough that the norm folds into gate_up too: it
-# broke even there in isolation, and in a CUDA graph it saves a launch.
+# tensor-core path (several rows) every fused prologue lost.
 FUSE_NORM = True
 FUSE_NORM_MAX_N = 8192
-FUSE_NORM_MAX_K = 2048
 FUSE_SILU = True
 
 
@@ -93,9 +90,7 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm of x [T, K] then the projection -> [T, N]."""
-    n, k = weight.shape
-    narrow = n <= FUSE_NORM_MAX_N or k <= FUSE_NORM_MAX_K
-    if FUSE_NORM and x.shape[0] == 1 and GEMV_MAX_ROWS >= 1 and narrow:
+    if FUSE_NORM and x.shape[0] == 1 and GEMV_MAX_ROWS >= 1 and weight.shape[0] <= FUSE_NORM_MAX_N:
         return rms_norm_gemv(x, norm_weight, eps, weight, bias)
     normed, _ = rms_norm(x, norm_weight, eps)
     return linear(normed, weight, bias)
