@@ -147,8 +147,11 @@ def test_near_zero_acceptance_ends_at_zero_and_only_probes():
     assert num_verifies <= math.ceil(math.log(0.1 / 0.8) / math.log(0.7))  # 6
     after = got[first_zero:]
     probes = [i for i, n in enumerate(after) if n != 0]
-    # the k-th probe is the (k·every)-th consecutive step at L = 0, always with L = 1
-    assert probes == list(range(every - 1, len(after), every))
+    # probes fall on the shared clock (step numbers k·every - 1, counting from 0) once the
+    # request has been at L = 0 for ``every`` steps, always with L = 1
+    on_clock = [i for i in range(len(after)) if (first_zero + i + 1) % every == 0]
+    expected = [i for i in on_clock if i >= every - 1]
+    assert probes == expected and len(probes) >= 9
     assert all(after[i] == 1 for i in probes)
     assert all(sim.reasons[first_zero + i][0] == "probe" for i in probes)
     assert sim.ctrl.acceptance(0) < 0.1
@@ -157,11 +160,46 @@ def test_near_zero_acceptance_ends_at_zero_and_only_probes():
 
 def test_probe_recovers_a_request_whose_acceptance_came_back():
     sim = make_sim([0], initial_draft_len=2, probe_every_steps=10)
-    sim.run(100)
+    sim.run(105)  # step 104 is not on the probe clock (steps 9, 19, ...)
     assert sim.ctrl.draft_length(0) == 0
     sim.oracles[0] = PatternOracle([1])  # the request became easy to draft
     got = sim.run(200)
     assert got[-1] == 4
+
+
+def test_parked_requests_probe_in_the_same_steps():
+    """Requests parked at different times probe together, on the shared clock: one verify
+    step per probe round however many requests are parked."""
+    every = 10
+    sim = make_sim([0], num_requests=1, initial_draft_len=4, probe_every_steps=every)
+    sim.run(7)
+    sim.ctrl.add_request(1, greedy=False, temperature=1.0)  # parked later than request 0
+    sim.oracles[1] = PatternOracle([0])
+    sim.run(93)
+    probe_steps = [{s for s, r in reasons.items() if r == "probe"} for reasons in sim.reasons[40:]]
+    rounds = [i + 40 for i, p in enumerate(probe_steps) if p]
+    assert rounds == list(range(49, 100, every))  # step numbers k·every - 1
+    # request 1 misses a round only while its own (optimistic prior) α̂ had it try L = 1
+    assert sum(p == {0, 1} for p in probe_steps) >= 4
+
+
+def test_new_request_starts_at_the_live_speculators_draft_length():
+    sim = make_sim([0], num_requests=3, initial_draft_len=3, probe_every_steps=0)
+    sim.run(30)
+    assert [sim.ctrl.draft_length(s) for s in range(3)] == [0, 0, 0]  # parked: α near 0
+    sim.ctrl.add_request(3, greedy=False, temperature=1.0)
+    assert sim.ctrl.draft_length(3) == 0  # not a lone speculator beside three decoders
+    sim.oracles[3] = PatternOracle([1])  # yet it drafts well: only probes can tell
+    sim.ctrl.step()
+    assert sim.ctrl.draft_length(3) == 0 and sim.ctrl.decision_reason(3) != "grow"
+    high = make_sim(HIGH_ACCEPT, CHEAP_VERIFY, num_requests=2, initial_draft_len=1)
+    high.run(60)
+    settled = high.ctrl.draft_length(0)
+    assert settled > 1
+    high.ctrl.add_request(2, greedy=False, temperature=1.0)
+    assert high.ctrl.draft_length(2) == settled
+    alone = make_sim([1], initial_draft_len=3, probe_every_steps=0)
+    assert alone.ctrl.draft_length(0) == 3  # no live speculators: the configured initial L
 
 
 def test_no_probe_without_headroom():

@@ -12,9 +12,17 @@ over a sliding window, fitted step costs) and updates every request's base draft
    steps in a row. L* > L → L ← L + 1, but only with headroom (q ≤ ``verify_queue_low`` and
    p95 ≤ ``p95_grow_frac``·target or no samples yet) and once that held for
    ``grow_dwell_steps`` steps in a row.
-4. Probe: a speculating request whose base L is 0 gets L = 1 for one step on every
-   ``probe_every_steps``-th consecutive step at 0, if there is headroom. Probes never change
-   the base L; they only buy a fresh acceptance sample.
+4. Probe: a speculating request whose base L has been 0 for at least ``probe_every_steps``
+   steps gets L = 1 for one step on every step whose number is a multiple of
+   ``probe_every_steps`` (a clock shared by all requests), if there is headroom. Probes never
+   change the base L; they only buy a fresh acceptance sample. The shared clock puts every
+   parked request's probe into the same step: with three lanes a verify step costs a full
+   target forward whatever its batch, so probes scattered over the steps would each add one.
+
+A new request starts at the lower median base L of the live speculating requests (the
+configured initial L when there are none), parked if they are all parked: a request arriving
+while the others decode plainly would otherwise be a lone speculator whose verify step nobody
+shares.
 
 A request *parked* at 0 by the model (floor, model shrink, or a hold at 0) learns about α only
 from probes, so there the grow dwell counts steps that brought a new acceptance sample: it
@@ -154,13 +162,23 @@ class DraftController:
         if st is None:
             cfg = self.config
             acceptance = AcceptanceEstimate(cfg.ewma_alpha, cfg.initial_acceptance)
-            L0 = cfg.initial_draft_len if speculate else 0
+            L0, parked = self._initial_draft_len() if speculate else (0, False)
             st = _RequestState(greedy, temperature, speculate, acceptance, L0, L0)
+            st.is_parked = parked
             self._requests[seq_id] = st
         st.is_greedy, st.temperature, st.speculate = greedy, temperature, speculate
         if not speculate:
             st.draft_len = st.decision = 0
         st.drafter_temperature = self._drafter_temperature(st)
+
+    def _initial_draft_len(self) -> tuple[int, bool]:
+        """(L, parked) of a new speculating request: the live speculators' lower median L."""
+        peers = [st for st in self._requests.values() if st.speculate]
+        if not peers:
+            return self.config.initial_draft_len, False
+        lens = sorted(st.draft_len for st in peers)
+        median = lens[(len(lens) - 1) // 2]
+        return median, median == 0 and all(st.is_parked for st in peers)
 
     def remove_request(self, seq_id: int) -> None:
         """Forget a request and all its state (unknown ids are ignored)."""
@@ -322,7 +340,7 @@ class DraftController:
         st.steps_at_zero += 1
         every = self.config.probe_every_steps
         if every and self.config.max_draft_len and sig.has_headroom:
-            if st.steps_at_zero % every == 0:
+            if st.steps_at_zero >= every and (self.num_steps + 1) % every == 0:
                 self.counters["probe"] += 1
                 st.reason = "probe"
                 return 1

@@ -144,11 +144,13 @@ def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> Non
 
     Triton specializes integer arguments (== 1, divisible by 16), so the first eager step of
     a new kind compiles kernels for hundreds of milliseconds: a tail-latency stall if it
-    happens under traffic. Writes go to slot -1 (nowhere); reads stay inside block 0.
+    happens under traffic. Writes go to slot -1 (nowhere); reads stay inside block 0. The
+    query lengths cover every tile height of the short-query attention kernel (q * G rounded
+    up to 16, 32 or 64 rows: a verify of any draft length) and the prefill kernel.
     """
     device = kv.device
     for num_seqs in (1, 2, 3, 16, 17):
-        for q in (1, 2, 5, 17, 64):
+        for q in (1, 2, 3, 4, 5, 9, 17, 64):
             t = num_seqs * q
             meta = AttentionMetadata(
                 slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
