@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,14 +109,19 @@ class StepRecorder(Observer):
     def __init__(self) -> None:
         self.reset()
 
+    NUM_SLOWEST = 8  # the slowest steps are kept with their lane, size and time (stalls)
+
     def reset(self) -> None:
         self.steps: dict[str, list[tuple[float, int]]] = {}
         self.num_spec_calls = 0
         self.num_drafted = 0
         self.num_accepted = 0
+        self.t0 = time.perf_counter()
+        self.slowest: list[tuple[float, str, int, float]] = []  # (s, lane, tokens, t_end)
 
     def lane_step(self, lane: str, seconds: float, num_tokens: int) -> None:
         self.steps.setdefault(lane, []).append((seconds, num_tokens))
+        keep_slowest(self.slowest, (seconds, lane, num_tokens, time.perf_counter() - self.t0))
 
     def spec_tokens(self, num_drafted: int, num_accepted: int) -> None:
         self.num_spec_calls += 1
@@ -131,6 +137,10 @@ class StepRecorder(Observer):
             }
             for lane, v in self.steps.items()
         }
+        slowest = [
+            {"seconds": s, "lane": lane, "num_tokens": n, "t_end_s": t}
+            for s, lane, n, t in self.slowest
+        ]
         spec = None
         if self.num_spec_calls:
             spec = {
@@ -140,7 +150,14 @@ class StepRecorder(Observer):
                 "acceptance_rate": self.num_accepted / max(1, self.num_drafted),
                 "mean_accepted_per_call": self.num_accepted / self.num_spec_calls,
             }
-        return {"lanes": lanes, "spec": spec}
+        return {"lanes": lanes, "spec": spec, "slowest": slowest}
+
+
+def keep_slowest(top: list[tuple], item: tuple, size: int = StepRecorder.NUM_SLOWEST) -> None:
+    """Keeps ``top`` the ``size`` largest items (by their first field), largest first."""
+    top.append(item)
+    top.sort(key=lambda x: -x[0])
+    del top[size:]
 
 
 def attach_recorder(llm: Any, recorder: StepRecorder | None = None) -> StepRecorder:

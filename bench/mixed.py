@@ -61,6 +61,7 @@ from harness import (  # noqa: E402
     close_engine,
     engine_config,
     engine_info,
+    keep_slowest,
 )
 from loadgen import (  # noqa: E402
     Mix,
@@ -180,6 +181,21 @@ class LoadRecorder(StepRecorder):
     def reset(self) -> None:
         super().reset()
         self.draft_lens: Counter[int] = Counter()
+        self.slowest_proposals: list[tuple[float, int, float]] = []  # (s, seqs, t_end)
+
+    def time_proposals(self, spec) -> None:
+        """Wraps ``spec.propose`` (it runs on the event loop, outside every lane step) to keep
+        the slowest calls: a drafter catch-up stalls every lane while it runs."""
+        inner = spec.propose
+
+        def timed(entries, *args, **kwargs):
+            t = time.perf_counter()
+            out = inner(entries, *args, **kwargs)
+            end = time.perf_counter()
+            keep_slowest(self.slowest_proposals, (end - t, len(entries), end - self.t0))
+            return out
+
+        spec.propose = timed
 
     def draft_length(self, draft_len: int) -> None:
         self.draft_lens[draft_len] += 1
@@ -194,6 +210,9 @@ class LoadRecorder(StepRecorder):
             if self.num_spec_calls
             else None,
             "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else None,
+            "slowest_proposals": [
+                {"seconds": s, "num_seqs": n, "t_end_s": t} for s, n, t in self.slowest_proposals
+            ],
         }
 
 
@@ -269,6 +288,8 @@ def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) ->
         rec["scheduler"] = dataclasses.asdict(llm.core.config.scheduler)
         rec["vocab_guard"] = guard_draft_vocab(llm.core)
         recorder = attach_recorder(llm, LoadRecorder())
+        if llm.core.spec.enabled:
+            recorder.time_proposals(llm.core.spec)
         t = time.perf_counter()
         llm.loop.run_until_complete(drive(llm.engine, warmup, args))
         rec["warmup_s"] = time.perf_counter() - t

@@ -105,12 +105,16 @@ def test_mixed(tmp_path: Path) -> None:
         assert load_["output_tok_s"] > 0
         assert lat["ttft_ms"]["p50"] > 0 and lat["itl_ms"]["p99"] > 0 and lat["e2e_ms"]["n"] == 6
         assert len(r["requests"]) == 6
+        slowest = [x["seconds"] for x in r["steps"]["slowest"]]
+        assert 0 < len(slowest) <= 8 and slowest == sorted(slowest, reverse=True)
         if name == "three-off":
             assert r["spec"] is None and r["controller"] is None
             continue
         assert 0 < r["spec"]["acceptance_rate"] < 1 and r["spec"]["mean_drafts_per_verify"] > 0
         assert r["controller"]["final"]["num_steps"] > 0
         assert r["controller"]["num_snapshots"] > 0
+        proposals = r["spec"]["slowest_proposals"]
+        assert proposals and all(p["seconds"] > 0 and p["num_seqs"] >= 0 for p in proposals)
     assert data["results"]["three-ctrl"]["engine"]["spec"]["controller"] is True
     assert data["results"]["single-fixed"]["engine"]["spec"]["controller"] is False
 
