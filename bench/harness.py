@@ -153,6 +153,42 @@ class StepRecorder(Observer):
         return {"lanes": lanes, "spec": spec, "slowest": slowest}
 
 
+class CompileLog:
+    """Every Triton JIT compile (a kernel specialization not yet in memory) with its time since
+    ``reset``: a compile under traffic is a stall of every lane, so benchmarks report them."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self._installed = False
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+        self.events: list[tuple[float, str]] = []
+
+    def install(self) -> bool:
+        """Hooks Triton (``knobs.runtime.jit_cache_hook``); False on a Triton without it."""
+        import triton
+
+        runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_cache_hook"):
+            return False
+        runtime.jit_cache_hook = self._hook
+        self._installed = True
+        return True
+
+    def _hook(self, *, repr: str, **_: Any) -> bool:  # noqa: A002 (Triton's keyword)
+        self.events.append((time.perf_counter() - self.t0, repr[:300]))
+        return False  # False: compile as usual
+
+    def summary(self) -> dict[str, Any] | None:
+        if not self._installed:
+            return None
+        return {
+            "num": len(self.events),
+            "events": [{"t_s": t, "kernel": k} for t, k in self.events],
+        }
+
+
 def keep_slowest(top: list[tuple], item: tuple, size: int = StepRecorder.NUM_SLOWEST) -> None:
     """Keeps ``top`` the ``size`` largest items (by their first field), largest first."""
     top.append(item)

@@ -55,6 +55,7 @@ from common import (  # noqa: E402
     write_json,
 )
 from harness import (  # noqa: E402
+    CompileLog,
     StepRecorder,
     attach_recorder,
     build_engine,
@@ -290,15 +291,19 @@ def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) ->
         recorder = attach_recorder(llm, LoadRecorder())
         if llm.core.spec.enabled:
             recorder.time_proposals(llm.core.spec)
+        compiles = CompileLog()
+        compiles.install()
         t = time.perf_counter()
         llm.loop.run_until_complete(drive(llm.engine, warmup, args))
         rec["warmup_s"] = time.perf_counter() - t
         recorder.reset()
+        compiles.reset()
         preemptions = llm.core.scheduler.num_preemptions
         traces, snaps, t_start = llm.loop.run_until_complete(drive(llm.engine, requests, args))
         rec["run_s"] = time.perf_counter() - t_start
         rec["num_preemptions"] = llm.core.scheduler.num_preemptions - preemptions
         rec["engine_error"] = engine_error(llm.engine)
+        rec["compiles_during_run"] = compiles.summary()
         return rec | mode_results(llm, recorder, traces, snaps, t_start)
     finally:
         close_engine(llm)
