@@ -123,29 +123,32 @@ class ModelRunner:
 
     def _upload(self, plan, ids, pos, slots, qsl, seq_lens, *rows) -> StepInputs:
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
-        int32 buffer (query starts, seq lens, block tables), sliced into views on the device."""
+        int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
+
+        Every view starts 16-byte aligned. Triton specializes pointer arguments on that
+        alignment, so a view whose offset depended on the token or sequence count would make
+        some steps compile a second variant of a kernel, under traffic (a stall of ~1 s)."""
         num_tokens, num_seqs = len(ids), len(seq_lens)
-        wide = self._to_device(np.array([ids, pos, slots], dtype=np.int64), torch.int64)
-        narrow_host = np.concatenate(
-            [
-                np.asarray(qsl, np.int32),
-                np.asarray(seq_lens, np.int32),
-                self._tables(plan, seq_lens).ravel(),
-            ]
+        width = num_tokens + num_tokens % 2  # int64 rows of an even length: 16-byte aligned
+        wide_host = np.zeros((3, width), dtype=np.int64)
+        wide_host[:, :num_tokens] = (ids, pos, slots)
+        wide = self._to_device(wide_host, torch.int64)[:, :num_tokens]
+        tables = self._tables(plan, seq_lens)
+        narrow_host, (starts, lens, table) = _aligned_concat(
+            [np.asarray(qsl, np.int32), np.asarray(seq_lens, np.int32), tables.ravel()]
         )
         narrow = self._to_device(narrow_host, torch.int32)
         query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
         meta = AttentionMetadata(
             slot_mapping=wide[2],
-            query_start_loc=narrow[: num_seqs + 1],
-            seq_lens=narrow[num_seqs + 1 : 2 * num_seqs + 1],
-            block_tables=narrow[2 * num_seqs + 1 :].view(num_seqs, -1),
+            query_start_loc=narrow[starts : starts + num_seqs + 1],
+            seq_lens=narrow[lens : lens + num_seqs],
+            block_tables=narrow[table : table + tables.size].view(num_seqs, -1),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             query_lens_cpu=query_lens,
             seq_lens_cpu=seq_lens,
         )
-        assert wide.shape[1] == num_tokens
         return StepInputs(wide[0], wide[1], meta, *rows)
 
     def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
@@ -332,3 +335,17 @@ class ModelRunner:
             else:
                 out[k, :n, : p.shape[-1]] = p[:n]  # a smaller drafter vocab pads with 0
         return out
+
+
+def _aligned_concat(parts: list[np.ndarray], align_bytes: int = 16) -> tuple[np.ndarray, list[int]]:
+    """Concatenates 1-D arrays of one dtype, each starting at a multiple of ``align_bytes``;
+    returns the buffer and each part's element offset."""
+    step = max(1, align_bytes // parts[0].itemsize)
+    offsets, total = [], 0
+    for part in parts:
+        offsets.append(total)
+        total += -(-part.size // step) * step
+    out = np.zeros(total, dtype=parts[0].dtype)
+    for off, part in zip(offsets, parts, strict=True):
+        out[off : off + part.size] = part
+    return out, offsets
