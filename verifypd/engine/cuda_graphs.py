@@ -149,22 +149,23 @@ def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> Non
     up to 16, 32 or 64 rows: a verify of any draft length) and the prefill kernel.
     """
     device = kv.device
-    for num_seqs in (1, 2, 3, 16, 17):
-        for q in (1, 2, 3, 4, 5, 9, 17, 64):
-            t = num_seqs * q
-            meta = AttentionMetadata(
-                slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
-                query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q,
-                seq_lens=torch.full((num_seqs,), q, dtype=torch.int32, device=device),
-                block_tables=torch.zeros(
-                    num_seqs, -(-q // block_size), dtype=torch.int32, device=device
-                ),  # fmt: skip
-                max_query_len=q,
-                max_seq_len=min(max_len, 4096),
-                query_lens_cpu=[q] * num_seqs,
-                seq_lens_cpu=[q] * num_seqs,
-            )
-            ids = torch.zeros(t, dtype=torch.int64, device=device)
-            pos = torch.arange(t, device=device) % q
-            model.compute_logits(model(ids, pos, kv, meta)[-1:])
+    shapes = [(b, q, 4096) for b in (1, 2, 3, 16, 17) for q in (1, 2, 3, 4, 5, 9, 17, 64)]
+    shapes += [(b, q, q) for b in (1, 17) for q in (1, 5)]  # short contexts: one split
+    for num_seqs, q, max_seq_len in shapes:
+        t = num_seqs * q
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
+            query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q,
+            seq_lens=torch.full((num_seqs,), q, dtype=torch.int32, device=device),
+            block_tables=torch.zeros(
+                num_seqs, -(-q // block_size), dtype=torch.int32, device=device
+            ),  # fmt: skip
+            max_query_len=q,
+            max_seq_len=min(max_len, max_seq_len),
+            query_lens_cpu=[q] * num_seqs,
+            seq_lens_cpu=[q] * num_seqs,
+        )
+        ids = torch.zeros(t, dtype=torch.int64, device=device)
+        pos = torch.arange(t, device=device) % q
+        model.compute_logits(model(ids, pos, kv, meta)[-1:])
     torch.cuda.synchronize()

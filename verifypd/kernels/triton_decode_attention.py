@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 64  # one key tile
-MAX_SPLITS = 32
+MAX_SPLITS = 32  # a power of two: the merge kernel pads every split count to it
 MAX_ROWS = 64  # (query token, head) rows per program: max_query_len * G must fit
 
 
@@ -159,7 +159,7 @@ def _merge_splits_kernel(
     num_seqs,  # B
     num_splits,  # S
     HEAD_DIM: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
+    SPLITS_PAD: tl.constexpr,  # MAX_SPLITS: one variant for every split count (masked)
     USE_PDL: tl.constexpr,
 ):
     wait_for_previous(USE_PDL)
@@ -254,7 +254,7 @@ def decode_attention(
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, meta.query_start_loc, out, *po_strides, *pl_strides,
             out.stride(0), out.stride(1), num_seqs, num_splits, HEAD_DIM=head_dim,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            SPLITS_PAD=MAX_SPLITS, num_warps=4,
             **launch_options(q.device),
         )  # fmt: skip
     return out
