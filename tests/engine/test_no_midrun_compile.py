@@ -36,7 +36,12 @@ def test_no_triton_compile_after_start_up(controller):
     ))  # fmt: skip
     compiled: list[str] = []
     previous = runtime.jit_cache_hook
-    runtime.jit_cache_hook = lambda *, repr, **_: compiled.append(repr[:120]) or False
+
+    def hook(*, repr: str, compile: dict, **_) -> bool:  # noqa: A002 (Triton's keywords)
+        compiled.append(f"{repr.split('[')[0]} {compile.get('constants')}"[:400])
+        return False  # compile as usual
+
+    runtime.jit_cache_hook = hook
     try:
         rng = np.random.default_rng(0)
         vocab = core.model_config.vocab_size

@@ -146,11 +146,12 @@ def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> Non
     a new kind compiles kernels for hundreds of milliseconds: a tail-latency stall if it
     happens under traffic. Writes go to slot -1 (nowhere); reads stay inside block 0. The
     query lengths cover every tile height of the short-query attention kernel (q * G rounded
-    up to 16, 32 or 64 rows: a verify of any draft length) and the prefill kernel.
+    up to 16, 32 or 64 rows: a verify of any draft length) and the prefill kernel, each over a
+    long context (split-K) and a short one (a single split writes the output directly).
     """
     device = kv.device
-    shapes = [(b, q, 4096) for b in (1, 2, 3, 16, 17) for q in (1, 2, 3, 4, 5, 9, 17, 64)]
-    shapes += [(b, q, q) for b in (1, 17) for q in (1, 5)]  # short contexts: one split
+    query_lens = (1, 2, 3, 4, 5, 9, 17, 33, 64)
+    shapes = [(b, q, ctx) for b in (1, 2, 3, 16, 17) for q in query_lens for ctx in (4096, q)]
     for num_seqs, q, max_seq_len in shapes:
         t = num_seqs * q
         meta = AttentionMetadata(
