@@ -47,7 +47,11 @@ MAX_ROWS = 64  # (query token, head) rows per program: max_query_len * G must fi
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
 # for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
-@triton.jit(do_not_specialize=["stride_bt_b", "num_splits"])
+# The partial buffers' strides scale with the split count, which follows the batch.
+_PARTIAL_STRIDES = ["stride_po_t", "stride_po_h", "stride_po_s", "stride_pl_t", "stride_pl_h"]
+
+
+@triton.jit(do_not_specialize=["stride_bt_b", "num_splits", *_PARTIAL_STRIDES])
 def _split_kv_attention_kernel(
     q_ptr,  # [T, Hq, D]
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D]
@@ -143,7 +147,7 @@ def _split_kv_attention_kernel(
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
 # for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", *_PARTIAL_STRIDES])
 def _merge_splits_kernel(
     part_out_ptr,  # [T, Hq, S, D] fp32
     part_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
