@@ -61,10 +61,11 @@ class LaneStreams:
     def __init__(self, device: torch.device) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
         # VERIFYPD_LANE_STREAMS: the lanes that get their own stream (comma list; "0" = none).
-        # Default decode + prefill: on an H200 (dummy Qwen2.5-7B + 0.5B drafter, batch 8) a
-        # separate verify stream next to the prefill stream cut speculative throughput 2.7x
-        # (636 vs 1929 tok/s; cause not yet found), so verify runs on the current stream.
-        wanted = os.environ.get("VERIFYPD_LANE_STREAMS", "decode,prefill").split(",")
+        # Default: all three (DESIGN.md). An earlier measurement that had verify on its own
+        # stream 2.7x slower was made while steps still compiled Triton variants mid-run; with
+        # that fixed (H200, dummy Qwen2.5-7B + 0.5B drafter, bench/diag_spec.py) the verify
+        # stream was 6-10 % faster than the current stream at batch 1 and 8.
+        wanted = os.environ.get("VERIFYPD_LANE_STREAMS", "decode,prefill,verify").split(",")
         if device.type == "cuda":
             highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
             prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
