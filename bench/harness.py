@@ -398,14 +398,17 @@ VARIANTS = {
     "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
     "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
     "graphs-gemv1": {"use_triton": True, "cuda_graphs": True},
+    "graphs-silu-separate": {"use_triton": True, "cuda_graphs": True},
 }
 # Kernel-choice switches per variant (A/B in one run), as "module.NAME" in verifypd.kernels:
 # unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all;
-# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify).
+# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify); silu-separate =
+# at 2..16 rows SwiGLU as its own kernel instead of gate_up's epilogue.
 OPS_SWITCHES = {
     "graphs-unfused": {"triton_ops.FUSE_NORM": False, "triton_ops.FUSE_SILU": False},
     "graphs-cublas": {"triton_ops.GEMV_MAX_ROWS": 0},
     "graphs-gemv1": {"triton_ops.GEMV_MAX_ROWS": 1},
+    "graphs-silu-separate": {"triton_ops.FUSE_SILU_EPILOGUE": False},
 }
 
 

@@ -14,6 +14,7 @@ from verifypd.kernels.triton_gemv import (
     beats_gemm,
     choose_config,
     gemv,
+    gemv_silu,
     rms_norm_gemv,
     silu_mul_gemv,
 )
@@ -78,6 +79,28 @@ def test_silu_mul_gemv_matches_swiglu_then_linear(target, tiles, num_rows, with_
     _close(target, out, reference.silu_mul_linear(gate_up, weight, residual))
 
 
+@pytest.mark.parametrize("tiles", TILES)
+@pytest.mark.parametrize("num_rows", [2, 5, 16])
+@pytest.mark.parametrize("n,k", [(40, 96), (130, 1030)])
+def test_gemv_silu_matches_gate_up_then_swiglu(target, tiles, num_rows, n, k):
+    gen = torch.Generator().manual_seed(20 + num_rows + n)
+    x = _rand(target, num_rows, k, gen=gen)
+    gate_up_weight = _rand(target, 2 * n, k, gen=gen, scale=0.2)
+
+    out = gemv_silu(x, gate_up_weight, **tiles)
+
+    assert out.shape == (num_rows, n)
+    _close(target, out, reference.silu_and_mul(reference.linear(x, gate_up_weight)))
+
+
+def test_gemv_silu_takes_several_rows_of_a_gate_up_weight(target):
+    w = torch.zeros(32, 16, dtype=target.dtype, device=target.device)
+    with pytest.raises(AssertionError, match="rows"):
+        gemv_silu(torch.zeros(1, 16, dtype=target.dtype, device=target.device), w)
+    with pytest.raises(AssertionError, match="2I"):
+        gemv_silu(torch.zeros(3, 16, dtype=target.dtype, device=target.device), w[:31])
+
+
 def test_gemv_rejects_bad_inputs(target):
     x = torch.zeros(MAX_ROWS + 1, 32, dtype=target.dtype, device=target.device)
     weight = torch.zeros(16, 32, dtype=target.dtype, device=target.device)
@@ -122,6 +145,25 @@ def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused, ge
         triton_ops.silu_mul_linear(gate_up, down, residual),
         reference.silu_mul_linear(gate_up, down, residual),
     )
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 16, 20])
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_mlp_block_matches_reference(target, monkeypatch, num_rows, epilogue):
+    """The SwiGLU block whichever way it is split: prologues at one row, SwiGLU on the gate_up
+    epilogue at 2..16 rows (or the separate kernels), cuBLAS past 16."""
+    monkeypatch.setattr(triton_ops, "FUSE_SILU_EPILOGUE", epilogue)
+    hidden, inter = 64, 80
+    gen = torch.Generator().manual_seed(30 + num_rows)
+    residual = _rand(target, num_rows, hidden, gen=gen)
+    norm_weight = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(target.dtype)
+    norm_weight = norm_weight.to(target.device)
+    gate_up = _rand(target, 2 * inter, hidden, gen=gen, scale=0.2)
+    down = _rand(target, hidden, inter, gen=gen, scale=0.1)
+
+    out = triton_ops.mlp(residual, norm_weight, 1e-6, gate_up, down)
+
+    _close(target, out, reference.mlp(residual, norm_weight, 1e-6, gate_up, down))
 
 
 def test_cublas_keeps_narrow_long_k_projections_at_several_rows():

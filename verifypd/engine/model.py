@@ -119,8 +119,8 @@ class MLP(nn.Module):
 
     def forward(self, residual: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
         """Pre-norm SwiGLU block: residual stream [T, H] -> residual + MLP(norm(residual))."""
-        gate_up = self.ops.rms_norm_linear(residual, norm_weight, eps, self.gate_up_proj.weight)
-        return self.ops.silu_mul_linear(gate_up, self.down_proj.weight, residual)
+        w_gate_up, w_down = self.gate_up_proj.weight, self.down_proj.weight
+        return self.ops.mlp(residual, norm_weight, eps, w_gate_up, w_down)
 
 
 class DecoderLayer(nn.Module):

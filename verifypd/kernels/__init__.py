@@ -28,6 +28,7 @@ class Ops:
     linear: Callable[..., object]
     rms_norm_linear: Callable[..., object]
     silu_mul_linear: Callable[..., object]
+    mlp: Callable[..., object]
 
 
 REFERENCE_OPS = Ops(
@@ -40,6 +41,7 @@ REFERENCE_OPS = Ops(
     linear=reference.linear,
     rms_norm_linear=reference.rms_norm_linear,
     silu_mul_linear=reference.silu_mul_linear,
+    mlp=reference.mlp,
 )
 
 
@@ -67,4 +69,5 @@ def _triton_ops() -> Ops:
         linear=triton_ops.linear,
         rms_norm_linear=triton_ops.rms_norm_linear,
         silu_mul_linear=triton_ops.silu_mul_linear,
+        mlp=triton_ops.mlp,
     )

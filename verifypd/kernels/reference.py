@@ -210,3 +210,12 @@ def rms_norm_linear(
 def silu_mul_linear(gate_up: Tensor, weight: Tensor, residual: Tensor | None = None) -> Tensor:
     """``silu_and_mul`` then ``linear`` (+ residual): gate_up [T, 2I] -> [T, N]."""
     return linear(silu_and_mul(gate_up), weight, None, residual)
+
+
+def mlp(
+    residual: Tensor, norm_weight: Tensor, eps: float, gate_up_weight: Tensor, down_weight: Tensor
+) -> Tensor:
+    """Pre-norm SwiGLU block: ``residual + down(silu(gate) * up)`` of ``rms_norm(residual)``,
+    gate_up_weight [2I, H] = [W_gate; W_up], down_weight [H, I]: [T, H] -> [T, H]."""
+    gate_up = rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
+    return silu_mul_linear(gate_up, down_weight, residual)

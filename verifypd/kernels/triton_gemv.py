@@ -12,6 +12,10 @@ This kernel streams W once and folds the cheap per-row work around a projection 
 * ``PROLOGUE_SILU_MUL``: x = [gate | up] and the input is ``silu(gate) * up`` (SwiGLU).
 * ``HAS_BIAS``: the q/k/v bias of Qwen2. ``HAS_RESIDUAL``: ``+ residual [M, N]``, so the
   o and down projections write the next residual stream directly.
+* ``SILU_OUT`` (epilogue, 2..16 rows): W = [W_gate; W_up] is [2N, K] and the output is
+  ``silu(x W_gate^T) * (x W_up^T)`` [M, N]: each program accumulates its gate and up columns
+  side by side and applies SwiGLU once per output, where the prologue form would redo it for
+  every program (at several rows that prologue lost badly to a separate kernel).
 
 Every program re-reads its input rows (L2-resident) for its BLOCK_N outputs; the prologues
 make that re-read a little wider, which is why the ops layer fuses them only where measured
@@ -60,6 +64,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SILU_OUT: tl.constexpr,  # W is [2N, K] = [gate; up]; out = silu(gate) * up (M_PAD > 1)
     USE_PDL: tl.constexpr,
 ):
     wait_for_previous(USE_PDL)
@@ -74,6 +79,7 @@ def _gemv_kernel(
 
     sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)  # SILU_OUT: the up columns
     acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce at the end
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_kb
@@ -98,10 +104,22 @@ def _gemv_kernel(
             acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
         else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
             acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
+            if SILU_OUT:
+                w_up = tl.load(
+                    w_ptrs + N * stride_w_n, mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first",
+                )  # fmt: skip
+                acc_up += tl.dot(
+                    a.to(dtype), tl.trans(w_up.to(dtype)), input_precision=DOT_PRECISION
+                )
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
     if PROLOGUE == 1:
         acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
+    if SILU_OUT:  # rounded as the unfused path rounds: gate_up, silu(gate), the product
+        gate = acc.to(dtype).to(tl.float32)
+        silu = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        acc = silu * acc_up.to(dtype).to(tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     mn_mask = m_mask[:, None] & n_mask[None, :]
@@ -127,15 +145,21 @@ class GemvConfig(NamedTuple):
     num_stages: int
 
 
-def choose_config(prologue: int, num_rows: int, n: int, k: int) -> GemvConfig:
+def choose_config(
+    prologue: int, num_rows: int, n: int, k: int, silu_out: bool = False
+) -> GemvConfig:
     """Tile sizes from the shape (host ints only, so CUDA-graph capture sees one choice).
 
     Tuned on an H200 with ``bench/gemv.py`` on the Qwen2.5 0.5B/1.5B/7B projections. One row:
     wide outputs (gate_up, LM head) want 16-row tiles of 256 columns; narrow ones (q/k/v, o,
     down) want 4-row tiles (8 behind a prologue, which re-reads the input per program) and the
     longest K tile that does not leave a mostly empty last tile. Several rows: tensor-core
-    tiles of 16 rows.
+    tiles of 16 rows. ``silu_out`` (n = I outputs, two weight tiles per step): the tiles of the
+    [2I, K] projection with half the columns each.
     """
+    if silu_out:
+        cfg = choose_config(prologue, num_rows, 2 * n, k)
+        return cfg._replace(block_n=max(16, cfg.block_n // 2))
     if num_rows > 1:
         if n > 8192:
             block_k = 256 if k >= 1536 and n > 65536 else 128
@@ -178,6 +202,14 @@ def rms_norm_gemv(
     return _launch(PROLOGUE_RMS_NORM, x, weight, bias, None, config, norm=(norm_weight, eps))
 
 
+def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, **config) -> torch.Tensor:
+    """``silu(x @ W_gate^T) * (x @ W_up^T)`` with gate_up_weight [2I, K] = [W_gate; W_up] ->
+    [M, I]; 2..MAX_ROWS rows (one row folds SwiGLU into the down projection instead)."""
+    assert gate_up_weight.shape[0] % 2 == 0, "gate_up_weight: [2I, K]"
+    assert x.dim() == 2 and 2 <= x.shape[0] <= MAX_ROWS, f"gemv_silu takes 2..{MAX_ROWS} rows"
+    return _launch(PROLOGUE_NONE, x, gate_up_weight, None, None, config, silu_out=True)
+
+
 def silu_mul_gemv(
     gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, **config
 ) -> torch.Tensor:
@@ -193,9 +225,12 @@ def _launch(
     residual: torch.Tensor | None,
     config: dict,
     norm: tuple[torch.Tensor, float] | None = None,
+    silu_out: bool = False,
 ) -> torch.Tensor:
     num_rows = x.shape[0]
     n, k = weight.shape
+    if silu_out:
+        n //= 2  # outputs: the gate half; the kernel reads the up rows N rows further on
     in_width = 2 * k if prologue == PROLOGUE_SILU_MUL else k
     assert x.dim() == 2 and x.shape[1] == in_width, f"x: [M, {in_width}], got {tuple(x.shape)}"
     assert 1 <= num_rows <= MAX_ROWS, f"gemv takes 1..{MAX_ROWS} rows, got {num_rows}"
@@ -207,7 +242,7 @@ def _launch(
         assert residual.shape == (num_rows, n) and residual.stride(1) == 1, "residual: [M, N]"
         assert residual.dtype == x.dtype, "residual must share x's dtype"
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
-    cfg = choose_config(prologue, num_rows, n, k)._replace(**config)
+    cfg = choose_config(prologue, num_rows, n, k, silu_out)._replace(**config)
     norm_weight, eps = norm if norm is not None else (x, 0.0)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, norm_weight, weight, bias if bias is not None else x,
@@ -217,7 +252,7 @@ def _launch(
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out

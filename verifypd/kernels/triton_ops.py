@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from verifypd.kernels.triton_decode_attention import decode_attention, is_short_query
-from verifypd.kernels.triton_gemv import beats_gemm, gemv, rms_norm_gemv, silu_mul_gemv
+from verifypd.kernels.triton_gemv import (
+    beats_gemm,
+    gemv,
+    gemv_silu,
+    rms_norm_gemv,
+    silu_mul_gemv,
+)
 from verifypd.kernels.triton_prefill_attention import prefill_attention
 from verifypd.kernels.triton_rms_norm import rms_norm
 from verifypd.kernels.triton_rope import rope
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "linear",
+    "mlp",
     "paged_attention",
     "rms_norm",
     "rms_norm_linear",
@@ -52,6 +59,8 @@ GEMV_MAX_ROWS = 16
 FUSE_NORM = True
 FUSE_NORM_MAX_N = 8192
 FUSE_SILU = True
+# At 2..16 rows SwiGLU rides on the gate_up projection's epilogue instead (once per output).
+FUSE_SILU_EPILOGUE = True
 
 
 def paged_attention(
@@ -103,3 +112,20 @@ def silu_mul_linear(
     if FUSE_SILU and gate_up.shape[0] == 1 and GEMV_MAX_ROWS >= 1:
         return silu_mul_gemv(gate_up, weight, residual)
     return linear(silu_and_mul(gate_up), weight, None, residual)
+
+
+def mlp(
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+) -> torch.Tensor:
+    """Pre-norm SwiGLU block -> residual + MLP [T, H]. One row: the norm and SwiGLU fold into
+    the projections' prologues; 2..16 rows: SwiGLU into gate_up's epilogue; more: cuBLAS."""
+    rows = residual.shape[0]
+    if FUSE_SILU_EPILOGUE and 1 < rows <= GEMV_MAX_ROWS and beats_gemm(rows, *gate_up_weight.shape):
+        normed, _ = rms_norm(residual, norm_weight, eps)
+        return linear(gemv_silu(normed, gate_up_weight), down_weight, None, residual)
+    gate_up = rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
+    return silu_mul_linear(gate_up, down_weight, residual)
