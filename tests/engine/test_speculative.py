@@ -88,3 +88,18 @@ def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():
     got = greedy_accept(target_ids, drafts, num_drafts)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     assert set(got[1].tolist()) == set(range(width + 1))
+
+
+def test_the_controller_learns_the_drafting_cost_from_proposals():
+    from verifypd.config import EngineConfig, SpecConfig
+    from verifypd.engine.core import EngineCore
+
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", initial_draft_len=3)
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    model = core.controller.cost_model
+    prior = model.draft_cost()
+    core.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=12, temperature=0))
+    while core.has_unfinished():
+        core.step()
+    assert model.num_observations["draft"] > 0
+    assert model.draft_cost() != prior and model.draft_cost() > 0

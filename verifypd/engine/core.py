@@ -27,6 +27,7 @@ from verifypd.types import (
     ParamError,
     RequestOutput,
     SamplingParams,
+    ScheduledSeq,
     SeqStatus,
     Sequence,
     StepPlan,
@@ -277,8 +278,18 @@ class EngineCore:
         plan = self.scheduler.schedule_mixed(self.draft_lens())
         if plan is not None and self.spec.enabled:
             decodes = [e for e in plan.seqs if e.seq.status is SeqStatus.DECODING]
-            self.spec.propose(decodes, self.drafter_temps())
+            self.propose(decodes)
         return plan
+
+    def propose(self, entries: list[ScheduledSeq]) -> None:
+        """Drafts for the speculating entries; the controller learns the drafting cost (per
+        drafted token) from its wall time, as it learns decode and verify costs from steps."""
+        start = time.perf_counter()
+        self.spec.propose(entries, self.drafter_temps())
+        drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
+        if drafted:
+            seconds = time.perf_counter() - start
+            self.controller.observe_step("draft", seconds, len(drafted), sum(drafted))
 
     def record_step(self, plan: StepPlan, seconds: float) -> None:
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)

@@ -204,7 +204,7 @@ class LaneDispatcher:
         entries = self.sched.plan_decode(draft_lens)
         if can_draft:
             with self._lane_context("decode"):
-                spec.propose(entries, self.core.drafter_temps())
+                self.core.propose(entries)
         plain = [e for e in entries if not e.draft_token_ids]
         for e in entries:
             if e.draft_token_ids:
