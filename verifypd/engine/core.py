@@ -283,11 +283,13 @@ class EngineCore:
 
     def propose(self, entries: list[ScheduledSeq]) -> None:
         """Drafts for the speculating entries; the controller learns the drafting cost (per
-        drafted token) from its wall time, as it learns decode and verify costs from steps."""
+        drafted token) from the wall time of steady proposals, as it learns decode and verify
+        costs from steps. A proposal whose drafter first caught up on a whole prompt is left
+        out: that one-off prefill would make drafting look several times dearer than it is."""
         start = time.perf_counter()
         self.spec.propose(entries, self.drafter_temps())
         drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
-        if drafted:
+        if drafted and self.spec.last_proposal_was_steady:
             seconds = time.perf_counter() - start
             self.controller.observe_step("draft", seconds, len(drafted), sum(drafted))
 

@@ -55,6 +55,7 @@ class DraftModelProposer:
         self.vocab_size = cfg.vocab_size
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
+        self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
         """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry.
@@ -67,8 +68,10 @@ class DraftModelProposer:
             if n > 0 and (v := self._prepare_view(e.seq, n)) is not None
         ]
         if not active:
+            self.last_catch_up = 0
             return
         _uniform_catch_up([v for _, v, _, _ in active])
+        self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for _, v, _, _ in active)
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
         drafted: list[torch.Tensor] = []  # per step j: [B_j] token ids on the device
         probs: list[torch.Tensor | None] = []
@@ -173,6 +176,12 @@ class SpecDecoder:
     @property
     def enabled(self) -> bool:
         return self.config.method != "off"
+
+    @property
+    def last_proposal_was_steady(self) -> bool:
+        """False when the drafter had to catch up on more than the last round's tokens (a new
+        or long-parked request: a one-off prefill of the drafter, not the cost of drafting)."""
+        return self.drafter is None or self.drafter.last_catch_up <= 2
 
     def wants(self, seq: Sequence) -> bool:
         return self.enabled and seq.params.speculate and seq.draft_len > 0
