@@ -98,8 +98,8 @@ def kernel_trace(core: EngineCore, steps: int) -> dict:
               for e in events if e.name.startswith("phase:")]  # fmt: skip
     kernels: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for e in events:
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.name.startswith("phase:"):
+            continue  # host ops, and the phase ranges' own annotations on the GPU timeline
         t = e.time_range.start
         phase = next((n for n, a, b in ranges if a <= t <= b), "step")
         kernels[phase].append((t, e.time_range.end, e.name[:80]))
