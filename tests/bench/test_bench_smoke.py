@@ -75,7 +75,10 @@ def test_spec(tmp_path: Path) -> None:
             m = r[name]["batches"]["1"]
             assert "error" not in m, m.get("error")
             assert m["decode_tok_s"] > 0 and m["e2e_tok_s"] > 0
-        assert r["speedup"]["1"]["decode"] > 0
+        sp = r["speedup"]["1"]
+        assert sp["decode"] > 0
+        acc = r["spec"]["batches"]["1"]["steps"]["spec"]["mean_accepted_per_call"]
+        assert sp["decode_at_expected"] == pytest.approx(sp["decode"] * 3.3616 / (1 + acc), 1e-3)
 
 
 def test_gpu_check_logic_on_cpu(tmp_path: Path) -> None:
