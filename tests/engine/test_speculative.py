@@ -94,7 +94,10 @@ def test_the_controller_learns_the_drafting_cost_from_proposals():
     from verifypd.config import EngineConfig, SpecConfig
     from verifypd.engine.core import EngineCore
 
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", initial_draft_len=3)
+    # A fixed L (the feedback controller would react to this CPU's timings); the fixed
+    # controller feeds the same cost model.
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", initial_draft_len=3,
+                      controller=False)  # fmt: skip
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
     model = core.controller.cost_model
     core.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=12, temperature=0))
