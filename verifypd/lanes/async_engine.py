@@ -13,6 +13,8 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
@@ -161,6 +163,11 @@ class AsyncEngine:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
         with self.streams.context(lane):
+            if lane == "verify" and self.streams.streams:
+                stream = torch.cuda.current_stream()
+                for e in plan.seqs:  # drafted on the decode stream, read here: keep the
+                    if e.draft_probs is not None:  # allocator from reusing them too early
+                        e.draft_probs.record_stream(stream)
             return self.core.runner.launch(plan)
 
     def _deliver(self, out: RequestOutput) -> None:
