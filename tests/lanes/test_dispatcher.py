@@ -138,55 +138,6 @@ async def test_verify_is_not_starved_by_plain_decodes():
     core.check_integrity()
 
 
-class _Gate:
-    """Stands in for a proposal's CUDA event: not done until opened."""
-
-    def __init__(self) -> None:
-        self.open = False
-
-    def query(self) -> bool:
-        return self.open
-
-
-async def test_drafting_runs_without_blocking_decode_and_survives_an_abort():
-    """A launched proposal is polled, not waited for: plain decodes keep launching while the
-    drafted cohort is on the device, the cohort sits in neither queue, and a request aborted
-    meanwhile still folds back through its verify step and frees every block."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
-    core, d, clock = _dispatcher(spec)
-    gate = _Gate()
-    launch_proposal = core.launch_proposal
-
-    def gated(entries):
-        pending = launch_proposal(entries)
-        if pending.entries:
-            pending.event = gate
-        return pending
-
-    core.launch_proposal = gated
-    _add(core, "a", 5, clock, max_tokens=20)
-    core.add_request("b", [3, 4, 5], SamplingParams(max_tokens=30, temperature=0, speculate=False))
-    for _ in range(10):
-        await d.tick()
-        if d.drafting is not None:
-            break
-    assert d.drafting is not None and d.verify_queue == []
-    (seq_a,) = [e.seq for e in d.drafting.entries]
-    assert seq_a.request_id == "a" and seq_a.in_flight
-    start = len(d.launch_log)
-    await _ticks(d, 4)
-    assert d.launch_log[start:] == ["decode"] * 4  # b decodes while a's drafts are pending
-    assert d.drafting is not None and "verify" not in d.launch_log[start:]
-    core.abort_request("a")
-    gate.open = True
-    for _ in range(60):
-        await d.tick()
-    assert d.drafting is None and d.verify_queue == []
-    assert not core.has_unfinished() and seq_a.in_flight == 0
-    core.check_integrity()
-    assert core.kv.usage == 0 and core.spec.drafter.kv.usage == 0
-
-
 async def test_failed_step_ends_requests_and_caches_nothing():
     """A launch that raises ends its requests with "error"; the KV it never wrote must not
     reach the prefix cache (a later request with the same prompt would read garbage)."""

@@ -53,16 +53,11 @@ class _Launched:
 
 @dataclass
 class PendingProposal:
-    """Drafts on their way: ``entries`` get them at ``SpecDecoder.finish``. ``done()`` polls
-    the device without blocking (always true on CPU and for n-gram lookup)."""
+    """Drafts on their way: ``entries`` get them at ``SpecDecoder.finish``."""
 
     entries: list[ScheduledSeq]
     launched: _Launched | None = None
-    event: torch.cuda.Event | None = None
-    timing: tuple | None = None  # CUDA events around the launch (draft cost), or wall seconds
-
-    def done(self) -> bool:
-        return self.event is None or self.event.query()
+    timing: tuple | None = None  # (CUDA events around the launch or None, wall seconds)
 
 
 class DraftModelProposer:
@@ -256,11 +251,7 @@ class SpecDecoder:
         launched = self.drafter.launch([e for e, _ in spec], [n for _, n in spec], t)
         if launched is None:
             return PendingProposal([])
-        event = None
-        if launched.drafted[0].is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return PendingProposal([a[0] for a in launched.active], launched, event)
+        return PendingProposal([a[0] for a in launched.active], launched)
 
     def finish(self, pending: PendingProposal) -> None:
         """Brings launched drafts to their entries (waits if ``pending`` is not done)."""

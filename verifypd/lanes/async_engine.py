@@ -132,8 +132,6 @@ class AsyncEngine:
         d = self.dispatcher
         queued = [e.seq for f in d.in_flight.values() for e in f.plan.seqs]
         queued += [e.seq for e in d.verify_queue]  # these steps still land and fold back in
-        if d.drafting is not None:  # so do these, once their drafts are collected
-            queued += [e.seq for e in d.drafting.entries]
         for rid in list(self._queues):
             seqs = [st.seq for st in self.core.requests.get(rid, [])]
             for out in self.core.abort_request(rid):
@@ -150,7 +148,7 @@ class AsyncEngine:
         while True:
             if await d.tick():
                 await asyncio.sleep(0)
-            elif d.busy:
+            elif d.in_flight:
                 await asyncio.sleep(0)  # poll the lanes' CUDA events without blocking
             elif d.has_work():
                 await asyncio.sleep(0.001)  # work exists but nothing fits right now

@@ -26,7 +26,6 @@ import torch
 
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
-from verifypd.engine.speculative import PendingProposal
 from verifypd.types import RequestOutput, ScheduledSeq, SeqStatus, StepPlan
 
 LANES = ("decode", "verify", "prefill")  # priority order
@@ -111,7 +110,6 @@ class LaneDispatcher:
         self.ttft_budget_s = ttft_budget_s
         self.clock = clock
         self.verify_queue: list[ScheduledSeq] = []
-        self.drafting: PendingProposal | None = None  # drafts on the device, not yet collected
         self.in_flight: dict[str, InFlight] = {}
         self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
         self._last_lane: str | None = None
@@ -141,12 +139,7 @@ class LaneDispatcher:
         return self.clock() - min(s.arrival_time for s in self.sched.waiting)
 
     def has_work(self) -> bool:
-        return self.busy or any(self._has_work().values())
-
-    @property
-    def busy(self) -> bool:
-        """A lane step or a proposal is on the device: poll for it."""
-        return bool(self.in_flight) or self.drafting is not None
+        return bool(self.in_flight) or any(self._has_work().values())
 
     # ------------------------------------------------------------------ one iteration
     async def tick(self) -> bool:
@@ -174,7 +167,6 @@ class LaneDispatcher:
             tried.add(lane)
 
     def collect(self) -> bool:
-        drafted = self._collect_drafts()
         done = [lane for lane, f in self.in_flight.items() if f.pending and f.pending.done()]
         for lane in done:
             f = self.in_flight.pop(lane)
@@ -182,21 +174,9 @@ class LaneDispatcher:
             self.core.record_step(f.plan, self.clock() - f.start)
             for out in self.core.finish_step(f.plan, token_ids):
                 self._deliver(out)
-        if done or drafted:
+        if done:
             self._report()
-        return bool(done) or drafted
-
-    def _collect_drafts(self) -> bool:
-        """A finished proposal's sequences join the verify queue (with drafts, or with none if
-        a stop trimmed them: the verify step then samples their one token)."""
-        if self.drafting is None or not self.drafting.done():
-            return False
-        pending, self.drafting = self.drafting, None
-        self.core.finish_proposal(pending)
-        self.verify_queue.extend(pending.entries)
-        if self.core.spec.enabled:
-            self.core.controller.observe_verify_queue(len(self.verify_queue))
-        return True
+        return bool(done)
 
     # ------------------------------------------------------------------ planning per lane
     def _plan(self, lane: str) -> StepPlan | None:
@@ -213,42 +193,26 @@ class LaneDispatcher:
     def _plan_decode(self) -> StepPlan | None:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
-        (decode never waits for verify).
-
-        Drafting is part of the decode lane's step (DESIGN.md) and runs on its stream, the
-        highest priority, but is not waited for: ``collect`` moves the drafted sequences to the
-        verify queue once their proposal is done, so the event loop never blocks on the drafter.
-        (On the verify stream, 6171855, drafting lost to concurrent prefill chunks: ITL p99 of
-        fixed-L speculation rose from 31-35 to 45.5 ms at 8 req/s.)"""
+        (decode never waits for verify)."""
         spec = self.core.spec
-        can_draft = (
-            spec.enabled
-            and "verify" not in self.in_flight
-            and not self.verify_queue
-            and self.drafting is None
-        )
+        can_draft = spec.enabled and "verify" not in self.in_flight and not self.verify_queue
         draft_lens = self.core.draft_lens()
         if not can_draft:
             for seq in self.sched.running:
                 seq.draft_len = 0
             draft_lens = {}
         entries = self.sched.plan_decode(draft_lens)
-        drafting: list[ScheduledSeq] = []
         if can_draft:
             with self._lane_context("decode"):
-                pending = self.core.launch_proposal(entries)
-            drafting = pending.entries
-            if drafting:
-                self.drafting = pending
-        for e in drafting:
-            e.seq.status = SeqStatus.VERIFYING
-            self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
+                self.core.propose(entries)
+        plain = [e for e in entries if not e.draft_token_ids]
+        for e in entries:
+            if e.draft_token_ids:
+                e.seq.status = SeqStatus.VERIFYING
+                self.verify_queue.append(e)
+                self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
         if spec.enabled:
-            self.core.controller.observe_verify_queue(len(self.verify_queue) + len(drafting))
-        drafting_ids = {id(e) for e in drafting}
-        plain = [e for e in entries if id(e) not in drafting_ids]
-        if self.drafting is not None and self.drafting.done():
-            self._collect_drafts()  # CPU, n-gram: the drafts are there already
+            self.core.controller.observe_verify_queue(len(self.verify_queue))
         return StepPlan("decode", plain) if plain else None
 
     def _plan_verify(self) -> StepPlan | None:
