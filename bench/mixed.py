@@ -184,10 +184,10 @@ class LoadRecorder(StepRecorder):
         self.draft_lens: Counter[int] = Counter()
         self.slowest_proposals: list[tuple[float, int, float]] = []  # (s, seqs, t_end)
 
-    def time_proposals(self, spec) -> None:
-        """Wraps ``spec.propose`` (it runs on the event loop, outside every lane step) to keep
+    def time_proposals(self, core) -> None:
+        """Wraps ``core.propose`` (it runs on the event loop, outside every lane step) to keep
         the slowest calls: a drafter catch-up stalls every lane while it runs."""
-        inner = spec.propose
+        inner = core.propose
 
         def timed(entries, *args, **kwargs):
             t = time.perf_counter()
@@ -196,7 +196,7 @@ class LoadRecorder(StepRecorder):
             keep_slowest(self.slowest_proposals, (end - t, len(entries), end - self.t0))
             return out
 
-        spec.propose = timed
+        core.propose = timed
 
     def draft_length(self, draft_len: int) -> None:
         self.draft_lens[draft_len] += 1
@@ -290,7 +290,7 @@ def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) ->
         rec["vocab_guard"] = guard_draft_vocab(llm.core)
         recorder = attach_recorder(llm, LoadRecorder())
         if llm.core.spec.enabled:
-            recorder.time_proposals(llm.core.spec)
+            recorder.time_proposals(llm.core)
         compiles = CompileLog()
         compiles.install()
         t = time.perf_counter()
