@@ -64,7 +64,7 @@ def profile(args, spec_on: bool) -> dict:
     log: dict[str, list[tuple[float, float]]] = defaultdict(list)
     PhaseTimer(core.runner, "execute", log)
     if spec_on:
-        PhaseTimer(core.spec, "propose", log)
+        PhaseTimer(core, "propose", log)
     steps, tokens, t0 = 0, 0, time.perf_counter()
     step_times = []
     for _ in range(args.steps):
