@@ -19,7 +19,7 @@ from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.scheduler import Scheduler
-from verifypd.engine.speculative import DraftModelProposer, PendingProposal, SpecDecoder
+from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
 from verifypd.kernels import get_ops
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import (
@@ -282,36 +282,16 @@ class EngineCore:
         return plan
 
     def propose(self, entries: list[ScheduledSeq]) -> None:
-        """Drafts for the speculating entries, synchronously (the single-lane step)."""
-        self.finish_proposal(self.launch_proposal(entries))
-
-    def launch_proposal(self, entries: list[ScheduledSeq]) -> PendingProposal:
-        """Starts drafting for the speculating entries without waiting for the device."""
+        """Drafts for the speculating entries; the controller learns the drafting cost (per
+        drafted token) from the wall time of steady proposals, as it learns decode and verify
+        costs from steps. A proposal whose drafter first caught up on a whole prompt is left
+        out: that one-off prefill would make drafting look several times dearer than it is."""
         start = time.perf_counter()
-        events = None
-        if self._is_cuda:
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
-        pending = self.spec.launch(entries, self.drafter_temps())
-        if events is not None:
-            events[1].record()
-        pending.timing = (events, time.perf_counter() - start)
-        return pending
-
-    def finish_proposal(self, pending: PendingProposal) -> None:
-        """Attaches the drafts. The controller learns the drafting cost (per drafted token)
-        from steady proposals, as it learns decode and verify costs from steps: the GPU time
-        of a drafter's launch on CUDA, else the launch's wall time (CPU, n-gram). A proposal
-        whose drafter first caught up on a whole prompt is left out: that one-off prefill
-        would make drafting look several times dearer than it is."""
-        self.spec.finish(pending)
-        drafted = [len(e.draft_token_ids) for e in pending.entries if e.draft_token_ids]
-        if not drafted or not self.spec.last_proposal_was_steady:
-            return
-        events, seconds = pending.timing or (None, 0.0)
-        if events is not None and pending.launched is not None:
-            seconds = events[0].elapsed_time(events[1]) / 1e3  # done: finish synced on it
-        self.controller.observe_step("draft", seconds, len(drafted), sum(drafted))
+        self.spec.propose(entries, self.drafter_temps())
+        drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
+        if drafted and self.spec.last_proposal_was_steady:
+            seconds = time.perf_counter() - start
+            self.controller.observe_step("draft", seconds, len(drafted), sum(drafted))
 
     def record_step(self, plan: StepPlan, seconds: float) -> None:
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)

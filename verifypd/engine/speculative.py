@@ -11,8 +11,6 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from verifypd.config import SpecConfig
@@ -42,24 +40,6 @@ class DraftView:
         return len(self.token_ids)
 
 
-@dataclass
-class _Launched:
-    """A drafter proposal launched on the device: its rows and per-step device tensors."""
-
-    active: list  # (entry, view, L, temperature), longest L first
-    drafted: list[torch.Tensor]  # per step j: [B_j] token ids
-    probs: list  # per step j: [B_j, V] drafter probabilities, or None (greedy)
-
-
-@dataclass
-class PendingProposal:
-    """Drafts on their way: ``entries`` get them at ``SpecDecoder.finish``."""
-
-    entries: list[ScheduledSeq]
-    launched: _Launched | None = None
-    timing: tuple | None = None  # (CUDA events around the launch or None, wall seconds)
-
-
 class DraftModelProposer:
     """Drafts with a smaller model sharing the target's tokenizer."""
 
@@ -76,23 +56,12 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
-        self.in_flight = False  # a launched proposal has not been finished yet
-        self._deferred_frees: list[int] = []  # views freed while a proposal was in flight
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
-        """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry:
-        ``launch`` then ``finish``."""
-        launched = self.launch(entries, lens, temps)
-        if launched is not None:
-            self.finish(launched)
-
-    def launch(
-        self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]
-    ) -> _Launched | None:
-        """Enqueues every draft step; None if no entry could draft (no drafter KV room).
+        """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry.
 
         Draft step j feeds the token drafted at step j - 1 straight from the device, so the
-        whole proposal needs one host sync, in ``finish``."""
+        whole proposal costs one host sync, at the end."""
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
@@ -100,7 +69,7 @@ class DraftModelProposer:
         ]
         if not active:
             self.last_catch_up = 0
-            return None
+            return
         _uniform_catch_up([v for _, v, _, _ in active])
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for _, v, _, _ in active)
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
@@ -118,16 +87,7 @@ class DraftModelProposer:
             drafted.append(toks)
             probs.append(q)
             prev = toks
-        self.in_flight = True
-        return _Launched(active, drafted, probs)
-
-    def finish(self, launched: _Launched) -> None:
-        """Brings the drafts to the host (the launch must be done, or this waits for it)."""
-        self._collect(launched.active, launched.drafted, launched.probs)
-        self.in_flight = False
-        for seq_id in self._deferred_frees:
-            self.free(seq_id)
-        self._deferred_frees.clear()
+        self._collect(active, drafted, probs)
 
     def _collect(self, active, drafted: list[torch.Tensor], probs: list) -> None:
         host = [t.tolist() for t in drafted]  # the one host sync of the proposal
@@ -195,9 +155,6 @@ class DraftModelProposer:
         return sample(logits, t), processed_probs(logits, t)
 
     def free(self, seq_id: int) -> None:
-        if self.in_flight:  # its blocks may still be written by the launched draft steps
-            self._deferred_frees.append(seq_id)
-            return
         view = self.views.pop(seq_id, None)
         if view is not None:
             self.kv.free(view.block_table)
@@ -231,32 +188,22 @@ class SpecDecoder:
 
     def propose(self, entries: list[ScheduledSeq], temps: dict[int, float] | None = None) -> None:
         """Attaches drafts to the decode entries of speculating sequences (in place)."""
-        self.finish(self.launch(entries, temps))
-
-    def launch(
-        self, entries: list[ScheduledSeq], temps: dict[int, float] | None = None
-    ) -> PendingProposal:
-        """Starts drafting for the speculating entries; the returned ``entries`` are the ones
-        that will get drafts (n-gram lookup has attached them already). Never drafts past
-        max_tokens: extra tokens would be thrown away."""
-        spec = [(e, n) for e in entries if self.wants(e.seq) and (n := _room(e)) > 0]
+        spec = [e for e in entries if self.wants(e.seq)]
         if self.ngram is not None:
-            for e, n in spec:
-                e.draft_token_ids = self.ngram.propose(e.seq.seq_id, e.seq.token_ids, n)
-            return PendingProposal([e for e, _ in spec if e.draft_token_ids])
-        if self.drafter is None or not spec:
-            return PendingProposal([])
-        temps = temps or {}
-        t = [_drafter_temp(e.seq.params, temps.get(e.seq.seq_id)) for e, _ in spec]
-        launched = self.drafter.launch([e for e, _ in spec], [n for _, n in spec], t)
-        if launched is None:
-            return PendingProposal([])
-        return PendingProposal([a[0] for a in launched.active], launched)
-
-    def finish(self, pending: PendingProposal) -> None:
-        """Brings launched drafts to their entries (waits if ``pending`` is not done)."""
-        if pending.launched is not None:
-            self.drafter.finish(pending.launched)
+            for e in spec:
+                e.draft_token_ids = self.ngram.propose(
+                    e.seq.seq_id, e.seq.token_ids, e.seq.draft_len
+                )
+        elif self.drafter is not None and spec:
+            temps = temps or {}
+            lens = [e.seq.draft_len for e in spec]
+            t = [_drafter_temp(e.seq.params, temps.get(e.seq.seq_id)) for e in spec]
+            self.drafter.propose(spec, lens, t)
+        for e in spec:  # never draft past max_tokens: extra tokens would be thrown away
+            room = e.seq.params.max_tokens - e.seq.num_output_tokens - 1
+            del e.draft_token_ids[max(room, 0) :]
+            if e.draft_probs is not None:
+                e.draft_probs = e.draft_probs[: len(e.draft_token_ids)]
 
     def record(self, entry: ScheduledSeq, new_ids: list[int]) -> int:
         """Acceptance bookkeeping after a verify; returns the number of accepted drafts."""
@@ -288,13 +235,6 @@ def _uniform_catch_up(views: list[DraftView]) -> None:
     for v, n in zip(views, behind, strict=True):
         if n == 1 and v.num_computed_tokens > 0:
             v.num_computed_tokens -= 1
-
-
-def _room(entry: ScheduledSeq) -> int:
-    """Drafts this step may carry: the controller's L, capped so that accepted drafts plus the
-    bonus token never pass max_tokens."""
-    seq = entry.seq
-    return min(seq.draft_len, seq.params.max_tokens - seq.num_output_tokens - 1)
 
 
 def _drafter_temp(params: SamplingParams, controller_temp: float | None) -> float:
