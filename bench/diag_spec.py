@@ -84,9 +84,9 @@ def check_drafter(args) -> None:
         for _ in range(3):  # three rounds: catch-up, then rounds over a grown prefix
             entries = [ScheduledSeq(s, 1) for s in seqs]
             drafter.propose(entries, [8] * len(seqs), [0.0] * len(seqs))
-            drafts.append([e.draft_token_ids for e in entries])
+            drafts.append([e.draft_ids() for e in entries])
             for s, e in zip(seqs, entries, strict=True):
-                s.token_ids += e.draft_token_ids[:3]  # pretend three were accepted
+                s.token_ids += e.draft_ids()[:3]  # pretend three were accepted
         for s in seqs:
             drafter.free(s.seq_id)
         results.append(drafts)

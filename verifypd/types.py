@@ -154,6 +154,9 @@ def _random_seed() -> int:
     return random.getrandbits(62)
 
 
+DRAFT_ON_DEVICE = -1  # placeholder in ``ScheduledSeq.draft_token_ids`` for a device draft
+
+
 @dataclass
 class ScheduledSeq:
     """One sequence's share of a step: feed ``num_new_tokens`` tokens starting at
@@ -163,10 +166,31 @@ class ScheduledSeq:
     num_new_tokens: int
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: object | None = None  # [L, V] drafter distribution (tensor); None = deterministic
+    # Drafts still on the device ([L] int64 tensor): ``draft_token_ids`` then holds L
+    # ``DRAFT_ON_DEVICE`` placeholders, and the verify reads the ids on the device, so a
+    # proposal needs no host sync. ``draft_ready``: CUDA event recorded after the drafting,
+    # for a verify launched on another stream.
+    draft_ids_device: object | None = None
+    draft_ready: object | None = None
 
     @property
     def num_query_tokens(self) -> int:
         return self.num_new_tokens + len(self.draft_token_ids)
+
+    def draft_ids(self) -> list[int]:
+        """The draft ids on the host (a device sync when they are still on the device)."""
+        if self.draft_ids_device is None:
+            return list(self.draft_token_ids)
+        return self.draft_ids_device.tolist()
+
+    def truncate_drafts(self, n: int) -> None:
+        """Keeps the first ``n`` drafts (ids, device ids and distributions)."""
+        n = max(n, 0)
+        del self.draft_token_ids[n:]
+        if self.draft_ids_device is not None:
+            self.draft_ids_device = self.draft_ids_device[:n]
+        if self.draft_probs is not None:
+            self.draft_probs = self.draft_probs[:n]
 
     @property
     def samples(self) -> bool:

@@ -23,7 +23,7 @@ def test_target_ids_outside_the_drafter_vocab_map_to_zero():
     entry = ScheduledSeq(seq, 1)
     prop.propose([entry], [3], [0.0])  # would index past the embedding without the guard
     assert len(entry.draft_token_ids) == 3
-    assert all(0 <= t < v for t in entry.draft_token_ids)
+    assert all(0 <= t < v for t in entry.draft_ids())
 
 
 def test_view_rolls_back_to_the_accepted_prefix_and_frees():
@@ -33,7 +33,7 @@ def test_view_rolls_back_to_the_accepted_prefix_and_frees():
     prop.propose([entry], [4], [0.0])
     view = prop.views[seq.seq_id]
     assert view.num_computed_tokens == 10 + 3  # last token and d1..d3 have KV, d4 does not
-    seq.token_ids += entry.draft_token_ids[:1] + [7]  # one accepted draft and a correction
+    seq.token_ids += entry.draft_ids()[:1] + [7]  # one accepted draft and a correction
     entry2 = ScheduledSeq(seq, 1)
     prop.propose([entry2], [2], [0.0])
     assert view.token_ids[:12] == seq.token_ids
@@ -55,13 +55,13 @@ def test_first_draft_step_feeds_one_token_unless_a_view_accepted_every_draft():
     prop.runner.prepare = lambda plan: (
         fed.append([e.num_new_tokens for e in plan.seqs]) or (real_prepare(plan))
     )
-    seqs[0].token_ids += entries[0].draft_token_ids[:1] + [5]  # one draft accepted
-    seqs[1].token_ids += entries[1].draft_token_ids[:1] + [6]
+    seqs[0].token_ids += entries[0].draft_ids()[:1] + [5]  # one draft accepted
+    seqs[1].token_ids += entries[1].draft_ids()[:1] + [6]
     entries = [ScheduledSeq(s, 1) for s in seqs]
     prop.propose(entries, [3, 3], [0.0, 0.0])
     assert fed[0] == [1, 1]  # both caught up but the bonus token
-    seqs[0].token_ids += entries[0].draft_token_ids + [5]  # every draft accepted
-    seqs[1].token_ids += entries[1].draft_token_ids[:2] + [6]
+    seqs[0].token_ids += entries[0].draft_ids() + [5]  # every draft accepted
+    seqs[1].token_ids += entries[1].draft_ids()[:2] + [6]
     fed.clear()
     prop.propose([ScheduledSeq(s, 1) for s in seqs], [3, 3], [0.0, 0.0])
     assert fed[0] == [2, 2]  # the second view re-feeds one token to match the first

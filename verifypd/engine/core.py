@@ -20,6 +20,7 @@ from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
+from verifypd.engine.timing import Span
 from verifypd.kernels import get_ops
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import (
@@ -110,6 +111,7 @@ class EngineCore:
         if self.use_cuda_graphs:
             self._capture_graphs()
         self.controller = build_controller(config.spec)
+        self._draft_span: tuple[Span, int, int] | None = None  # a proposal not yet observed
         self.requests: dict[str, list[SeqOutputState]] = {}
 
     def _capture_graphs(self) -> None:
@@ -246,8 +248,9 @@ class EngineCore:
             return []
         self.scheduler.begin_step(plan)
         start = time.perf_counter()
-        token_ids = self.runner.execute(plan)
-        self.record_step(plan, time.perf_counter() - start)
+        pending = self.runner.launch(plan)
+        token_ids = pending.result()
+        self.record_step(plan, pending.seconds(time.perf_counter() - start))
         return self.finish_step(plan, token_ids)
 
     def draft_lens(self) -> dict[int, int]:
@@ -283,15 +286,27 @@ class EngineCore:
 
     def propose(self, entries: list[ScheduledSeq]) -> None:
         """Drafts for the speculating entries; the controller learns the drafting cost (per
-        drafted token) from the wall time of steady proposals, as it learns decode and verify
-        costs from steps. A proposal whose drafter first caught up on a whole prompt is left
-        out: that one-off prefill would make drafting look several times dearer than it is."""
-        start = time.perf_counter()
+        drafted token) from steady proposals, as it learns decode and verify costs from steps.
+        A draft model's proposal is timed on the GPU (it runs there after ``propose`` returns,
+        and is observed once it has run); n-gram lookups by wall time. A proposal whose
+        drafter first caught up on a whole prompt is left out: that one-off prefill would make
+        drafting look several times dearer than it is."""
+        self._observe_draft_cost()
+        span = Span(self._is_cuda and self.spec.drafter is not None)
         self.spec.propose(entries, self.drafter_temps())
         drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
         if drafted and self.spec.last_proposal_was_steady:
-            seconds = time.perf_counter() - start
-            self.controller.observe_step("draft", seconds, len(drafted), sum(drafted))
+            self._draft_span = (span.stop(), len(drafted), sum(drafted))
+        self._observe_draft_cost()
+
+    def _observe_draft_cost(self) -> None:
+        if self._draft_span is None:
+            return
+        span, num_seqs, num_drafted = self._draft_span
+        seconds = span.seconds()
+        if seconds is not None:
+            self._draft_span = None
+            self.controller.observe_step("draft", seconds, num_seqs, num_drafted)
 
     def record_step(self, plan: StepPlan, seconds: float) -> None:
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
@@ -299,6 +314,7 @@ class EngineCore:
             self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
 
     def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
+        self._observe_draft_cost()
         self._record_acceptance(plan, token_ids)
         changed = self.scheduler.update(plan, token_ids)
         outputs = [out for seq in changed if (out := self._process(seq)) is not None]

@@ -21,6 +21,7 @@ from verifypd.engine.rejection import (
     synthetic_num_accepted,
 )
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.engine.timing import Span
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVPool
 from verifypd.types import ScheduledSeq, StepPlan
@@ -45,6 +46,14 @@ class PendingStep:
         self._packed = packed  # host tensor (pinned on CUDA) filled by a non-blocking copy
         self._layout = layout  # per plan seq: ("none",) | ("one", i) | ("verify", off, L, acc_i)
         self._event = event
+        self.span: Span | None = None  # from when its drafts were ready (device drafts only)
+
+    def seconds(self, wall: float) -> float:
+        """The step's own duration: with drafts still being made on the GPU when it was
+        launched, its GPU time after them (its launch-to-done ``wall`` time holds the drafting
+        too); else ``wall``."""
+        measured = self.span.seconds() if self.span is not None else None
+        return wall if measured is None else measured
 
     def done(self) -> bool:
         return self._event is None or self._event.query()
@@ -101,10 +110,13 @@ class ModelRunner:
         sample_seqs: list[int] = []
         verify_seqs: list[int] = []
         verify_rows: list[list[int]] = []
+        on_device: list[tuple[int, torch.Tensor]] = []  # (row of ids, drafts on the device)
         pad_to = self._verify_width(plan)
         for i, s in enumerate(plan.seqs):
             start, toks = self._query_tokens(s, pad_to)
             end = start + len(toks)
+            if s.draft_ids_device is not None and s.draft_token_ids:
+                on_device.append((len(ids) + s.num_new_tokens, s.draft_ids_device))
             ids += toks
             pos += range(start, end)
             slots += self._slots(s.seq.block_table, start, end)
@@ -118,21 +130,28 @@ class ModelRunner:
             else:
                 sample_seqs.append(i)
                 sample_rows.append(qsl[-1] - 1)
-        return self._upload(plan, ids, pos, slots, qsl, seq_lens, sample_rows, sample_seqs,
-                            verify_seqs, verify_rows)  # fmt: skip
+        return self._upload(plan, ids, pos, slots, qsl, seq_lens, on_device, sample_rows,
+                            sample_seqs, verify_seqs, verify_rows)  # fmt: skip
 
-    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, *rows) -> StepInputs:
+    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, on_device, *rows) -> StepInputs:
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
         int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
+        Drafts still on the device are copied into their rows of the ids there (the rows ride
+        along in the int64 buffer).
 
         Every view starts 16-byte aligned. Triton specializes pointer arguments on that
         alignment, so a view whose offset depended on the token or sequence count would make
         some steps compile a second variant of a kernel, under traffic (a stall of ~1 s)."""
         num_tokens, num_seqs = len(ids), len(seq_lens)
         width = num_tokens + num_tokens % 2  # int64 rows of an even length: 16-byte aligned
-        wide_host = np.zeros((3, width), dtype=np.int64)
-        wide_host[:, :num_tokens] = (ids, pos, slots)
+        patch_rows = [r + j for r, d in on_device for j in range(d.shape[0])]
+        wide_host = np.zeros((4 if patch_rows else 3, width), dtype=np.int64)
+        wide_host[:3, :num_tokens] = (ids, pos, slots)
+        wide_host[3:, : len(patch_rows)] = patch_rows
         wide = self._to_device(wide_host, torch.int64)[:, :num_tokens]
+        if patch_rows:
+            drafts = torch.cat([d for _, d in on_device]) if len(on_device) > 1 else on_device[0][1]
+            wide[0].index_copy_(0, wide[3, : len(patch_rows)], drafts)
         tables = self._tables(plan, seq_lens)
         narrow_host, (starts, lens, table) = _aligned_concat(
             [np.asarray(qsl, np.int32), np.asarray(seq_lens, np.int32), tables.ravel()]
@@ -205,6 +224,8 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
+        deferred = any(s.draft_ids_device is not None for s in plan.seqs)
+        span = Span(self.is_cuda) if deferred else None  # the GPU reaches it after the drafts
         inputs = self.prepare(plan)
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
         logits = self.logits(inputs, inputs.sample_rows + verify_flat)
@@ -228,7 +249,9 @@ class ModelRunner:
             pieces += [out.flatten(), acc]
             for k, i in enumerate(inputs.verify_seqs):
                 layout[i] = ("verify", base + k * width, width, acc_base + k)
-        return self._pack(plan, pieces, layout)
+        pending = self._pack(plan, pieces, layout)
+        pending.span = span.stop() if span is not None else None
+        return pending
 
     def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
         """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every
@@ -281,14 +304,16 @@ class ModelRunner:
         width = max(num_rows)
         rows = self._verify_rows(logits, num_rows, width)  # [B, L + 1, V]
         b = len(scheds)
-        padded = [
-            d for s in scheds for d in s.draft_token_ids + [0] * (width - len(s.draft_token_ids))
-        ]
+        # Each draft is read back from its row of the input ids (where it may have been
+        # copied on the device); rows past a seq's L repeat its first row (masked by L).
+        draft_rows = [r[1 + min(j, n - 1)] if n else r[0]
+                      for r, n in zip(inputs.verify_rows, num_rows, strict=True)
+                      for j in range(width)]  # fmt: skip
         seeds_host = [s.seed for s in seqs]
-        small = self._to_device(  # one upload: drafts [B * L], then three [B] vectors
-            padded + num_drafts + seeds_host + [s.num_tokens for s in seqs], torch.int64
+        small = self._to_device(  # one upload: draft rows [B * L], then three [B] vectors
+            draft_rows + num_drafts + seeds_host + [s.num_tokens for s in seqs], torch.int64
         )
-        drafts = small[: b * width].view(b, width)
+        drafts = inputs.input_ids[small[: b * width]].view(b, width)
         num_drafts_t, seeds, positions = small[b * width :].view(3, b)
         if self.synthetic_acceptance is not None:
             return self._synthetic(rows.argmax(-1), drafts, num_drafts_t, seeds, positions)
@@ -298,7 +323,7 @@ class ModelRunner:
         pos = [s.num_tokens + j for s in seqs for j in range(width + 1)]
         t = self._sampling_tensors(rep, pos)
         target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
-        draft_probs = self._draft_probs(scheds, width, target)
+        draft_probs = self._draft_probs(scheds, width, target, drafts)
         return rejection_sample(target, draft_probs, drafts, num_drafts_t, seeds, positions)
 
     @staticmethod
@@ -321,8 +346,11 @@ class ModelRunner:
         final = target_ids.gather(1, k[:, None]).squeeze(1)
         return emit_accepted(drafts, k, final), k
 
-    def _draft_probs(self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor):
-        """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram)."""
+    def _draft_probs(
+        self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor, drafts: torch.Tensor
+    ):
+        """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram);
+        a deterministic draft in a mixed batch is one-hot at its id (``drafts`` [B, L])."""
         probs = [getattr(s, "draft_probs", None) for s in scheds]
         if all(p is None for p in probs):
             return None
@@ -331,7 +359,7 @@ class ModelRunner:
         for k, (s, p) in enumerate(zip(scheds, probs, strict=True)):
             n = len(s.draft_token_ids)
             if p is None:
-                out[k, torch.arange(n), torch.tensor(s.draft_token_ids)] = 1.0
+                out[k, :n].scatter_(1, drafts[k, :n, None], 1.0)
             else:
                 out[k, :n, : p.shape[-1]] = p[:n]  # a smaller drafter vocab pads with 0
         return out

@@ -12,6 +12,7 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from verifypd.config import SpecConfig
 from verifypd.engine.loader import LoadedModel
@@ -19,7 +20,7 @@ from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kvcache import KVCacheManager, KVPool
-from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
+from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
 _DRAFT_SEED_SALT = 0x5DEECE66D  # drafter noise must not reuse the target's sampling stream
 
@@ -58,10 +59,12 @@ class DraftModelProposer:
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
-        """Fills ``draft_token_ids`` (and ``draft_probs`` for sampled requests) of each entry.
+        """Attaches each entry's drafts, left on the device (``draft_ids_device``; and
+        ``draft_probs`` for sampled requests).
 
-        Draft step j feeds the token drafted at step j - 1 straight from the device, so the
-        whole proposal costs one host sync, at the end."""
+        Draft step j feeds the token drafted at step j - 1 straight from the device, and the
+        verify reads the drafts there too: a proposal costs no host sync, so the verify can be
+        launched behind it while the GPU still drafts."""
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
@@ -87,14 +90,22 @@ class DraftModelProposer:
             drafted.append(toks)
             probs.append(q)
             prev = toks
-        self._collect(active, drafted, probs)
+        self._attach(active, drafted, probs)
 
-    def _collect(self, active, drafted: list[torch.Tensor], probs: list) -> None:
-        host = [t.tolist() for t in drafted]  # the one host sync of the proposal
-        for k, (e, v, n, t) in enumerate(active):
-            ids = [host[j][k] for j in range(n)]
-            e.draft_token_ids.extend(ids)
-            v.token_ids[len(v.token_ids) - n :] = ids
+    def _attach(self, active, drafted: list[torch.Tensor], probs: list) -> None:
+        """Per entry: its row of the [B, L] draft matrix, still on the device. The view keeps
+        placeholders: the next proposal re-reads the sequence's real tokens."""
+        rows = drafted[0].shape[0]
+        cols = [F.pad(t, (0, rows - t.shape[0])) if t.shape[0] < rows else t for t in drafted]
+        matrix = torch.stack(cols, dim=1)  # [B, L]: step j's rows are a prefix
+        ready = None
+        if matrix.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        for k, (e, _, n, t) in enumerate(active):
+            e.draft_token_ids = [DRAFT_ON_DEVICE] * n
+            e.draft_ids_device = matrix[k, :n]
+            e.draft_ready = ready
             if t > 0 and all(probs[j] is not None for j in range(n)):
                 e.draft_probs = torch.stack([probs[j][k] for j in range(n)])
 
@@ -200,10 +211,7 @@ class SpecDecoder:
             t = [_drafter_temp(e.seq.params, temps.get(e.seq.seq_id)) for e in spec]
             self.drafter.propose(spec, lens, t)
         for e in spec:  # never draft past max_tokens: extra tokens would be thrown away
-            room = e.seq.params.max_tokens - e.seq.num_output_tokens - 1
-            del e.draft_token_ids[max(room, 0) :]
-            if e.draft_probs is not None:
-                e.draft_probs = e.draft_probs[: len(e.draft_token_ids)]
+            e.truncate_drafts(e.seq.params.max_tokens - e.seq.num_output_tokens - 1)
 
     def record(self, entry: ScheduledSeq, new_ids: list[int]) -> int:
         """Acceptance bookkeeping after a verify; returns the number of accepted drafts."""

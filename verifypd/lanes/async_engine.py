@@ -162,10 +162,7 @@ class AsyncEngine:
             return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:
-                stream = torch.cuda.current_stream()
-                for e in plan.seqs:  # drafted on the decode stream, read here: keep the
-                    if e.draft_probs is not None:  # allocator from reusing them too early
-                        e.draft_probs.record_stream(stream)
+                _follow_drafts(plan, torch.cuda.current_stream())
             return self.core.runner.launch(plan)
 
     def _deliver(self, out: RequestOutput) -> None:
@@ -175,3 +172,17 @@ class AsyncEngine:
 
     def _report_depths(self) -> None:
         self.observer.requests(self.num_running, self.num_waiting)
+
+
+def _follow_drafts(plan: StepPlan, stream: torch.cuda.Stream) -> None:
+    """The drafts were made on the decode stream and never synced to the host: the verify
+    stream waits for them on the GPU, and the allocator may not reuse their memory before the
+    verify has read them."""
+    waited: set[int] = set()
+    for e in plan.seqs:
+        if e.draft_ready is not None and id(e.draft_ready) not in waited:
+            waited.add(id(e.draft_ready))
+            stream.wait_event(e.draft_ready)
+        for t in (e.draft_ids_device, e.draft_probs):
+            if t is not None:
+                t.record_stream(stream)

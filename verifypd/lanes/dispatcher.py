@@ -171,7 +171,9 @@ class LaneDispatcher:
         for lane in done:
             f = self.in_flight.pop(lane)
             token_ids = f.pending.result()
-            self.core.record_step(f.plan, self.clock() - f.start)
+            wall = self.clock() - f.start
+            seconds = f.pending.seconds(wall) if hasattr(f.pending, "seconds") else wall
+            self.core.record_step(f.plan, seconds)
             for out in self.core.finish_step(f.plan, token_ids):
                 self._deliver(out)
         if done:
