@@ -1,0 +1,53 @@
+"""On the GPU: draft steps that advance the q = 1 graph's inputs on the device (``run_next``:
+every step after a proposal's first) draft the same tokens as steps prepared on the host,
+across block boundaries, catch-ups and rollbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.engine.core import EngineCore
+from verifypd.types import SamplingParams, ScheduledSeq, Sequence
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+def _drafts(core: EngineCore, prompts, accepted: list[list[int]], use_graph_steps: bool):
+    drafter = core.spec.drafter
+    if not use_graph_steps:
+        drafter._continue_graph = lambda views, prev: None
+    seqs = [Sequence(f"s{use_graph_steps}{i}", p, SamplingParams(max_tokens=256, temperature=0))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    out = []
+    for per_seq in accepted:  # one proposal per round; then k drafts and a new token accepted
+        entries = [ScheduledSeq(s, 1) for s in seqs]
+        drafter.propose(entries, [4] * len(seqs), [0.0] * len(seqs))
+        drafts = [e.draft_ids() for e in entries]
+        out.append(drafts)
+        for s, d, k in zip(seqs, drafts, per_seq, strict=True):
+            s.token_ids += d[:k] + [(d[-1] + 1) % 500]
+    for s in seqs:
+        drafter.free(s.seq_id)
+    return out, drafter.runner.num_graph_steps
+
+
+def test_graph_steps_draft_what_host_prepared_steps_draft():
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
+                      initial_draft_len=4, controller=False)  # fmt: skip
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (5, 30, 64)]
+    accepted = [rng.integers(0, 5, len(prompts)).tolist() for _ in range(24)]
+    results = []
+    for use_graph_steps in (True, False):
+        core = EngineCore(EngineConfig(
+            model="dummy:tiny", device="cuda", spec=spec, cuda_graphs=True,
+            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
+            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
+        ))  # fmt: skip
+        results.append(_drafts(core, prompts, accepted, use_graph_steps))
+    (with_steps, full_runs_with), (without, full_runs_without) = results
+    assert with_steps == without
+    assert full_runs_with < full_runs_without / 2  # most steps advanced on the device
