@@ -186,7 +186,8 @@ class LoadRecorder(StepRecorder):
 
     def time_proposals(self, core) -> None:
         """Wraps ``core.propose`` (it runs on the event loop, outside every lane step) to keep
-        the slowest calls: a drafter catch-up stalls every lane while it runs."""
+        the slowest calls: the event loop waits while a proposal is enqueued (its drafting runs
+        on the GPU after it returns), and so does every lane's next launch."""
         inner = core.propose
 
         def timed(entries, *args, **kwargs):

@@ -1,9 +1,11 @@
 """Where a batch-1 speculative step spends its time: draft proposal vs target verify vs the
-engine's own host work, each as wall time and as GPU time (CUDA events), against plain decode.
+engine's own host work, each as host time and as GPU time (CUDA events), against plain decode.
 
-Each phase ends in the engine's one host sync (the drafts come back to the host; the sampled
-tokens come back), so its wall time is exact; the GPU time is the span between CUDA events
-recorded around it. Wall minus GPU is host work the GPU waited for.
+The drafts stay on the device, so a proposal returns once its steps are enqueued, and the
+verify (or plain step) is launched behind it; the step's one host sync comes at its result.
+Per phase: "host ms" is the time the call took on the host (enqueueing), "gpu ms" the span
+between CUDA events recorded around it, read after the step's sync (for the launch: from when
+the GPU reached it, after the drafting, to the end of the step's kernels).
 
     python bench/profile_spec.py --out bench/results
 """
@@ -30,11 +32,14 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 
 class PhaseTimer:
-    """Wraps a bound method: wall seconds and GPU milliseconds (events) of every call, inside a
-    profiler range named after it (``--trace`` files each kernel under its phase)."""
+    """Wraps a bound method: host seconds of every call and a pair of CUDA events around it
+    (no sync: ``resolve`` reads them after the step's own sync), inside a profiler range named
+    after it (``--trace`` files each kernel under its phase)."""
 
     def __init__(self, obj, name: str, log: dict[str, list[tuple[float, float]]]) -> None:
         self.inner, self.name, self.log = getattr(obj, name), name, log
+        self.pending: list[tuple[float, torch.cuda.Event, torch.cuda.Event]] = []
+        self.sync_each = False
         setattr(obj, name, self)
 
     def __call__(self, *args, **kwargs):
@@ -44,9 +49,16 @@ class PhaseTimer:
         with record_function(f"phase:{self.name}"):
             out = self.inner(*args, **kwargs)
         end.record()
-        end.synchronize()
-        self.log[self.name].append((time.perf_counter() - t0, start.elapsed_time(end)))
+        if self.sync_each:  # --trace: each phase's kernels finish inside its host range
+            end.synchronize()
+        self.pending.append((time.perf_counter() - t0, start, end))
         return out
+
+    def resolve(self) -> None:
+        for host, start, end in self.pending:
+            end.synchronize()
+            self.log[self.name].append((host, start.elapsed_time(end)))
+        self.pending.clear()
 
 
 def profile(args, spec_on: bool) -> dict:
@@ -62,21 +74,25 @@ def profile(args, spec_on: bool) -> dict:
     for _ in range(10):
         core.step()
     log: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    PhaseTimer(core.runner, "execute", log)
+    timers = [PhaseTimer(core.runner, "launch", log)]
     if spec_on:
-        PhaseTimer(core, "propose", log)
+        timers.append(PhaseTimer(core, "propose", log))
     steps, tokens, t0 = 0, 0, time.perf_counter()
     step_times = []
     for _ in range(args.steps):
         s0 = time.perf_counter()
         outs = core.step()
         step_times.append(time.perf_counter() - s0)
+        for timer in timers:
+            timer.resolve()
         tokens += sum(len(o.new_token_ids) for o in outs)
         steps += 1
     wall = time.perf_counter() - t0
+    for timer in timers:
+        timer.sync_each = True
     trace = kernel_trace(core, args.trace) if args.trace else None
     phases = {
-        name: {"wall_ms": 1e3 * float(np.median([w for w, _ in v])),
+        name: {"host_ms": 1e3 * float(np.median([w for w, _ in v])),
                "gpu_ms": float(np.median([g for _, g in v]))}
         for name, v in log.items()
     }  # fmt: skip
@@ -87,8 +103,8 @@ def profile(args, spec_on: bool) -> dict:
 
 def kernel_trace(core: EngineCore, steps: int) -> dict:
     """Profiles ``steps`` more engine steps and files every GPU kernel under the phase whose
-    host range holds its start (each phase ends in a host sync, so its kernels finish inside
-    it); kernels outside every phase are the step's own bookkeeping ("step")."""
+    host range holds its start (the timers sync at the end of each phase here, so its kernels
+    finish inside it); kernels outside every phase are the step's own bookkeeping ("step")."""
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             core.step()
@@ -138,10 +154,10 @@ def main() -> None:
         r = profile(args, spec_on)
         rows.append(r)
         for name, ph in r["phases"].items():
-            table.append(["spec" if spec_on else "plain", name, f"{ph['wall_ms']:.2f}",
+            table.append(["spec" if spec_on else "plain", name, f"{ph['host_ms']:.2f}",
                           f"{ph['gpu_ms']:.2f}", f"{r['step_ms']:.2f}",
                           f"{r['tokens_per_step']:.2f}", f"{r['tok_s']:.1f}"])  # fmt: skip
-    print(format_table(["mode", "phase", "wall ms", "gpu ms", "step ms", "tok/step", "tok/s"],
+    print(format_table(["mode", "phase", "host ms", "gpu ms", "step ms", "tok/step", "tok/s"],
                        table))  # fmt: skip
     for r in rows:
         for phase, t in (r["trace"] or {}).items():
