@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from stats_helpers import Z_1E4, chi_square, chi_square_critical, single_thread, total_variation  # noqa: F401,E501
 
 from verifypd.engine.rejection import rejection_sample, synthetic_num_accepted
-from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.engine.sampler import (
+    SamplingTensors,
+    processed_probs,
+    sample,
+    uniform_host,
+    uniform_noise,
+)
 
 NUM_ROWS = 20_000  # independent requests in one batched call
 
@@ -216,11 +222,8 @@ def test_deterministic_and_batch_independent():
 def test_synthetic_num_accepted_is_truncated_geometric():
     S = NUM_ROWS
     for alpha, L in [(0.0, 4), (0.3, 4), (0.6, 2), (0.8, 6), (0.95, 3), (1.0, 5)]:
-        counts_l = torch.full((S,), L)
-        got = synthetic_num_accepted(
-            torch.full((S,), alpha), counts_l, torch.arange(S), torch.full((S,), 17)
-        )
-        assert got.dtype == torch.int64 and (got >= 0).all() and (got <= L).all()
+        got = torch.tensor(synthetic_num_accepted(alpha, [L] * S, list(range(S)), [17] * S))
+        assert (got >= 0).all() and (got <= L).all()
         # P(n) = alpha^n (1 - alpha) for n < L, P(L) = alpha^L.
         pmf = torch.tensor([alpha**n * (1 - alpha) for n in range(L)] + [alpha**L])
         mean = (pmf * torch.arange(L + 1)).sum().item()
@@ -229,7 +232,16 @@ def test_synthetic_num_accepted_is_truncated_geometric():
         print(f"synthetic alpha={alpha} L={L}: mean err {err:.4f} (5 sd = {5 * sd:.4f})")
         assert err <= 5 * sd + 1e-9
         assert_matches(torch.bincount(got, minlength=L + 1), pmf, 0.02, f"synthetic {alpha}")
-    mixed = synthetic_num_accepted(
-        torch.tensor([0.0, 1.0, 1.0]), torch.tensor([3, 0, 7]), torch.arange(3), torch.zeros(3)
-    )
-    assert mixed.tolist() == [0, 0, 7]
+    assert synthetic_num_accepted(1.0, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [3, 0, 7]
+    assert synthetic_num_accepted(0.0, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [0, 0, 0]
+
+
+def test_host_uniforms_are_the_device_uniforms_bit_for_bit():
+    gen = torch.Generator().manual_seed(5)
+    seeds = torch.randint(0, 2**62, (64,), generator=gen)
+    positions = torch.randint(0, 100_000, (64,), generator=gen)
+    for stream in (0, 3):
+        dev = uniform_noise(seeds, positions, 5, stream)
+        host = [[uniform_host(int(s), int(p), c, stream) for c in range(5)]
+                for s, p in zip(seeds, positions, strict=True)]  # fmt: skip
+        assert dev.tolist() == host

@@ -12,10 +12,12 @@ counter ``position + j``, so it is independent of the drafter's stream-0 noise.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from verifypd.engine.sampler import exponential_race, uniform_noise
+from verifypd.engine.sampler import exponential_race, uniform_host, uniform_noise
 
 ACCEPT_STREAM = 1
 FINAL_STREAM = 2
@@ -129,17 +131,26 @@ def rejection_sample(
 
 
 def synthetic_num_accepted(
-    alpha: Tensor, num_drafts: Tensor, seeds: Tensor, positions: Tensor
-) -> Tensor:
-    """Benchmark only: accepted counts [B] int64 drawn as min(G, L_b) with G geometric,
+    alpha: float, num_drafts: list[int], seeds: list[int], positions: list[int]
+) -> list[int]:
+    """Benchmark only: accepted counts drawn as min(G, L_b) with G geometric,
     P(G >= n) = alpha^n (each draft accepted with prob alpha until the first rejection).
 
-    Inverse CDF: G = floor(log u / log alpha), so P(G >= n) = P(u <= alpha^n) = alpha^n.
+    Inverse CDF: G = floor(log u / log alpha), so P(G >= n) = P(u <= alpha^n) = alpha^n. Drawn
+    on the host from the seeds and positions (``uniform_host``), so the benchmark's stand-in
+    for acceptance adds no GPU work to the verify that a real greedy verify does not have.
     """
-    uniforms = uniform_noise(seeds, positions, 1, SYNTHETIC_STREAM)[:, 0]  # [B]
-    log_alpha = torch.log(alpha.to(torch.float32)).clamp(max=-1e-30)  # alpha = 1 -> huge G
-    geometric = torch.floor(torch.log(uniforms) / log_alpha)  # alpha = 0 -> 0
-    return torch.minimum(geometric, num_drafts.to(torch.float32)).to(torch.int64)
+    out = []
+    for n, seed, pos in zip(num_drafts, seeds, positions, strict=True):
+        if alpha >= 1.0 or n == 0:
+            out.append(n if alpha >= 1.0 else 0)
+            continue
+        if alpha <= 0.0:
+            out.append(0)
+            continue
+        u = uniform_host(seed, pos, 0, SYNTHETIC_STREAM)
+        out.append(min(math.floor(math.log(u) / math.log(alpha)), n))
+    return out
 
 
 def emit_accepted(drafts: Tensor, num_accepted: Tensor, final: Tensor) -> Tensor:

@@ -309,14 +309,21 @@ class ModelRunner:
         draft_rows = [r[1 + min(j, n - 1)] if n else r[0]
                       for r, n in zip(inputs.verify_rows, num_rows, strict=True)
                       for j in range(width)]  # fmt: skip
-        seeds_host = [s.seed for s in seqs]
-        small = self._to_device(  # one upload: draft rows [B * L], then three [B] vectors
-            draft_rows + num_drafts + seeds_host + [s.num_tokens for s in seqs], torch.int64
+        seeds_host, positions_host = [s.seed for s in seqs], [s.num_tokens for s in seqs]
+        synthetic = []  # benchmark only: accepted counts drawn on the host
+        if self.synthetic_acceptance is not None:
+            synthetic = synthetic_num_accepted(
+                self.synthetic_acceptance, num_drafts, seeds_host, positions_host
+            )
+        small = self._to_device(  # one upload: draft rows [B * L], then [B] vectors
+            draft_rows + num_drafts + seeds_host + positions_host + synthetic, torch.int64
         )
         drafts = inputs.input_ids[small[: b * width]].view(b, width)
-        num_drafts_t, seeds, positions = small[b * width :].view(3, b)
-        if self.synthetic_acceptance is not None:
-            return self._synthetic(rows.argmax(-1), drafts, num_drafts_t, seeds, positions)
+        num_drafts_t, seeds, positions = small[b * width : b * width + 3 * b].view(3, b)
+        if synthetic:  # real forwards; keep k drafts and the target's most likely token after
+            k = small[b * width + 3 * b :]
+            final = rows.argmax(-1).gather(1, k[:, None]).squeeze(1)
+            return emit_accepted(drafts, k, final), k
         if all(s.params.is_greedy for s in seqs):
             return greedy_accept(rows.argmax(-1), drafts, num_drafts_t)
         rep = [s for s in seqs for _ in range(width + 1)]  # each position: its seq's settings
@@ -337,14 +344,6 @@ class ModelRunner:
             rows[k, : n + 1] = logits[off : off + n + 1]
             off += n + 1
         return rows
-
-    def _synthetic(self, target_ids, drafts, num_drafts, seeds, positions):
-        """Keeps the first k drafts (k ~ truncated geometric(alpha)) and the target's most
-        likely token after them: real forwards, synthetic acceptance (benchmarks only)."""
-        alpha = torch.full(num_drafts.shape, self.synthetic_acceptance, device=drafts.device)
-        k = synthetic_num_accepted(alpha, num_drafts, seeds, positions)  # [B]
-        final = target_ids.gather(1, k[:, None]).squeeze(1)
-        return emit_accepted(drafts, k, final), k
 
     def _draft_probs(
         self, scheds: list[ScheduledSeq], width: int, target: torch.Tensor, drafts: torch.Tensor

@@ -56,6 +56,27 @@ def uniform_noise(seeds: Tensor, positions: Tensor, num_cols: int, stream: int) 
     return (bits.to(torch.float32) + 0.5) * (2.0**-_UNIFORM_BITS)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64_int(x: int) -> int:
+    """``_mix64`` on one unsigned 64-bit Python int (the same bits)."""
+    x ^= x >> 30
+    x = (x * _MIX1) & _MASK64
+    x ^= x >> 27
+    x = (x * _MIX2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform_host(seed: int, position: int, col: int, stream: int) -> float:
+    """Entry (seed, position, col) of ``uniform_noise`` computed on the host: the same value,
+    bit for bit (benchmark bookkeeping that must not launch GPU work)."""
+    row = _mix64_int((seed + stream * _STREAM) & _MASK64)
+    row = _mix64_int((row + position * _GOLDEN) & _MASK64)
+    bits = _mix64_int((row + (col + 1) * _GOLDEN) & _MASK64) >> (64 - _UNIFORM_BITS)
+    return (bits + 0.5) * 2.0**-_UNIFORM_BITS
+
+
 @dataclass
 class SamplingTensors:
     """Per-row sampling parameters of one step, on the logits' device."""
