@@ -62,6 +62,16 @@ async def test_speculative_greedy_is_token_identical(reference, lane_mode, spec)
         assert engine.core.spec.num_accepted == engine.core.spec.num_drafted
 
 
+@pytest.mark.parametrize("lane_mode", ["three", "single"])
+async def test_deltas_after_the_next_launch_lose_nothing(reference, lane_mode):
+    """The GPU ordering (a landed step's deltas made after the next launch) on CPU: the same
+    tokens, every request finished, clean caches (``_run_all`` checks)."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    engine = _engine(lane_mode, spec)
+    engine.dispatcher.emit_after_launch = True
+    assert await _run_all(engine, GREEDY) == reference
+
+
 async def test_three_lane_plain_matches_single_lane(reference):
     assert await _run_all(_engine("three"), GREEDY) == reference
 
@@ -195,15 +205,15 @@ async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving()
     # Regression: an exception in the step loop (here: folding a step back in) killed the
     # loop task silently and every request waited forever.
     engine = _engine()
-    finish_step, calls = engine.core.finish_step, []
+    apply_step, calls = engine.core.apply_step, []
 
     def fail_once(plan, token_ids):
         calls.append(plan.lane)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return finish_step(plan, token_ids)
+        return apply_step(plan, token_ids)
 
-    engine.core.finish_step = fail_once
+    engine.core.apply_step = fail_once
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     outs = [o async for o in _bounded(engine.generate("bad", PROMPTS[0], params), 30)]
     assert [(o.finished, o.finish_reason) for o in outs] == [(True, "error")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from verifypd.config import EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
@@ -154,4 +156,32 @@ async def test_failed_step_ends_requests_and_caches_nothing():
     assert [(o.finished, o.finish_reason) for o in outputs] == [(True, "error")]
     assert core.kv.match_prefix(prompt) == []
     assert core.kv.usage == 0 and not core.has_unfinished()
+    core.check_integrity()
+
+
+@pytest.mark.parametrize("stop,emitted_first", [([], False), (["zzz"], True)])
+async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_string_waits(
+    stop, emitted_first
+):
+    """With ``emit_after_launch`` (GPU: a launch only enqueues) a landed step's deltas are made
+    after the next step is launched, so detokenizing overlaps the GPU; a request with stop
+    strings is emitted first, so a stopped sequence is never planned again."""
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    events: list[str] = []
+
+    async def launch(lane: str, plan: StepPlan) -> PendingStep:
+        events.append(f"launch {lane}")
+        return core.runner.launch(plan)
+
+    d = LaneDispatcher(core, launch, lambda out: events.append("delta"), 0.5,
+                       emit_after_launch=True)  # fmt: skip
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, stop=stop)
+    core.add_request("r", [5, 6, 7], params)
+    for _ in range(6):
+        await d.tick()
+    assert events[:3] == (
+        ["launch prefill", "delta", "launch decode"] if emitted_first
+        else ["launch prefill", "launch decode", "delta"]
+    )  # fmt: skip
+    assert events.count("delta") == 3 and core.requests == {}
     core.check_integrity()

@@ -2,7 +2,7 @@
 
 ``EngineCore.step()`` is the synchronous single-lane loop body (plan, execute, update). The
 async front end and the lane dispatcher reuse the same pieces: ``plan_*`` on the scheduler,
-``runner.launch`` and ``finish_step``.
+``runner.launch``, ``apply_step`` and ``emit`` (``finish_step`` is both).
 """
 
 from __future__ import annotations
@@ -314,9 +314,18 @@ class EngineCore:
             self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
 
     def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
+        return self.emit(self.apply_step(plan, token_ids))
+
+    def apply_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[Sequence]:
+        """Folds a landed step in: draft costs, acceptance, each sequence's tokens and KV (EOS
+        and length stops included). Returns the sequences that changed; what reaches the
+        clients (detokenizing, stop strings, deltas) is ``emit``'s, which the lane dispatcher
+        runs after launching the next step."""
         self._observe_draft_cost()
         self._record_acceptance(plan, token_ids)
-        changed = self.scheduler.update(plan, token_ids)
+        return self.scheduler.update(plan, token_ids)
+
+    def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
         outputs = [out for seq in changed if (out := self._process(seq)) is not None]
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)

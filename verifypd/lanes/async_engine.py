@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,6 +50,10 @@ class AsyncEngine:
             ttft_budget_s=config.scheduler.ttft_budget_s,
             single_lane=config.lane_mode == "single",
             lane_context=self.streams.context,
+            # A GPU launch only enqueues: make a landed step's deltas after the next launch.
+            # VERIFYPD_EMIT_AFTER_LAUNCH=0 turns that off (A/B runs).
+            emit_after_launch=self._executor is None
+            and os.environ.get("VERIFYPD_EMIT_AFTER_LAUNCH", "1") != "0",
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -26,7 +26,7 @@ import torch
 
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
-from verifypd.types import RequestOutput, ScheduledSeq, SeqStatus, StepPlan
+from verifypd.types import RequestOutput, ScheduledSeq, SeqStatus, Sequence, StepPlan
 
 LANES = ("decode", "verify", "prefill")  # priority order
 
@@ -100,6 +100,7 @@ class LaneDispatcher:
         clock: Callable[[], float] = time.monotonic,
         single_lane: bool = False,
         lane_context: Callable[[str], contextlib.AbstractContextManager] | None = None,
+        emit_after_launch: bool = False,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -113,6 +114,10 @@ class LaneDispatcher:
         self.in_flight: dict[str, InFlight] = {}
         self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
         self._last_lane: str | None = None
+        # Where a launch only enqueues (GPU), a landed step's deltas are made after the next
+        # launch, so detokenizing and delivery overlap the GPU instead of delaying it.
+        self.emit_after_launch = emit_after_launch
+        self._unemitted: list[Sequence] = []
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -145,6 +150,12 @@ class LaneDispatcher:
     async def tick(self) -> bool:
         """Collects finished steps and launches at most one lane. Returns True on progress."""
         progressed = self.collect()
+        try:
+            return await self._launch_next(progressed)
+        finally:
+            self._emit()
+
+    async def _launch_next(self, progressed: bool) -> bool:
         idle = {lane for lane in self.lanes if lane not in self.in_flight}
         tried: set[str] = set()
         while True:
@@ -174,11 +185,20 @@ class LaneDispatcher:
             wall = self.clock() - f.start
             seconds = f.pending.seconds(wall) if hasattr(f.pending, "seconds") else wall
             self.core.record_step(f.plan, seconds)
-            for out in self.core.finish_step(f.plan, token_ids):
-                self._deliver(out)
+            changed = self.core.apply_step(f.plan, token_ids)
+            self._unemitted += changed
+            # A stop string can end a sequence only once it is detokenized: emit now, so a
+            # stopped sequence is never planned again.
+            if not self.emit_after_launch or any(s.params.stop for s in changed):
+                self._emit()
         if done:
             self._report()
         return bool(done)
+
+    def _emit(self) -> None:
+        changed, self._unemitted = self._unemitted, []
+        for out in self.core.emit(changed) if changed else ():
+            self._deliver(out)
 
     # ------------------------------------------------------------------ planning per lane
     def _plan(self, lane: str) -> StepPlan | None:
