@@ -7,7 +7,7 @@ import pytest
 from verifypd.config import EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
-from verifypd.lanes.dispatcher import LaneDispatcher, choose_lane
+from verifypd.lanes.dispatcher import InFlight, LaneDispatcher, choose_lane
 from verifypd.types import SamplingParams, StepPlan
 
 ALL = {"decode", "verify", "prefill"}
@@ -185,3 +185,25 @@ async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_stri
     )  # fmt: skip
     assert events.count("delta") == 3 and core.requests == {}
     core.check_integrity()
+
+
+async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy():
+    """Deferring deltas only pays while the GPU would idle: with another lane's step still in
+    flight, ``collect`` delivers at once."""
+
+    class Running:
+        def done(self) -> bool:
+            return False
+
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    delivered: list = []
+
+    async def launch(lane: str, plan: StepPlan) -> PendingStep:
+        return core.runner.launch(plan)
+
+    d = LaneDispatcher(core, launch, delivered.append, 0.5, emit_after_launch=True)
+    core.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0))
+    await d.tick()  # launches the prefill (on CPU it has already landed)
+    d.in_flight["verify"] = InFlight(StepPlan("verify", []), Running(), 0.0)
+    assert d.collect() and len(delivered) == 1  # the prefill's first token, before any launch
+    del d.in_flight["verify"]

@@ -114,8 +114,9 @@ class LaneDispatcher:
         self.in_flight: dict[str, InFlight] = {}
         self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
         self._last_lane: str | None = None
-        # Where a launch only enqueues (GPU), a landed step's deltas are made after the next
-        # launch, so detokenizing and delivery overlap the GPU instead of delaying it.
+        # Where a launch only enqueues (GPU) and no other step is in flight, a landed step's
+        # deltas are made after the next launch, so detokenizing and delivery overlap the GPU
+        # instead of leaving it idle.
         self.emit_after_launch = emit_after_launch
         self._unemitted: list[Sequence] = []
 
@@ -185,12 +186,14 @@ class LaneDispatcher:
             wall = self.clock() - f.start
             seconds = f.pending.seconds(wall) if hasattr(f.pending, "seconds") else wall
             self.core.record_step(f.plan, seconds)
-            changed = self.core.apply_step(f.plan, token_ids)
-            self._unemitted += changed
-            # A stop string can end a sequence only once it is detokenized: emit now, so a
-            # stopped sequence is never planned again.
-            if not self.emit_after_launch or any(s.params.stop for s in changed):
-                self._emit()
+            self._unemitted += self.core.apply_step(f.plan, token_ids)
+        # Deltas wait for the next launch only while the GPU has nothing else to run (another
+        # lane's step in flight keeps it busy: then delivery goes first). A stop string can end
+        # a sequence only once it is detokenized: emit now, so it is never planned again.
+        if not self.emit_after_launch or self.in_flight:
+            self._emit()
+        elif any(s.params.stop for s in self._unemitted):
+            self._emit()
         if done:
             self._report()
         return bool(done)
