@@ -164,8 +164,8 @@ async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_stri
     stop, emitted_first
 ):
     """With ``emit_after_launch`` (GPU: a launch only enqueues) a landed step's deltas are made
-    after the next step is launched, so detokenizing overlaps the GPU; a request with stop
-    strings is emitted first, so a stopped sequence is never planned again."""
+    after the next step is launched, so detokenizing overlaps the GPU; a first token, and a
+    request with stop strings (a stopped sequence must never be planned again), go first."""
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
     events: list[str] = []
 
@@ -179,9 +179,10 @@ async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_stri
     core.add_request("r", [5, 6, 7], params)
     for _ in range(6):
         await d.tick()
-    assert events[:3] == (
-        ["launch prefill", "delta", "launch decode"] if emitted_first
-        else ["launch prefill", "launch decode", "delta"]
+    # The first token goes out before the next launch (TTFT); later ones after it.
+    assert events[:5] == (
+        ["launch prefill", "delta", "launch decode", "delta", "launch decode"] if emitted_first
+        else ["launch prefill", "delta", "launch decode", "launch decode", "delta"]
     )  # fmt: skip
     assert events.count("delta") == 3 and core.requests == {}
     core.check_integrity()

@@ -188,11 +188,12 @@ class LaneDispatcher:
             self.core.record_step(f.plan, seconds)
             self._unemitted += self.core.apply_step(f.plan, token_ids)
         # Deltas wait for the next launch only while the GPU has nothing else to run (another
-        # lane's step in flight keeps it busy: then delivery goes first). A stop string can end
-        # a sequence only once it is detokenized: emit now, so it is never planned again.
+        # lane's step in flight keeps it busy: then delivery goes first), and never a first
+        # token (TTFT). A stop string can end a sequence only once it is detokenized: emit
+        # now, so it is never planned again.
         if not self.emit_after_launch or self.in_flight:
             self._emit()
-        elif any(s.params.stop for s in self._unemitted):
+        elif any(s.params.stop or s.first_token_time is None for s in self._unemitted):
             self._emit()
         if done:
             self._report()
