@@ -183,17 +183,14 @@ class LaneDispatcher:
         for lane in done:
             f = self.in_flight.pop(lane)
             token_ids = f.pending.result()
-            wall = self.clock() - f.start
-            seconds = f.pending.seconds(wall) if hasattr(f.pending, "seconds") else wall
-            self.core.record_step(f.plan, seconds)
+            self.core.record_step(f.plan, f.pending.seconds(self.clock() - f.start))
             self._unemitted += self.core.apply_step(f.plan, token_ids)
         # Deltas wait for the next launch only while the GPU has nothing else to run (another
         # lane's step in flight keeps it busy: then delivery goes first), and never a first
         # token (TTFT). A stop string can end a sequence only once it is detokenized: emit
         # now, so it is never planned again.
-        if not self.emit_after_launch or self.in_flight:
-            self._emit()
-        elif any(s.params.stop or s.first_token_time is None for s in self._unemitted):
+        waits = self.emit_after_launch and not self.in_flight
+        if not waits or any(s.params.stop or s.first_token_time is None for s in self._unemitted):
             self._emit()
         if done:
             self._report()
