@@ -68,16 +68,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=2, help="median over this many runs")
+    p.add_argument(
+        "--chain-drafts",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="SpecConfig.chain_drafts (auto: on for GPU)",
+    )
+    p.add_argument(
+        "--also-unchained",
+        action="store_true",
+        help="also measure speculation with chain_drafts off, in the same run (A/B)",
+    )
     p.add_argument("--use-triton", type=int, choices=[0, 1], default=None, help="default: engine")
     p.add_argument("--cuda-graphs", type=int, choices=[0, 1], default=None, help="default: engine")
     add_common_args(p)
     return p.parse_args(argv)
 
 
-def spec_config(args: argparse.Namespace, on: bool) -> SpecConfig:
+CHAIN = {"auto": None, "on": True, "off": False}
+
+
+def spec_config(args: argparse.Namespace, on: bool, chain: bool | None = None) -> SpecConfig:
     if not on:
         return SpecConfig(method="off")
     return SpecConfig(
+        chain_drafts=chain,
         method="draft",
         draft_model=args.draft_model,
         max_draft_len=args.draft_len,
@@ -94,7 +109,9 @@ def expected_tokens_per_verify(alpha: float, draft_len: int) -> float:
     return (1 - alpha ** (draft_len + 1)) / (1 - alpha)
 
 
-def bench_engine(args, device, lane_mode: str, spec_on: bool) -> dict[str, Any]:
+def bench_engine(
+    args, device, lane_mode: str, spec_on: bool, chain: bool | None = None
+) -> dict[str, Any]:
     """One engine (plain or speculative) measured at every batch size. ``lane_mode`` three or
     single drives AsyncEngine's lane dispatcher; "sync" drives LLM.generate (EngineCore.step)."""
     max_batch = max(args.batches)
@@ -113,7 +130,7 @@ def bench_engine(args, device, lane_mode: str, spec_on: bool) -> dict[str, Any]:
         max_num_batched_tokens=max(8192, max_batch * args.prompt_len),
         num_blocks=blocks_for(max_batch, args.prompt_len + args.max_tokens + 2 * args.draft_len),
         prefix_caching=False,
-        spec=spec_config(args, spec_on),
+        spec=spec_config(args, spec_on, chain),
         **engine_kw,
     )
     llm = build_engine(cfg, "llm" if lane_mode == "sync" else "async")
@@ -145,23 +162,30 @@ def measure_batches(args, llm, device) -> dict[str, Any]:
 
 def bench_lane_mode(args, device, lane_mode: str, out: dict[str, Any], save) -> None:
     """Fills ``out`` engine by engine (plain, then spec), calling ``save()`` after each."""
-    for name, on in (("plain", False), ("spec", True)):
+    engines = [("plain", False, None), ("spec", True, CHAIN[args.chain_drafts])]
+    if args.also_unchained:
+        engines.append(("spec_unchained", True, False))
+    for name, on, chain in engines:
         try:
-            out[name] = bench_engine(args, device, lane_mode, on)
+            out[name] = bench_engine(args, device, lane_mode, on, chain)
         except Exception as exc:  # noqa: BLE001 - record and go on
             out[name] = error_record(exc)
         release_memory()
         save()
     expected = expected_tokens_per_verify(args.acceptance, args.draft_len)
-    out["speedup"] = {str(b): _speedup(out, str(b), expected) for b in args.batches}
+    for name, *_ in engines[1:]:
+        key = name.replace("spec", "speedup")
+        out[key] = {str(b): _speedup(out, str(b), expected, name) for b in args.batches}
 
 
-def _speedup(out: dict[str, Any], batch: str, expected_tokens: float) -> dict[str, Any] | None:
+def _speedup(
+    out: dict[str, Any], batch: str, expected_tokens: float, spec_key: str = "spec"
+) -> dict[str, Any] | None:
     """Decode and end-to-end ratios; ``decode_at_expected`` rescales the decode ratio from the
     tokens per verify the synthetic draws gave in this run to their expectation (a run of ~80
     verifies moves them by about ±5 %)."""
     plain = out["plain"].get("batches", {}).get(batch, {})
-    spec = out["spec"].get("batches", {}).get(batch, {})
+    spec = out[spec_key].get("batches", {}).get(batch, {})
     if "decode_tok_s" not in plain or "decode_tok_s" not in spec:
         return None
     decode = spec["decode_tok_s"] / plain["decode_tok_s"]
@@ -185,13 +209,16 @@ HEADERS = ["lanes", "batch", "plain tok/s", "spec tok/s", "speedup", "e2e speedu
 def summary_rows(results: dict[str, Any], batches: list[int]) -> list[list[Any]]:
     rows = []
     for lane_mode, r in results.items():
-        for b in map(str, batches):
+        for b, key in (
+            (b, k) for k in ("spec", "spec_unchained") if k in r for b in map(str, batches)
+        ):
             plain = r["plain"].get("batches", {}).get(b, {})
-            spec = r["spec"].get("batches", {}).get(b, {})
-            sp = r["speedup"].get(b) or {}
+            spec = r[key].get("batches", {}).get(b, {})
+            sp = r[key.replace("spec", "speedup")].get(b) or {}
             failed = [k for k, v in (("plain", plain), ("spec", spec)) if "decode_tok_s" not in v]
+            label = lane_mode if key == "spec" else f"{lane_mode} (unchained)"
             rows.append([
-                lane_mode, b, plain.get("decode_tok_s"), spec.get("decode_tok_s"),
+                label, b, plain.get("decode_tok_s"), spec.get("decode_tok_s"),
                 sp.get("decode"), sp.get("e2e"), accepted_per_verify(spec),
                 sp.get("decode_at_expected"),
                 f"{'+'.join(failed)} failed" if failed else "synthetic acceptance",
@@ -205,7 +232,8 @@ def plot(path: Path, results: dict[str, Any], batches: list[int]) -> Path | None
     for lane_mode, r in results.items():
         series = {
             name: [r[name].get("batches", {}).get(str(b), {}).get("decode_tok_s") for b in batches]
-            for name in ("plain", "spec")
+            for name in ("plain", "spec", "spec_unchained")
+            if name in r
         }
         panels.append((f"lanes={lane_mode}: decode tok/s (synthetic acceptance)", "tok/s",
                        labels, series))  # fmt: skip

@@ -190,6 +190,9 @@ class SpecConfig:
     # Benchmark only: draws the accepted count from a truncated geometric with this alpha.
     synthetic_acceptance: float | None = None
     controller: bool = True  # False: fixed L = initial_draft_len
+    # Draft the next round on the device right behind each verify (draft model, greedy
+    # drafting): None = on GPU, where it hides the host's turnaround between rounds.
+    chain_drafts: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

@@ -17,7 +17,7 @@ from verifypd.controller import build_controller
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
-from verifypd.engine.runner import ModelRunner
+from verifypd.engine.runner import ModelRunner, PendingStep
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
 from verifypd.engine.timing import Span
@@ -111,6 +111,10 @@ class EngineCore:
         if self.use_cuda_graphs:
             self._capture_graphs()
         self.controller = build_controller(config.spec)
+        chain = config.spec.chain_drafts
+        self.chain_drafts = (self._is_cuda if chain is None else chain) and (
+            self.spec.drafter is not None
+        )
         self._draft_span: tuple[Span, int, int] | None = None  # a proposal not yet observed
         self.requests: dict[str, list[SeqOutputState]] = {}
 
@@ -248,10 +252,34 @@ class EngineCore:
             return []
         self.scheduler.begin_step(plan)
         start = time.perf_counter()
-        pending = self.runner.launch(plan)
+        pending = self.launch(plan)
         token_ids = pending.result()
         self.record_step(plan, pending.seconds(time.perf_counter() - start))
         return self.finish_step(plan, token_ids)
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Enqueues a step; behind a verify, the next round's drafting too (``chain_drafts``),
+        timed on the GPU for the controller like a proposal."""
+        pending = self.runner.launch(plan)
+        if self.chain_drafts and pending.verified is not None:
+            self._observe_draft_cost()
+            span = Span(self._is_cuda)
+            rows = self.spec.chain(plan, pending.verified, self.max_model_len)
+            chained = self.spec.drafter.chained
+            if rows and chained is not None:
+                self._draft_span = (span.stop(), rows, rows * chained.num_drafts)
+        return pending
+
+    def spec_stats(self) -> dict:
+        """Speculation counters (benchmarks, debugging)."""
+        drafter = self.spec.drafter
+        return {
+            "verifies": self.spec.num_verifies,
+            "drafted": self.spec.num_drafted,
+            "accepted": self.spec.num_accepted,
+            "chain_drafts": self.chain_drafts,
+            "chained_proposals": drafter.num_adopted if drafter is not None else 0,
+        }
 
     def draft_lens(self) -> dict[int, int]:
         """Asks the controller for each live request's L and stores it on the sequence."""
@@ -295,7 +323,7 @@ class EngineCore:
         span = Span(self._is_cuda and self.spec.drafter is not None)
         self.spec.propose(entries, self.drafter_temps())
         drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
-        if drafted and self.spec.last_proposal_was_steady:
+        if drafted and self.spec.last_proposal_was_steady and self.spec.drafted_rows:
             self._draft_span = (span.stop(), len(drafted), sum(drafted))
         self._observe_draft_cost()
 
@@ -323,7 +351,9 @@ class EngineCore:
         runs after launching the next step."""
         self._observe_draft_cost()
         self._record_acceptance(plan, token_ids)
-        return self.scheduler.update(plan, token_ids)
+        changed = self.scheduler.update(plan, token_ids)
+        self.spec.confirm(plan, token_ids)
+        return changed
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
         outputs = [out for seq in changed if (out := self._process(seq)) is not None]

@@ -123,6 +123,17 @@ class StepGraphs:
             and max_position // self.block_size < self._last_width
         )
 
+    def seed_next(
+        self, positions: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor
+    ) -> None:
+        """Makes ``run_next`` continue rows whose last fed token (position, context length) and
+        block tables are given on the device, as if a ``run`` had fed it."""
+        b, width = block_tables.shape
+        self.positions[:b].copy_(positions)
+        self.seq_lens[:b].copy_(seq_lens)
+        self.block_tables[:b, :width].copy_(block_tables)
+        self._last_batch, self._last_width = b, width
+
     def run_next(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Next decode step of the same sequences, every input advanced on the device (no host
         work but a few launches): position + 1, slot from the block table, length + 1."""

@@ -28,6 +28,18 @@ from verifypd.types import ScheduledSeq, StepPlan
 
 
 @dataclass
+class VerifyOutputs:
+    """What a launched verify leaves on the device, for drafting the next round behind it
+    before the host has seen it: row ``k`` is ``plan.seqs[seqs[k]]``."""
+
+    seqs: list[int]  # plan indices of the verified seqs
+    input_ids: torch.Tensor  # [T] the verify's input ids (drafts copied in)
+    first_rows: list[int]  # per seq: its row of ``input_ids`` holding its last known token
+    out: torch.Tensor  # [B, 1 + L] accepted drafts, then the final token
+    num_accepted: torch.Tensor  # [B] int64
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -47,6 +59,7 @@ class PendingStep:
         self._layout = layout  # per plan seq: ("none",) | ("one", i) | ("verify", off, L, acc_i)
         self._event = event
         self.span: Span | None = None  # from when its drafts were ready (device drafts only)
+        self.verified: VerifyOutputs | None = None  # a verify's results, still on the device
 
     def seconds(self, wall: float) -> float:
         """The step's own duration: with drafts still being made on the GPU when it was
@@ -243,6 +256,8 @@ class ModelRunner:
                 layout[i] = ("one", j)
         if inputs.verify_seqs:
             out, acc = self._verify(plan, inputs, logits[n_plain:])
+            first_rows = [rows[0] for rows in inputs.verify_rows]
+            verified = VerifyOutputs(inputs.verify_seqs, inputs.input_ids, first_rows, out, acc)
             width = out.shape[1]
             base = n_plain
             acc_base = base + out.numel()
@@ -251,13 +266,15 @@ class ModelRunner:
                 layout[i] = ("verify", base + k * width, width, acc_base + k)
         pending = self._pack(plan, pieces, layout)
         pending.span = span.stop() if span is not None else None
+        if inputs.verify_seqs:
+            pending.verified = verified
         return pending
 
     def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
         """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every
         sequence feeds the same q tokens) and a graph for q was captured, else eager."""
         graphs = self.graphs.get(inputs.meta.max_query_len)
-        num_seqs = len(inputs.meta.seq_lens_cpu)
+        num_seqs = inputs.meta.num_seqs
         if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
             self.num_eager_steps += 1
             self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1

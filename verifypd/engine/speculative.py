@@ -11,14 +11,18 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from verifypd.config import SpecConfig
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
-from verifypd.engine.runner import ModelRunner
+from verifypd.engine.runner import ModelRunner, StepInputs, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -41,6 +45,24 @@ class DraftView:
         return len(self.token_ids)
 
 
+@dataclass
+class ChainedDrafts:
+    """The next round's drafts, made on the device right behind a verify (``chain``), before
+    the host knows how many drafts it accepted. A sequence adopts its row once the verify has
+    landed and it has exactly the tokens that verify gave it (``confirmed``)."""
+
+    verify: StepPlan  # the verify it follows
+    matrix: torch.Tensor  # [B, L] drafts on the device
+    ready: object | None  # CUDA event after the drafting
+    rows: dict[int, int]  # seq id -> row of ``matrix``
+    base: dict[int, tuple[int, int]]  # seq id -> (its tokens before the verify, the verify's L)
+    confirmed: dict[int, int] = field(default_factory=dict)  # seq id -> its tokens after it
+
+    @property
+    def num_drafts(self) -> int:
+        return self.matrix.shape[1]
+
+
 class DraftModelProposer:
     """Drafts with a smaller model sharing the target's tokenizer."""
 
@@ -53,10 +75,18 @@ class DraftModelProposer:
         )
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(loaded.model, self.pool, block_size, device)
+        self.block_size = block_size
         self.vocab_size = cfg.vocab_size
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
+        self.last_num_drafted_rows = 0  # rows the last proposal drafted (not adopted)
+        self.chained: ChainedDrafts | None = None
+        self.num_adopted = 0  # proposals served by chained drafts (tests, benchmarks)
+        # Drafting runs on the decode stream (proposals) or behind a verify (chains); the
+        # graphs' static buffers, the views' blocks and the pool are shared, so each drafting
+        # waits for the one before it on the GPU.
+        self._last_work = None
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
         """Attaches each entry's drafts, left on the device (``draft_ids_device``; and
@@ -65,14 +95,17 @@ class DraftModelProposer:
         Draft step j feeds the token drafted at step j - 1 straight from the device, and the
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
         launched behind it while the GPU still drafts."""
+        adopted = self._adopt(entries, lens, temps)
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
-            if n > 0 and (v := self._prepare_view(e.seq, n)) is not None
+            if n > 0 and id(e) not in adopted and (v := self._prepare_view(e.seq, n)) is not None
         ]
+        self.last_num_drafted_rows = len(active)
         if not active:
             self.last_catch_up = 0
             return
+        self._follow_last_work()
         _uniform_catch_up([v for _, v, _, _ in active])
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for _, v, _, _ in active)
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
@@ -98,16 +131,177 @@ class DraftModelProposer:
         rows = drafted[0].shape[0]
         cols = [F.pad(t, (0, rows - t.shape[0])) if t.shape[0] < rows else t for t in drafted]
         matrix = torch.stack(cols, dim=1)  # [B, L]: step j's rows are a prefix
-        ready = None
-        if matrix.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = self._record_work()
         for k, (e, _, n, t) in enumerate(active):
             e.draft_token_ids = [DRAFT_ON_DEVICE] * n
             e.draft_ids_device = matrix[k, :n]
             e.draft_ready = ready
             if t > 0 and all(probs[j] is not None for j in range(n)):
                 e.draft_probs = torch.stack([probs[j][k] for j in range(n)])
+
+    def _follow_last_work(self) -> None:
+        if self._last_work is not None:
+            torch.cuda.current_stream().wait_event(self._last_work)
+
+    def _record_work(self):
+        if not self.runner.is_cuda:
+            return None
+        self._last_work = torch.cuda.Event()
+        self._last_work.record()
+        return self._last_work
+
+    # ------------------------------------------------------------------ chained drafting
+    @torch.inference_mode()
+    def chain(
+        self, verify: StepPlan, verified: VerifyOutputs, num_drafts: int, max_len: int
+    ) -> int:
+        """Drafts the next round of the verified greedy-drafting sequences on the device,
+        behind the verify: each row feeds the token before the verify's final one and the final
+        one (both found on the device from the accepted count; re-feeding a token whose KV is
+        stored writes the same KV), then ``num_drafts - 1`` single-token steps. Every row
+        reserves drafter blocks for the most the verify can accept. Returns the rows drafted."""
+        self.chained = None
+        picks = []  # (row of verified, view, tokens before the verify, the verify's L)
+        for k, i in enumerate(verified.seqs):
+            e = verify.seqs[i]
+            view = self.views.get(e.seq.seq_id)
+            n, width = e.seq.num_tokens, len(e.draft_token_ids)
+            if (
+                view is None
+                or not e.seq.params.is_greedy
+                or n + width + num_drafts > max_len
+                or view.num_computed_tokens < n + width - 1
+                or not self.kv.allocate(view.block_table, n + width + num_drafts)
+            ):
+                continue
+            picks.append((k, view, n, width))
+        if not picks or num_drafts < 1:
+            return 0
+        self._follow_last_work()
+        rows, base = self._chain_first_step(picks, verified, max_len)
+        drafted = [self._greedy(rows)]
+        for j in range(num_drafts - 1):
+            drafted.append(self._greedy(self._chain_next_step(base, drafted[-1], j == 0)))
+        matrix = torch.stack(drafted, dim=1)
+        self.chained = ChainedDrafts(
+            verify=verify,
+            matrix=matrix,
+            ready=self._record_work(),
+            rows={v.seq_id: r for r, (_, v, _, _) in enumerate(picks)},
+            base={v.seq_id: (n, w) for _, v, n, w in picks},
+        )
+        self._graph_ready = False
+        return len(picks)
+
+    def _chain_first_step(self, picks, verified: VerifyOutputs, max_len: int):
+        """The two-token step after a verify: returns the logits of each row's last token and
+        (position, context length, block tables, a bound on the context) of it, on the
+        device."""
+        bs, b = self.block_size, len(picks)
+        host = np.array(
+            [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
+             [n - 1 for _, _, n, _ in picks]],
+            dtype=np.int64,
+        )  # fmt: skip
+        up = self.runner._to_device(host, torch.int64)
+        acc = verified.num_accepted[up[0]]
+        last = up[2] + acc  # position of the token before the final one
+        ids = torch.stack(
+            [verified.input_ids[up[1] + acc], verified.out[up[0]].gather(1, acc[:, None])[:, 0]],
+            dim=1,
+        )
+        ids = torch.where(ids < self.vocab_size, ids, 0).flatten()  # as ``_drafter_ids``
+        positions = (last[:, None] + torch.arange(2, device=ids.device)).flatten()
+        tables = self._tables([v for _, v, _, _ in picks])
+        slots = tables.gather(1, (positions // bs).view(b, 2)).flatten().to(torch.int64) * bs
+        seq_lens = (last + 2).to(torch.int32)
+        meta = AttentionMetadata(
+            slot_mapping=slots + positions % bs,
+            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=ids.device) * 2,
+            seq_lens=seq_lens,
+            block_tables=tables,
+            max_query_len=2,
+            max_seq_len=max_len,
+        )
+        inputs = StepInputs(ids, positions, meta, [], [], [], [])
+        logits = self.runner.logits(inputs, list(range(1, 2 * b, 2)))
+        return logits, (last + 1, seq_lens, tables, max_len)
+
+    def _chain_next_step(self, base, prev: torch.Tensor, first: bool) -> torch.Tensor:
+        """One single-token step of every chained row, its inputs advanced on the device (on
+        the q = 1 graph where one was captured for the batch)."""
+        positions, seq_lens, tables, max_len = base
+        graphs = self.runner.graphs.get(1)
+        b, bs = positions.shape[0], self.block_size
+        if (
+            graphs is not None
+            and b <= graphs.max_batch
+            and tables.shape[1] <= graphs.block_tables.shape[1]
+            and max_len <= graphs.max_len
+        ):
+            if first:
+                graphs.seed_next(positions, seq_lens, tables)
+            return graphs.run_next(prev)
+        positions += 1
+        seq_lens += 1
+        slots = tables.gather(1, (positions // bs)[:, None])[:, 0].to(torch.int64) * bs
+        meta = AttentionMetadata(
+            slot_mapping=slots + positions % bs,
+            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=prev.device),
+            seq_lens=seq_lens,
+            block_tables=tables,
+            max_query_len=1,
+            max_seq_len=max_len,
+        )
+        inputs = StepInputs(prev, positions, meta, [], [], [], [])
+        return self.runner.forward(inputs, list(range(b)))
+
+    def _tables(self, views: list[DraftView]) -> torch.Tensor:
+        width = max(len(v.block_table) for v in views)
+        tables = np.zeros((len(views), width), dtype=np.int32)
+        for i, v in enumerate(views):
+            tables[i, : len(v.block_table)] = v.block_table
+        return self.runner._to_device(tables, torch.int32)
+
+    @staticmethod
+    def _greedy(logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def confirm(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
+        """A verify landed (and was applied): its chained rows whose sequences took all of its
+        tokens and go on may be adopted by their next proposal."""
+        c = self.chained
+        if c is None or c.verify is not plan:
+            return
+        for e, new_ids in zip(plan.seqs, token_ids, strict=True):
+            sid = e.seq.seq_id
+            if sid not in c.base or e.seq.status.is_finished:
+                continue
+            n, width = c.base[sid]
+            if 1 <= len(new_ids) <= width + 1 and e.seq.num_tokens == n + len(new_ids):
+                c.confirmed[sid] = e.seq.num_tokens
+
+    def _adopt(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> set:
+        """Serves entries from the chained drafts where they are still valid: the sequence has
+        exactly the tokens of the verify they followed, and drafts greedily."""
+        c = self.chained
+        if c is None or not c.confirmed:
+            return set()
+        adopted = set()
+        for e, n, t in zip(entries, lens, temps, strict=True):
+            sid = e.seq.seq_id
+            if n <= 0 or t != 0 or c.confirmed.get(sid) != e.seq.num_tokens:
+                continue
+            del c.confirmed[sid]
+            m = min(n, c.num_drafts)
+            e.draft_token_ids = [DRAFT_ON_DEVICE] * m
+            e.draft_ids_device = c.matrix[c.rows[sid], :m]
+            e.draft_ready = c.ready
+            view = self.views[sid]
+            view.num_computed_tokens = e.seq.num_tokens + c.num_drafts - 1
+            adopted.add(id(e))
+        self.num_adopted += bool(adopted)
+        return adopted
 
     def _prepare_view(self, seq: Sequence, num_drafts: int) -> DraftView | None:
         view = self.views.get(seq.seq_id)
@@ -166,6 +360,8 @@ class DraftModelProposer:
         return sample(logits, t), processed_probs(logits, t)
 
     def free(self, seq_id: int) -> None:
+        if self.chained is not None:
+            self.chained.confirmed.pop(seq_id, None)
         view = self.views.pop(seq_id, None)
         if view is not None:
             self.kv.free(view.block_table)
@@ -194,6 +390,11 @@ class SpecDecoder:
         or long-parked request: a one-off prefill of the drafter, not the cost of drafting)."""
         return self.drafter is None or self.drafter.last_catch_up <= 2
 
+    @property
+    def drafted_rows(self) -> int:
+        """Rows the last proposal drafted itself (not served from chained drafts)."""
+        return 1 if self.drafter is None else self.drafter.last_num_drafted_rows
+
     def wants(self, seq: Sequence) -> bool:
         return self.enabled and seq.params.speculate and seq.draft_len > 0
 
@@ -212,6 +413,18 @@ class SpecDecoder:
             self.drafter.propose(spec, lens, t)
         for e in spec:  # never draft past max_tokens: extra tokens would be thrown away
             e.truncate_drafts(e.seq.params.max_tokens - e.seq.num_output_tokens - 1)
+
+    def chain(self, plan: StepPlan, verified: VerifyOutputs, max_len: int) -> int:
+        """Drafts the next round of ``plan``'s verified sequences behind it on the device
+        (see ``DraftModelProposer.chain``), with the longest L any of them has now."""
+        if self.drafter is None:
+            return 0
+        lens = [plan.seqs[i].seq.draft_len for i in verified.seqs]
+        return self.drafter.chain(plan, verified, max(lens, default=0), max_len)
+
+    def confirm(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
+        if self.drafter is not None:
+            self.drafter.confirm(plan, token_ids)
 
     def record(self, entry: ScheduledSeq, new_ids: list[int]) -> int:
         """Acceptance bookkeeping after a verify; returns the number of accepted drafts."""

@@ -164,11 +164,11 @@ class AsyncEngine:
     async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
         if self._executor is not None:  # CPU: keep the event loop free while the step runs
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
+            return await loop.run_in_executor(self._executor, self.core.launch, plan)
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:
                 _follow_drafts(plan, torch.cuda.current_stream())
-            return self.core.runner.launch(plan)
+            return self.core.launch(plan)
 
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)

@@ -1,0 +1,76 @@
+"""Chained drafting (``DraftModelProposer.chain``) drafts exactly what a fresh proposal drafts
+after the same verify, for every accepted count from 0 (re-feed the last token) to L (feed the
+last draft and the bonus), across block boundaries, batch rows of different lengths, on CPU
+(eager steps) and on the GPU (the q = 2 graph fed on the device, then q = 1 graph steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.engine.core import EngineCore
+from verifypd.engine.runner import VerifyOutputs
+from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
+
+L = 4
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _rounds(core: EngineCore, prompts, accepted, chain: bool):
+    """Each round: a proposal, then a fake verify accepting k drafts and a new token (on the
+    device as the runner leaves it), chained or not, then the tokens land on the host."""
+    drafter = core.spec.drafter
+    device = core.device
+    seqs = [Sequence(f"c{chain}{i}", p, SamplingParams(max_tokens=256, temperature=0))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    out = []
+    for per_seq in accepted:
+        entries = [ScheduledSeq(s, 1) for s in seqs]
+        drafter.propose(entries, [L] * len(seqs), [0.0] * len(seqs))
+        drafts = [e.draft_ids() for e in entries]
+        out.append(drafts)
+        new = [d[:k] + [(d[-1] + 1 + k) % 500] for d, k in zip(drafts, per_seq, strict=True)]
+        plan = StepPlan("verify", entries)
+        if chain:
+            ids = [t for s, d in zip(seqs, drafts, strict=True) for t in [s.token_ids[-1], *d]]
+            rows = torch.tensor([n + [-1] * (L + 1 - len(n)) for n in new], device=device)
+            verified = VerifyOutputs(
+                seqs=list(range(len(seqs))),
+                input_ids=torch.tensor(ids, device=device),
+                first_rows=[i * (L + 1) for i in range(len(seqs))],
+                out=rows,
+                num_accepted=torch.tensor(per_seq, device=device),
+            )
+            assert drafter.chain(plan, verified, L, 512) == len(seqs)
+        for s, n in zip(seqs, new, strict=True):
+            s.token_ids += n
+        drafter.confirm(plan, new)
+    adopted = drafter.num_adopted
+    for s in seqs:
+        drafter.free(s.seq_id)
+    assert drafter.kv.usage == 0
+    return out, adopted
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chained_drafts_equal_fresh_proposals(device):
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=L,
+                      initial_draft_len=L, controller=False)  # fmt: skip
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (3, 30, 61)]
+    accepted = [rng.integers(0, L + 1, len(prompts)).tolist() for _ in range(20)]
+    accepted[0] = [0, L, 2]  # every kind of catch-up early on
+    results = []
+    for chain in (True, False):
+        core = EngineCore(EngineConfig(
+            model="dummy:tiny", device=device, spec=spec, cuda_graphs=device == "cuda",
+            dtype="float32",
+            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
+            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
+        ))  # fmt: skip
+        results.append(_rounds(core, prompts, accepted, chain))
+    (chained, adopted), (fresh, not_adopted) = results
+    assert adopted == len(accepted) - 1 and not_adopted == 0  # all but the first round
+    assert chained == fresh

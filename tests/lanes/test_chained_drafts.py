@@ -1,0 +1,142 @@
+"""Drafts chained behind each verify (``SpecConfig.chain_drafts``), forced on on CPU: the next
+round is drafted from the verify's accepted count before the host has seen it, and adopted by
+the next proposal. With a drafter that only sometimes agrees with the target (every accepted
+count from 0 to L occurs), output stays token-identical to plain greedy decoding, the chained
+drafts are the drafts a fresh proposal would make (same acceptance, step by step), and aborts
+leave no drafter block behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+import torch
+
+from verifypd.config import CacheConfig, EngineConfig, SpecConfig
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)), [9, 8, 7]]
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def _engine(lane_mode: str, chain: bool, controller: bool = False, **kw) -> AsyncEngine:
+    spec = SpecConfig(
+        method="draft", draft_model="dummy:tiny", controller=controller, chain_drafts=chain
+    )
+    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode=lane_mode, spec=spec, **kw)
+    engine = AsyncEngine(cfg)
+    _perturb_drafter(engine)
+    return engine
+
+
+def _perturb_drafter(engine: AsyncEngine, noise: float = 0.1) -> None:
+    """The drafter starts as a copy of the target; noise makes it disagree now and then."""
+    target = engine.core.loaded.model
+    drafter = engine.core.spec.drafter.runner.model
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for pd, pt in zip(drafter.parameters(), target.parameters(), strict=True):
+            pd.copy_(pt + noise * pt.std() * torch.randn(pt.shape, generator=gen))
+
+
+async def _run_all(engine: AsyncEngine, params=GREEDY, counts: Counter | None = None):
+    record = engine.core.spec.record
+
+    def spy(entry, new_ids):
+        if counts is not None:
+            counts[(len(entry.draft_token_ids), len(new_ids) - 1)] += 1
+        return record(entry, new_ids)
+
+    engine.core.spec.record = spy
+
+    async def one(rid, prompt):
+        ids: list[int] = []
+        async for out in engine.generate(rid, prompt, params):
+            ids += out.new_token_ids
+        return ids
+
+    try:
+        jobs = [one(f"r{i}", p) for i, p in enumerate(PROMPTS)]
+        return await asyncio.wait_for(asyncio.gather(*jobs), 120)
+    finally:
+        engine.check_integrity()
+        assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
+        assert engine.core.spec.drafter.kv.usage == 0
+        await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode="single")
+    return asyncio.run(_run_all_plain(AsyncEngine(cfg)))
+
+
+async def _run_all_plain(engine: AsyncEngine) -> list[list[int]]:
+    async def one(rid, prompt):
+        return [t async for out in engine.generate(rid, prompt, GREEDY) for t in out.new_token_ids]
+
+    try:
+        return await asyncio.wait_for(asyncio.gather(*map(one, "abcd", PROMPTS)), 120)
+    finally:
+        await engine.stop()
+
+
+@pytest.mark.parametrize("lane_mode", ["three", "single"])
+async def test_chained_drafts_are_lossless_and_equal_fresh_proposals(reference, lane_mode):
+    chained, fresh = Counter(), Counter()
+    engine = _engine(lane_mode, chain=True)
+    got = await _run_all(engine, counts=chained)
+    assert got == reference
+    drafter = engine.core.spec.drafter
+    assert drafter.num_adopted > 0  # rounds really came from chained drafts
+    accepted = {k for (_, k) in chained}
+    assert accepted == {0, 1, 2, 3, 4}  # every accepted count, partial ones too
+    plain = _engine(lane_mode, chain=False)
+    assert await _run_all(plain, counts=fresh) == reference
+    assert plain.core.spec.drafter.num_adopted == 0
+    # Same drafts, so the same (L, accepted) for every verify, round by round.
+    assert chained == fresh
+
+
+async def test_chained_drafts_with_the_controller_stay_lossless(reference):
+    engine = _engine("three", chain=True, controller=True)
+    assert await _run_all(engine) == reference
+    assert engine.core.spec.num_verifies > 0
+
+
+async def test_aborts_with_chained_drafts_in_flight_free_every_block():
+    engine = _engine("three", chain=True, cache=CacheConfig(num_blocks=64, block_size=16))
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def consume_some(rid, prompt, n):
+        agen = engine.generate(rid, prompt, params)
+        got = 0
+        async for out in agen:
+            got += len(out.new_token_ids)
+            if got >= n:
+                break
+        await agen.aclose()
+
+    jobs = (consume_some(f"a{i}", p, 3 + 7 * i) for i, p in enumerate(PROMPTS))
+    await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    for _ in range(50):
+        if not engine.dispatcher.has_work():
+            break
+        await asyncio.sleep(0.01)
+    engine.check_integrity()
+    assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
+    assert engine.core.spec.drafter.kv.usage == 0
+    assert engine.core.spec.drafter.num_adopted > 0
+    await engine.stop()
+
+
+async def test_sampled_requests_are_not_chained():
+    """Sampled drafting needs its noise at positions only known after the verify: those
+    requests draft afresh each round."""
+    engine = _engine("three", chain=True)
+    params = SamplingParams(max_tokens=16, temperature=0.8, seed=5, ignore_eos=True)
+    outs = await _run_all(engine, params)
+    assert [len(o) for o in outs] == [16] * len(PROMPTS)
+    assert engine.core.spec.drafter.num_adopted == 0
