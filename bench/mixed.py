@@ -16,7 +16,8 @@ alpha is not wired). The draft and verify forwards are real.
 
 Modes (--modes): three-ctrl (three lanes + controller, L_max = --draft-len), three-fixed (three
 lanes, fixed L), single-fixed (fused single lane, fixed L), three-off (three lanes, no
-speculation); also single-ctrl, single-off.
+speculation); also single-ctrl, single-off, and three-fixed-unchained / three-ctrl-unchained
+(drafting not chained behind each verify: ``SpecConfig.chain_drafts`` off, for A/B runs).
 
     python bench/mixed.py
     python bench/mixed.py --device cpu --model dummy:tiny --draft-model dummy:tiny \
@@ -86,6 +87,7 @@ class Mode:
     lane_mode: str  # three | single
     speculate: bool
     controller: bool = False
+    chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
 
 
 MODES = {
@@ -95,6 +97,8 @@ MODES = {
     "three-off": Mode("three", False),
     "single-ctrl": Mode("single", True, True),
     "single-off": Mode("single", False),
+    "three-fixed-unchained": Mode("three", True, chain_drafts=False),
+    "three-ctrl-unchained": Mode("three", True, True, chain_drafts=False),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decode_s",
@@ -246,6 +250,7 @@ def mode_config(args, name: str) -> EngineConfig:
             initial_draft_len=args.draft_len,
             controller=mode.controller,
             synthetic_acceptance=args.acceptance,
+            chain_drafts=mode.chain_drafts,
         )
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
