@@ -261,7 +261,7 @@ class EngineCore:
         """Enqueues a step; behind a verify, the next round's drafting too (``chain_drafts``),
         timed on the GPU for the controller like a proposal."""
         pending = self.runner.launch(plan)
-        if self.chain_drafts and pending.verified is not None:
+        if self.chain_drafts and pending.verified is not None and self._gap_is_idle(plan):
             self._observe_draft_cost()
             span = Span(self._is_cuda)
             rows = self.spec.chain(plan, pending.verified, self.max_model_len)
@@ -280,6 +280,17 @@ class EngineCore:
             "chain_drafts": self.chain_drafts,
             "chained_proposals": drafter.num_adopted if drafter is not None else 0,
         }
+
+    def _gap_is_idle(self, verify: StepPlan) -> bool:
+        """Chaining fills the GPU's gap between a verify and the next round's drafting, which
+        otherwise waits for the host. Where other work is queued (a prompt waiting for its
+        prefill, sequences outside this verify) that gap is not idle, and a chain would take
+        GPU time from that work: chain only when this verify holds every running sequence
+        and no request waits."""
+        if self.scheduler.num_waiting:
+            return False
+        in_plan = {id(e.seq) for e in verify.seqs}
+        return all(id(s) in in_plan for s in self.scheduler.running)
 
     def draft_lens(self) -> dict[int, int]:
         """Asks the controller for each live request's L and stores it on the sequence."""
