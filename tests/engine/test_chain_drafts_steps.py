@@ -74,3 +74,24 @@ def test_chained_drafts_equal_fresh_proposals(device):
     (chained, adopted), (fresh, not_adopted) = results
     assert adopted == len(accepted) - 1 and not_adopted == 0  # all but the first round
     assert chained == fresh
+
+
+def test_chains_only_when_the_gap_after_a_verify_would_be_idle():
+    """A chain fills the GPU's gap between rounds; with a prompt waiting or sequences outside
+    the verify that gap has other work, and nothing is chained."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False,
+                      chain_drafts=True)  # fmt: skip
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    (a,) = core.add_request("a", [1, 2, 3], params)
+    (b,) = core.add_request("b", [4, 5, 6, 7], params)
+    both = StepPlan("verify", [ScheduledSeq(a, 1), ScheduledSeq(b, 1)])
+    assert not core._gap_is_idle(both)  # both wait for their prefill
+    for _ in range(3):
+        core.step()
+    assert not core.scheduler.num_waiting and a.num_output_tokens > 1
+    assert core._gap_is_idle(both)
+    assert core.spec.drafter.num_adopted > 0  # steps since the prefill were chained
+    assert not core._gap_is_idle(StepPlan("verify", [ScheduledSeq(a, 1)]))  # b is left out
+    core.add_request("c", [9, 9], params)
+    assert not core._gap_is_idle(both)  # c waits for its prefill
