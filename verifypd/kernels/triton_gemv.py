@@ -60,7 +60,7 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    M_PAD: tl.constexpr,  # 1 or 2 (FMA), or a power of two >= max(16, rows): tensor cores
+    M_PAD: tl.constexpr,  # 1, or a power of two >= max(16, num_rows): tensor-core tiles
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -81,7 +81,6 @@ def _gemv_kernel(
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)  # SILU_OUT: the up columns
     acc_1row = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 1: reduce at the end
-    acc_2row = tl.zeros([2, BLOCK_N, BLOCK_K], dtype=tl.float32)  # M_PAD == 2: likewise
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_kb
         k_mask = offs_k < K
@@ -103,8 +102,6 @@ def _gemv_kernel(
         ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
         if M_PAD == 1:
             acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
-        elif M_PAD == 2:  # each weight tile serves both rows, on the FMA units as for one
-            acc_2row += w[None, :, :] * a[:, None, :]
         else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
             acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
             if SILU_OUT:
@@ -117,8 +114,6 @@ def _gemv_kernel(
                 )
     if M_PAD == 1:
         acc += tl.sum(acc_1row, axis=1)[None, :]
-    if M_PAD == 2:
-        acc += tl.sum(acc_2row, axis=2)
     if PROLOGUE == 1:
         acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
     if SILU_OUT:  # rounded as the unfused path rounds: gate_up, silu(gate), the product
@@ -135,20 +130,10 @@ def _gemv_kernel(
     tl.store(out_ptrs, acc.to(dtype), mask=mn_mask)
 
 
-FMA_ROWS = 2  # up to this many rows take the one-row path (FMA, prologues fused)
-
-
-def fma_rows(num_rows: int) -> bool:
-    """Whether ``num_rows`` run on the FMA path: every weight tile is multiplied into each row
-    on the CUDA cores, as for one row, instead of a 16-row tensor-core tile mostly of padding."""
-    return 1 <= num_rows <= FMA_ROWS
-
-
 def beats_gemm(num_rows: int, n: int, k: int) -> bool:
     """Whether this kernel was measured faster than cuBLAS for the shape (H200, bench/gemv.py):
-    always on the FMA path (one or two rows); at 3..16 rows except narrow outputs over a long
-    K (too few programs)."""
-    if fma_rows(num_rows):
+    always at one row; at 2..16 rows except narrow outputs over a long K (too few programs)."""
+    if num_rows == 1:
         return True
     return num_rows <= MAX_ROWS and not (n <= 2048 and k >= 4096)
 
@@ -168,14 +153,14 @@ def choose_config(
     Tuned on an H200 with ``bench/gemv.py`` on the Qwen2.5 0.5B/1.5B/7B projections. One row:
     wide outputs (gate_up, LM head) want 16-row tiles of 256 columns; narrow ones (q/k/v, o,
     down) want 4-row tiles (8 behind a prologue, which re-reads the input per program) and the
-    longest K tile that does not leave a mostly empty last tile (two rows, the FMA path, take
-    the same tiles). Several rows: tensor-core tiles of 16 rows. ``silu_out`` (n = I outputs,
-    two weight tiles per step): the tiles of the [2I, K] projection with half the columns each.
+    longest K tile that does not leave a mostly empty last tile. Several rows: tensor-core
+    tiles of 16 rows. ``silu_out`` (n = I outputs, two weight tiles per step): the tiles of the
+    [2I, K] projection with half the columns each.
     """
-    if silu_out:  # always on tensor cores
-        cfg = choose_config(prologue, max(num_rows, FMA_ROWS + 1), 2 * n, k)
+    if silu_out:
+        cfg = choose_config(prologue, num_rows, 2 * n, k)
         return cfg._replace(block_n=max(16, cfg.block_n // 2))
-    if not fma_rows(num_rows):
+    if num_rows > 1:
         if n > 8192:
             block_k = 256 if k >= 1536 and n > 65536 else 128
             return GemvConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=3)
@@ -265,17 +250,9 @@ def _launch(
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
         out.stride(0),
         PROLOGUE=prologue, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        M_PAD=_m_pad(num_rows, silu_out),
+        M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
     )  # fmt: skip
     return out
-
-
-def _m_pad(num_rows: int, silu_out: bool) -> int:
-    """Rows the kernel computes: 1 or 2 on the FMA path (SwiGLU's epilogue needs the
-    tensor-core path), else one tensor-core tile."""
-    if num_rows == 1 or (fma_rows(num_rows) and not silu_out):
-        return num_rows
-    return max(16, triton.next_power_of_2(num_rows))

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from verifypd.kernels.triton_decode_attention import decode_attention, is_short_query
 from verifypd.kernels.triton_gemv import (
     beats_gemm,
-    fma_rows,
     gemv,
     gemv_silu,
     rms_norm_gemv,
@@ -100,9 +99,7 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm of x [T, K] then the projection -> [T, N]."""
-    rows = x.shape[0]
-    fits = fma_rows(rows) and GEMV_MAX_ROWS >= rows and weight.shape[0] <= FUSE_NORM_MAX_N
-    if FUSE_NORM and fits:
+    if FUSE_NORM and x.shape[0] == 1 and GEMV_MAX_ROWS >= 1 and weight.shape[0] <= FUSE_NORM_MAX_N:
         return rms_norm_gemv(x, norm_weight, eps, weight, bias)
     normed, _ = rms_norm(x, norm_weight, eps)
     return linear(normed, weight, bias)
@@ -112,8 +109,7 @@ def silu_mul_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
-    rows = gate_up.shape[0]
-    if FUSE_SILU and fma_rows(rows) and GEMV_MAX_ROWS >= rows:
+    if FUSE_SILU and gate_up.shape[0] == 1 and GEMV_MAX_ROWS >= 1:
         return silu_mul_gemv(gate_up, weight, residual)
     return linear(silu_and_mul(gate_up), weight, None, residual)
 
@@ -128,12 +124,7 @@ def mlp(
     """Pre-norm SwiGLU block -> residual + MLP [T, H]. One row: the norm and SwiGLU fold into
     the projections' prologues; 2..16 rows: SwiGLU into gate_up's epilogue; more: cuBLAS."""
     rows = residual.shape[0]
-    if (
-        FUSE_SILU_EPILOGUE
-        and not fma_rows(rows)
-        and rows <= GEMV_MAX_ROWS
-        and beats_gemm(rows, *gate_up_weight.shape)
-    ):
+    if FUSE_SILU_EPILOGUE and 1 < rows <= GEMV_MAX_ROWS and beats_gemm(rows, *gate_up_weight.shape):
         normed, _ = rms_norm(residual, norm_weight, eps)
         return linear(gemv_silu(normed, gate_up_weight), down_weight, None, residual)
     gate_up = rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
