@@ -95,3 +95,27 @@ def test_chains_only_when_the_gap_after_a_verify_would_be_idle():
     assert not core._gap_is_idle(StepPlan("verify", [ScheduledSeq(a, 1)]))  # b is left out
     core.add_request("c", [9, 9], params)
     assert not core._gap_is_idle(both)  # c waits for its prefill
+
+
+def test_a_failing_chain_turns_chaining_off_and_the_step_stands(caplog):
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False,
+                      chain_drafts=True)  # fmt: skip
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    plain = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+    def broken(*args):
+        raise RuntimeError("boom")
+
+    core.spec.drafter.chain = broken
+    outs = {}
+    for engine in (core, plain):
+        engine.add_request("r", [5, 6, 7, 8], params)
+        ids = []
+        while engine.has_unfinished():
+            ids += [t for out in engine.step() for t in out.new_token_ids]
+        outs[engine is core] = ids
+    assert outs[True] == outs[False] and len(outs[True]) == 24
+    assert not core.chain_drafts and "chained drafting failed" in caplog.text
+    core.check_integrity()
+    assert core.kv.usage == 0

@@ -83,8 +83,11 @@ async def test_seeded_sampling_is_identical_with_speculation():
     assert len(await _run_all(_engine("three", spec), params)) == len(plain)
 
 
-async def test_abort_mid_stream_frees_blocks_in_every_lane():
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+@pytest.mark.parametrize("chain", [False, True], ids=["fresh-drafts", "chained-drafts"])
+async def test_abort_mid_stream_frees_blocks_in_every_lane(chain):
+    spec = SpecConfig(
+        method="draft", draft_model="dummy:tiny", controller=False, chain_drafts=chain
+    )
     engine = _engine("three", spec, cache=CacheConfig(num_blocks=64, block_size=16))
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 
@@ -109,6 +112,7 @@ async def test_abort_mid_stream_frees_blocks_in_every_lane():
     engine.check_integrity()
     assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
     assert engine.core.spec.drafter.kv.usage == 0
+    assert (engine.core.spec.drafter.num_adopted > 0) == chain  # chains were in flight
     await engine.stop()
 
 

@@ -7,6 +7,7 @@ async front end and the lane dispatcher reuse the same pieces: ``plan_*`` on the
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -262,13 +263,21 @@ class EngineCore:
         timed on the GPU for the controller like a proposal."""
         pending = self.runner.launch(plan)
         if self.chain_drafts and pending.verified is not None and self._gap_is_idle(plan):
-            self._observe_draft_cost()
-            span = Span(self._is_cuda)
-            rows = self.spec.chain(plan, pending.verified, self.max_model_len)
-            chained = self.spec.drafter.chained
-            if rows and chained is not None:
-                self._draft_span = (span.stop(), rows, rows * chained.num_drafts)
+            try:
+                self._chain(plan, pending)
+            except Exception:  # an optimization: the step itself was launched and stands
+                logging.getLogger("verifypd").exception("chained drafting failed; turned off")
+                self.chain_drafts = False
+                self.spec.drafter.chained = None
         return pending
+
+    def _chain(self, plan: StepPlan, pending: PendingStep) -> None:
+        self._observe_draft_cost()
+        span = Span(self._is_cuda)
+        rows = self.spec.chain(plan, pending.verified, self.max_model_len)
+        chained = self.spec.drafter.chained
+        if rows and chained is not None:
+            self._draft_span = (span.stop(), rows, rows * chained.num_drafts)
 
     def spec_stats(self) -> dict:
         """Speculation counters (benchmarks, debugging)."""
