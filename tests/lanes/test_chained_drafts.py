@@ -114,3 +114,35 @@ async def test_sampled_requests_are_not_chained():
     outs = await _run_all(engine, params)
     assert [len(o) for o in outs] == [16] * len(PROMPTS)
     assert engine.core.spec.drafter.num_adopted == 0
+
+
+async def test_the_controller_learns_draft_costs_from_chains_not_from_adoptions(reference):
+    """An adopting proposal drafts nothing (its drafts were made behind the verify, and timed
+    there): only chains and proposals that drafted rows themselves report a drafting cost."""
+    engine = _engine("three", chain=True, controller=True)
+    drafter, controller = engine.core.spec.drafter, engine.core.controller
+    counts = Counter()
+    chain, propose, observe = drafter.chain, drafter.propose, controller.observe_step
+
+    def chain_spy(*args):
+        rows = chain(*args)
+        counts["timed"] += rows > 0
+        return rows
+
+    def propose_spy(entries, *args):
+        propose(entries, *args)
+        counts["adoption only"] += bool(drafter.last_adopted) and all(
+            id(e) in drafter.last_adopted for e in entries if e.draft_token_ids
+        )
+        counts["timed"] += any(
+            id(e) not in drafter.last_adopted for e in entries if e.draft_token_ids
+        )
+
+    def observe_spy(lane, *args):
+        counts["observed"] += lane == "draft"
+        return observe(lane, *args)
+
+    drafter.chain, drafter.propose, controller.observe_step = chain_spy, propose_spy, observe_spy
+    assert await _run_all(engine) == reference
+    assert counts["adoption only"] > 5 and counts["observed"] > 5
+    assert counts["observed"] <= counts["timed"]

@@ -342,8 +342,8 @@ class EngineCore:
         self._observe_draft_cost()
         span = Span(self._is_cuda and self.spec.drafter is not None)
         self.spec.propose(entries, self.drafter_temps())
-        drafted = [len(e.draft_token_ids) for e in entries if e.draft_token_ids]
-        if drafted and self.spec.last_proposal_was_steady and self.spec.drafted_rows:
+        drafted = self.spec.fresh_drafts(entries)
+        if drafted and self.spec.last_proposal_was_steady:
             self._draft_span = (span.stop(), len(drafted), sum(drafted))
         self._observe_draft_cost()
 

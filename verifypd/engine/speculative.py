@@ -80,7 +80,7 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
-        self.last_num_drafted_rows = 0  # rows the last proposal drafted (not adopted)
+        self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
         self.chained: ChainedDrafts | None = None
         self.num_adopted = 0  # proposals served by chained drafts (tests, benchmarks)
         # Drafting runs on the decode stream (proposals) or behind a verify (chains); the
@@ -95,13 +95,12 @@ class DraftModelProposer:
         Draft step j feeds the token drafted at step j - 1 straight from the device, and the
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
         launched behind it while the GPU still drafts."""
-        adopted = self._adopt(entries, lens, temps)
+        adopted = self.last_adopted = self._adopt(entries, lens, temps)
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
             if n > 0 and id(e) not in adopted and (v := self._prepare_view(e.seq, n)) is not None
         ]
-        self.last_num_drafted_rows = len(active)
         if not active:
             self.last_catch_up = 0
             return
@@ -390,10 +389,13 @@ class SpecDecoder:
         or long-parked request: a one-off prefill of the drafter, not the cost of drafting)."""
         return self.drafter is None or self.drafter.last_catch_up <= 2
 
-    @property
-    def drafted_rows(self) -> int:
-        """Rows the last proposal drafted itself (not served from chained drafts)."""
-        return 1 if self.drafter is None else self.drafter.last_num_drafted_rows
+    def fresh_drafts(self, entries: list[ScheduledSeq]) -> list[int]:
+        """The draft lengths of ``entries`` that the last proposal drafted itself (those served
+        from chained drafts were drafted, and timed, behind the verify before)."""
+        adopted = self.drafter.last_adopted if self.drafter is not None else set()
+        return [
+            len(e.draft_token_ids) for e in entries if e.draft_token_ids and id(e) not in adopted
+        ]
 
     def wants(self, seq: Sequence) -> bool:
         return self.enabled and seq.params.speculate and seq.draft_len > 0
