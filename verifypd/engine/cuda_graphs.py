@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from verifypd.kernels.metadata import AttentionMetadata
+from verifypd.kernels.triton_advance import advance
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -82,6 +83,10 @@ class StepGraphs:
                 with torch.cuda.graph(graph, pool=pool, stream=side):
                     self.logits[b] = self._forward(b)
                 self.graphs[b] = graph
+            if self.q == 1:  # compile the advance kernel of ``run_next`` now, not under traffic
+                bufs = (self.input_ids, self.positions, self.seq_lens, self.block_tables)
+                scratch = [t[:1].clone() for t in (*bufs, self.slots)]
+                advance(scratch[0].clone(), *scratch, self.block_size)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
 
@@ -134,17 +139,17 @@ class StepGraphs:
         self.block_tables[:b, :width].copy_(block_tables)
         self._last_batch, self._last_width = b, width
 
+    def _advance(self, next_ids: torch.Tensor) -> None:
+        advance(next_ids, self.input_ids, self.positions, self.seq_lens, self.block_tables,
+                self.slots, self.block_size)  # fmt: skip
+
     def run_next(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Next decode step of the same sequences, every input advanced on the device (no host
-        work but a few launches): position + 1, slot from the block table, length + 1."""
-        b, bs = self._last_batch, self.block_size
+        """Next decode step of the same sequences, every input advanced on the device in one
+        launch (``kernels.triton_advance``): position + 1, slot from the block table, length +
+        1, the new input ids."""
+        b = self._last_batch
         padded = next(s for s in self.sizes if s >= b)
-        self.input_ids[:b].copy_(input_ids, non_blocking=True)
-        pos = self.positions[:b]
-        pos += 1
-        self.seq_lens[:b] += 1
-        blocks = self.block_tables[:b].gather(1, (pos // bs)[:, None]).squeeze(1)
-        self.slots[:b] = blocks.to(torch.int64) * bs + pos % bs
+        self._advance(input_ids[:b])
         self.graphs[padded].replay()
         return self.logits[padded][:b]
 
