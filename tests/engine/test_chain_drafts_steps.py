@@ -11,6 +11,7 @@ import torch
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
+from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.runner import VerifyOutputs
 from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -119,3 +120,17 @@ def test_a_failing_chain_turns_chaining_off_and_the_step_stands(caplog):
     assert not core.chain_drafts and "chained drafting failed" in caplog.text
     core.check_integrity()
     assert core.kv.usage == 0
+
+
+@pytest.mark.parametrize("q", [1, 2])
+def test_graph_padding_rows_are_inert_after_set_tables(q):
+    """A chain replays the graph for its batch padded up to a captured size: the padding rows
+    must write no KV (slot -1) even where an earlier, larger batch left real slots there."""
+    graphs = StepGraphs(None, torch.zeros(1), block_size=16, max_batch=8, max_len=64, query_len=q)
+    graphs.slots.fill_(5)  # an earlier batch of 8 rows
+    graphs.seq_lens.fill_(40)
+    graphs.set_tables(torch.ones(3, 2, dtype=torch.int32))  # 3 rows, padded to 4
+    assert (graphs.slots[: 3 * q] == 5).all() and (graphs.slots[3 * q : 4 * q] == -1).all()
+    assert (graphs.seq_lens[:3] == 40).all() and graphs.seq_lens[3] == q
+    assert (graphs.block_tables[:3, :2] == 1).all()
+    assert graphs.padded_size(3) == 4 and graphs.can_run_next(3, 31) == (q == 1)

@@ -139,6 +139,7 @@ class EngineCore:
         if drafter is not None:
             drafter.runner.capture_graphs(1, max_batch, self.max_model_len)
             drafter.runner.capture_graphs(2, max_batch, self.max_model_len)
+            drafter.warm_up_chain()
 
     def _drafter(self) -> DraftModelProposer | None:
         spec = self.config.spec

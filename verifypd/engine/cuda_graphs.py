@@ -128,16 +128,29 @@ class StepGraphs:
             and max_position // self.block_size < self._last_width
         )
 
-    def seed_next(
-        self, positions: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor
-    ) -> None:
-        """Makes ``run_next`` continue rows whose last fed token (position, context length) and
-        block tables are given on the device, as if a ``run`` had fed it."""
+    def padded_size(self, num_seqs: int) -> int:
+        return next(s for s in self.sizes if s >= num_seqs)
+
+    def step_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static (input ids, positions, slots, context lengths) a replay reads."""
+        return self.input_ids, self.positions, self.slots, self.seq_lens
+
+    def set_tables(self, block_tables: torch.Tensor) -> None:
+        """Block tables [B, W] of the next replay of B rows (on the device), the padding rows
+        up to the graph's batch made inert (no KV slot, a context of q); ``run_next`` then
+        continues those rows, their inputs written by the caller."""
         b, width = block_tables.shape
-        self.positions[:b].copy_(positions)
-        self.seq_lens[:b].copy_(seq_lens)
+        q, padded = self.q, self.padded_size(b)
         self.block_tables[:b, :width].copy_(block_tables)
+        self.slots[b * q : padded * q].fill_(-1)
+        self.seq_lens[b:padded].fill_(q)
         self._last_batch, self._last_width = b, width
+
+    def replay(self, num_seqs: int) -> torch.Tensor:
+        """Replays the graph for ``num_seqs`` rows whose inputs (``step_buffers``, padding
+        included) were written on the device; [num_seqs * q, V] logits."""
+        self.graphs[self.padded_size(num_seqs)].replay()
+        return self.logits[self.padded_size(num_seqs)][: num_seqs * self.q]
 
     def _advance(self, next_ids: torch.Tensor) -> None:
         advance(next_ids, self.input_ids, self.positions, self.seq_lens, self.block_tables,

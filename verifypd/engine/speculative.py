@@ -23,6 +23,7 @@ from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, StepInputs, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kernels.metadata import AttentionMetadata
+from verifypd.kernels.triton_advance import chain_inputs
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -177,10 +178,22 @@ class DraftModelProposer:
         if not picks or num_drafts < 1:
             return 0
         self._follow_last_work()
-        rows, base = self._chain_first_step(picks, verified, max_len)
-        drafted = [self._greedy(rows)]
-        for j in range(num_drafts - 1):
-            drafted.append(self._greedy(self._chain_next_step(base, drafted[-1], j == 0)))
+        host = np.array(
+            [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
+             [n - 1 for _, _, n, _ in picks]],
+            dtype=np.int64,
+        )  # fmt: skip
+        rows = self.runner._to_device(host, torch.int64)  # verify row, first input, position
+        tables = self._tables([v for _, v, _, _ in picks])
+        if self._chain_fits_graphs(len(picks), tables.shape[1], max_len):
+            drafted = [self._greedy(self._chain_graph_step(rows, tables, verified))]
+            next_step = self.runner.graphs[1].run_next
+        else:
+            logits, base = self._chain_eager_step(rows, tables, verified, max_len)
+            drafted = [self._greedy(logits)]
+            next_step = lambda prev: self._chain_eager_next_step(base, prev)  # noqa: E731
+        for _ in range(num_drafts - 1):
+            drafted.append(self._greedy(next_step(drafted[-1])))
         matrix = torch.stack(drafted, dim=1)
         self.chained = ChainedDrafts(
             verify=verify,
@@ -192,26 +205,62 @@ class DraftModelProposer:
         self._graph_ready = False
         return len(picks)
 
-    def _chain_first_step(self, picks, verified: VerifyOutputs, max_len: int):
-        """The two-token step after a verify: returns the logits of each row's last token and
-        (position, context length, block tables, a bound on the context) of it, on the
-        device."""
-        bs, b = self.block_size, len(picks)
-        host = np.array(
-            [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
-             [n - 1 for _, _, n, _ in picks]],
-            dtype=np.int64,
+    def warm_up_chain(self) -> None:
+        """Compiles the chain's input kernel at start-up (every argument that changes from call
+        to call is unspecialized, so one call covers all), not under traffic."""
+        dev = self.runner.device
+        one = torch.zeros(1, dtype=torch.int64, device=dev)
+        step = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(3)]
+        step.append(torch.zeros(1, dtype=torch.int32, device=dev))
+        chain_inputs(
+            torch.zeros(3, 1, dtype=torch.int64, device=dev), one, one, one.view(1, 1),
+            torch.zeros(1, 1, dtype=torch.int32, device=dev), step,
+            (one.clone(), step[3].clone()), 1, self.vocab_size, self.block_size,
         )  # fmt: skip
-        up = self.runner._to_device(host, torch.int64)
-        acc = verified.num_accepted[up[0]]
-        last = up[2] + acc  # position of the token before the final one
+
+    def _chain_fits_graphs(self, num_rows: int, width: int, max_len: int) -> bool:
+        graphs = [self.runner.graphs.get(q) for q in (1, 2)]
+        return all(
+            g is not None
+            and num_rows <= g.max_batch
+            and width <= g.block_tables.shape[1]
+            and max_len <= g.max_len
+            for g in graphs
+        )
+
+    def _chain_graph_step(self, rows, tables, verified: VerifyOutputs) -> torch.Tensor:
+        """The two-token step on its graph, its inputs written into the graph's buffers by one
+        kernel (``kernels.triton_advance.chain_inputs``), which also seeds the single-token
+        graph's ``run_next``; returns the logits of each row's last token."""
+        two, one = self.runner.graphs[2], self.runner.graphs[1]
+        b = rows.shape[1]
+        padded = two.padded_size(b)
+        for g in (two, one):
+            g.set_tables(tables)
+        chain_inputs(
+            rows, verified.num_accepted, verified.input_ids, verified.out, tables,
+            two.step_buffers(), (one.positions, one.seq_lens), padded, self.vocab_size,
+            self.block_size,
+        )  # fmt: skip
+        self.runner.num_graph_steps += 1
+        return two.replay(b)[1::2]
+
+    def _chain_eager_step(self, rows, tables, verified: VerifyOutputs, max_len: int):
+        """``_chain_graph_step`` with torch ops and an eager forward (CPU, or a batch past the
+        graphs); also returns (position, context length, block tables, a bound on the
+        context) of each row's last token, on the device."""
+        bs, b = self.block_size, rows.shape[1]
+        acc = verified.num_accepted[rows[0]]
+        last = rows[2] + acc  # position of the token before the final one
         ids = torch.stack(
-            [verified.input_ids[up[1] + acc], verified.out[up[0]].gather(1, acc[:, None])[:, 0]],
+            [
+                verified.input_ids[rows[1] + acc],
+                verified.out[rows[0]].gather(1, acc[:, None])[:, 0],
+            ],
             dim=1,
         )
         ids = torch.where(ids < self.vocab_size, ids, 0).flatten()  # as ``_drafter_ids``
         positions = (last[:, None] + torch.arange(2, device=ids.device)).flatten()
-        tables = self._tables([v for _, v, _, _ in picks])
         slots = tables.gather(1, (positions // bs).view(b, 2)).flatten().to(torch.int64) * bs
         seq_lens = (last + 2).to(torch.int32)
         meta = AttentionMetadata(
@@ -223,24 +272,13 @@ class DraftModelProposer:
             max_seq_len=max_len,
         )
         inputs = StepInputs(ids, positions, meta, [], [], [], [])
-        logits = self.runner.logits(inputs, list(range(1, 2 * b, 2)))
+        logits = self.runner.forward(inputs, list(range(1, 2 * b, 2)))
         return logits, (last + 1, seq_lens, tables, max_len)
 
-    def _chain_next_step(self, base, prev: torch.Tensor, first: bool) -> torch.Tensor:
-        """One single-token step of every chained row, its inputs advanced on the device (on
-        the q = 1 graph where one was captured for the batch)."""
+    def _chain_eager_next_step(self, base, prev: torch.Tensor) -> torch.Tensor:
+        """One single-token step of every chained row, its inputs advanced on the device."""
         positions, seq_lens, tables, max_len = base
-        graphs = self.runner.graphs.get(1)
         b, bs = positions.shape[0], self.block_size
-        if (
-            graphs is not None
-            and b <= graphs.max_batch
-            and tables.shape[1] <= graphs.block_tables.shape[1]
-            and max_len <= graphs.max_len
-        ):
-            if first:
-                graphs.seed_next(positions, seq_lens, tables)
-            return graphs.run_next(prev)
         positions += 1
         seq_lens += 1
         slots = tables.gather(1, (positions // bs)[:, None])[:, 0].to(torch.int64) * bs
