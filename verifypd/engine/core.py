@@ -260,9 +260,16 @@ class EngineCore:
         return self.finish_step(plan, token_ids)
 
     def launch(self, plan: StepPlan) -> PendingStep:
-        """Enqueues a step; behind a verify, the next round's drafting too (``chain_drafts``),
-        timed on the GPU for the controller like a proposal."""
+        """Enqueues a step; behind a verify, the next round's drafting too (``chain_after``)."""
         pending = self.runner.launch(plan)
+        self.chain_after(plan, pending)
+        return pending
+
+    def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
+        """Drafts the next round behind a launched verify (``chain_drafts``), timed on the GPU
+        for the controller like a proposal. It touches the drafter's block allocator and the
+        controller, so it runs on the event-loop thread (on CPU the step itself runs in a
+        worker thread; there the chain follows it on the loop)."""
         if self.chain_drafts and pending.verified is not None and self._gap_is_idle(plan):
             try:
                 self._chain(plan, pending)
@@ -270,7 +277,6 @@ class EngineCore:
                 logging.getLogger("verifypd").exception("chained drafting failed; turned off")
                 self.chain_drafts = False
                 self.spec.drafter.chained = None
-        return pending
 
     def _chain(self, plan: StepPlan, pending: PendingStep) -> None:
         self._observe_draft_cost()

@@ -164,7 +164,9 @@ class AsyncEngine:
     async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
         if self._executor is not None:  # CPU: keep the event loop free while the step runs
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, self.core.launch, plan)
+            pending = await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
+            self.core.chain_after(plan, pending)  # host state: on the loop (off by default here)
+            return pending
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:
                 _follow_drafts(plan, torch.cuda.current_stream())
