@@ -95,7 +95,8 @@ class DraftModelProposer:
 
         Draft step j feeds the token drafted at step j - 1 straight from the device, and the
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
-        launched behind it while the GPU still drafts."""
+        launched behind it while the GPU still drafts. Entries whose next round was already
+        drafted behind their verify (``chain``) adopt those drafts instead."""
         adopted = self.last_adopted = self._adopt(entries, lens, temps)
         active = [
             (e, v, n, t)
@@ -161,6 +162,8 @@ class DraftModelProposer:
         stored writes the same KV), then ``num_drafts - 1`` single-token steps. Every row
         reserves drafter blocks for the most the verify can accept. Returns the rows drafted."""
         self.chained = None
+        if num_drafts < 1:
+            return 0
         picks = []  # (row of verified, view, tokens before the verify, the verify's L)
         for k, i in enumerate(verified.seqs):
             e = verify.seqs[i]
@@ -175,7 +178,7 @@ class DraftModelProposer:
             ):
                 continue
             picks.append((k, view, n, width))
-        if not picks or num_drafts < 1:
+        if not picks:
             return 0
         self._follow_last_work()
         host = np.array(
