@@ -149,8 +149,9 @@ class StepGraphs:
     def replay(self, num_seqs: int) -> torch.Tensor:
         """Replays the graph for ``num_seqs`` rows whose inputs (``step_buffers``, padding
         included) were written on the device; [num_seqs * q, V] logits."""
-        self.graphs[self.padded_size(num_seqs)].replay()
-        return self.logits[self.padded_size(num_seqs)][: num_seqs * self.q]
+        padded = self.padded_size(num_seqs)
+        self.graphs[padded].replay()
+        return self.logits[padded][: num_seqs * self.q]
 
     def _advance(self, next_ids: torch.Tensor) -> None:
         advance(next_ids, self.input_ids, self.positions, self.seq_lens, self.block_tables,

@@ -23,7 +23,11 @@ from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, StepInputs, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kernels.metadata import AttentionMetadata
-from verifypd.kernels.triton_advance import chain_inputs
+from verifypd.kernels.triton_advance import (
+    advance_reference,
+    chain_inputs,
+    chain_inputs_reference,
+)
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -249,52 +253,37 @@ class DraftModelProposer:
         return two.replay(b)[1::2]
 
     def _chain_eager_step(self, rows, tables, verified: VerifyOutputs, max_len: int):
-        """``_chain_graph_step`` with torch ops and an eager forward (CPU, or a batch past the
-        graphs); also returns (position, context length, block tables, a bound on the
-        context) of each row's last token, on the device."""
-        bs, b = self.block_size, rows.shape[1]
-        acc = verified.num_accepted[rows[0]]
-        last = rows[2] + acc  # position of the token before the final one
-        ids = torch.stack(
-            [
-                verified.input_ids[rows[1] + acc],
-                verified.out[rows[0]].gather(1, acc[:, None])[:, 0],
-            ],
-            dim=1,
-        )
-        ids = torch.where(ids < self.vocab_size, ids, 0).flatten()  # as ``_drafter_ids``
-        positions = (last[:, None] + torch.arange(2, device=ids.device)).flatten()
-        slots = tables.gather(1, (positions // bs).view(b, 2)).flatten().to(torch.int64) * bs
-        seq_lens = (last + 2).to(torch.int32)
-        meta = AttentionMetadata(
-            slot_mapping=slots + positions % bs,
-            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=ids.device) * 2,
-            seq_lens=seq_lens,
-            block_tables=tables,
-            max_query_len=2,
-            max_seq_len=max_len,
-        )
-        inputs = StepInputs(ids, positions, meta, [], [], [], [])
-        logits = self.runner.forward(inputs, list(range(1, 2 * b, 2)))
-        return logits, (last + 1, seq_lens, tables, max_len)
+        """``_chain_graph_step`` with the torch reference of its input kernel and an eager
+        forward (CPU, or a batch past the graphs); also returns the buffers the single-token
+        steps continue from."""
+        b, dev = rows.shape[1], rows.device
+        step = _step_buffers(2 * b, b, dev)
+        base = _step_buffers(b, b, dev)  # input ids, positions, slots, lengths of the next steps
+        chain_inputs_reference(
+            rows, verified.num_accepted, verified.input_ids, verified.out, tables, step,
+            (base[1], base[3]), b, self.vocab_size, self.block_size,
+        )  # fmt: skip
+        logits = self._eager_forward(step, tables, 2, max_len, list(range(1, 2 * b, 2)))
+        return logits, (base, tables, max_len)
 
     def _chain_eager_next_step(self, base, prev: torch.Tensor) -> torch.Tensor:
         """One single-token step of every chained row, its inputs advanced on the device."""
-        positions, seq_lens, tables, max_len = base
-        b, bs = positions.shape[0], self.block_size
-        positions += 1
-        seq_lens += 1
-        slots = tables.gather(1, (positions // bs)[:, None])[:, 0].to(torch.int64) * bs
+        step, tables, max_len = base
+        advance_reference(prev, *step[:2], step[3], tables, step[2], self.block_size)
+        return self._eager_forward(step, tables, 1, max_len, list(range(prev.shape[0])))
+
+    def _eager_forward(self, step, tables, q: int, max_len: int, rows: list[int]):
+        ids, positions, slots, seq_lens = step
+        b = seq_lens.shape[0]
         meta = AttentionMetadata(
-            slot_mapping=slots + positions % bs,
-            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=prev.device),
+            slot_mapping=slots,
+            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=ids.device) * q,
             seq_lens=seq_lens,
             block_tables=tables,
-            max_query_len=1,
+            max_query_len=q,
             max_seq_len=max_len,
         )
-        inputs = StepInputs(prev, positions, meta, [], [], [], [])
-        return self.runner.forward(inputs, list(range(b)))
+        return self.runner.forward(StepInputs(ids, positions, meta, [], [], [], []), rows)
 
     def _tables(self, views: list[DraftView]) -> torch.Tensor:
         width = max(len(v.block_table) for v in views)
@@ -499,6 +488,12 @@ def _uniform_catch_up(views: list[DraftView]) -> None:
     for v, n in zip(views, behind, strict=True):
         if n == 1 and v.num_computed_tokens > 0:
             v.num_computed_tokens -= 1
+
+
+def _step_buffers(num_tokens: int, num_seqs: int, device) -> tuple[torch.Tensor, ...]:
+    """Input ids, positions, slots [num_tokens] int64 and context lengths [num_seqs] int32."""
+    longs = (torch.zeros(num_tokens, dtype=torch.int64, device=device) for _ in range(3))
+    return (*longs, torch.zeros(num_seqs, dtype=torch.int32, device=device))
 
 
 def _drafter_temp(params: SamplingParams, controller_temp: float | None) -> float:
