@@ -89,8 +89,14 @@ class StepLogprobs:
     top-K of the asked rows), ``finish`` once the tokens exist on the device (the scored
     tokens' own log-probs, and what goes into the step's buffer), ``unpack`` on the host."""
 
-    def __init__(self, scored: list[_Scored], token_index: torch.Tensor, logp: torch.Tensor,
-                 top: tuple[torch.Tensor, torch.Tensor], prompt_targets: torch.Tensor) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scored: list[_Scored],
+        token_index: torch.Tensor,
+        logp: torch.Tensor,
+        top: tuple[torch.Tensor, torch.Tensor],
+        prompt_targets: torch.Tensor,
+    ) -> None:
         self.scored = scored
         self._token_index = token_index  # [R] into cat(sampled, verify out, prompt targets)
         self._logp = logp  # [R, V] float32

@@ -41,6 +41,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
+    add(
+        "--max-logprobs",
+        type=int,
+        default=EngineConfig.max_logprobs,
+        help="most top log-probs a request may ask for (completions logprobs, chat top_logprobs)",
+    )
     add("--lane-mode", choices=("three", "single"), default="three")
     add(
         "--drain-timeout",
@@ -71,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
         spec=spec,
+        max_logprobs=args.max_logprobs,
     )
 
 
