@@ -19,7 +19,7 @@ from verifypd.serve.batch import merged_outputs, start_generate
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
 from verifypd.serve.logprobs import (
     chat_extras,
-    check_num_logprobs,
+    check_logprobs_limit,
     completion_extras,
     max_logprobs,
 )
@@ -63,7 +63,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     requested = 1 if echo_only else body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     for ids in prompts:
         resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
-    check_num_logprobs(body.logprobs, max_logprobs(state.engine), "logprobs")
+    check_logprobs_limit(body.logprobs, max_logprobs(state.engine), "logprobs")
     extras = completion_extras(body, tokenizer, prompts, texts, echo_only)
     meta = ResponseMeta.new("completion", state.model_name, body.include_usage, extras)
     params = to_sampling_params(body, requested)
@@ -78,7 +78,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     ids = await encode_chat(state.engine.tokenizer, chat_messages(body))
     limit = state.engine.max_model_len
     max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
-    check_num_logprobs(body.top_logprobs, max_logprobs(state.engine), "top_logprobs")
+    check_logprobs_limit(body.top_logprobs, max_logprobs(state.engine), "top_logprobs")
     extras = chat_extras(body, state.engine.tokenizer)
     meta = ResponseMeta.new("chat", state.model_name, body.include_usage, extras)
     params = to_sampling_params(body, max_tokens)
