@@ -35,6 +35,7 @@ from verifypd.types import (
     StepPlan,
 )
 
+logger = logging.getLogger("verifypd")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -187,13 +188,16 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ParamError for input that can never be served."""
+        """Raises ParamError for input that can never be served (or would take more than its
+        share of the KV pool)."""
         n = len(prompt_token_ids)
         if n == 0:
             raise ParamError("prompt", "prompt must contain at least one token")
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        _check_token_ids("prompt", prompt_token_ids, vocab)
+        _check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+        if params.top_k > vocab:
+            raise ParamError("top_k", f"top_k must be -1, 0 or in [1, {vocab}] (the vocabulary)")
         if n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens" if n < self.max_model_len else "prompt",
@@ -201,12 +205,37 @@ class EngineCore:
                 f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
                 f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
             )
-        capacity = self.kv.num_blocks * self.block_size
-        if n + params.max_tokens > capacity:
+        self._check_kv_need(n, params)
+
+    def request_kv_blocks(self, num_prompt: int, max_tokens: int, n: int) -> int:
+        """Worst-case KV blocks of a request: every choice at full length, with room for the
+        longest draft when speculating (the drafter's pool has as many blocks as the target's)."""
+        slack = self.config.spec.max_draft_len if self.spec.enabled else 0
+        return n * -(-(num_prompt + max_tokens + slack) // self.block_size)
+
+    @property
+    def max_request_kv_blocks(self) -> int:
+        """The most blocks one request may need: ``max_request_kv_share`` of the pool."""
+        share = self.config.scheduler.max_request_kv_share
+        return max(1, int(share * self.kv.num_blocks))
+
+    def max_choice_len(self, n: int = 1) -> int:
+        """The longest prompt + max_tokens each of ``n`` choices may have: the context length,
+        and the request's share of the KV pool (``request_kv_blocks``' inverse)."""
+        slack = self.config.spec.max_draft_len if self.spec.enabled else 0
+        share_len = self.max_request_kv_blocks // n * self.block_size - slack
+        return max(0, min(self.max_model_len, share_len))
+
+    def _check_kv_need(self, num_prompt: int, params: SamplingParams) -> None:
+        need = self.request_kv_blocks(num_prompt, params.max_tokens, params.n)
+        total, limit = self.kv.num_blocks, self.max_request_kv_blocks
+        if need > limit:
+            what = "exceeds the whole KV cache" if need > total else "exceeds its share"
             raise ParamError(
                 "max_tokens",
-                f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds the KV cache "
-                f"capacity of {capacity} tokens",
+                f"n ({params.n}) x (prompt ({num_prompt}) + max_tokens ({params.max_tokens})) "
+                f"needs {need} KV blocks, which {what}: one request may hold at most {limit} of "
+                f"the {total} blocks (max_request_kv_share). Lower max_tokens or n.",
             )
 
     def add_request(
@@ -229,18 +258,25 @@ class EngineCore:
         self.requests[request_id] = states
         return [s.seq for s in states]
 
-    def abort_request(self, request_id: str) -> list[RequestOutput]:
-        """Aborts every choice of a request; frees blocks now (or when its step lands)."""
+    def abort_request(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
+        """Ends every choice of a request whose last delta is still due, with ``reason``
+        ("abort", or "error" for a failure); frees blocks now (or when its step lands)."""
         states = self.requests.pop(request_id, [])
         outputs = []
         for st in states:
-            if not st.seq.status.is_finished:
-                self.scheduler.finish(st.seq, "abort")
+            if not st.is_done:
+                self._end(st, reason)
                 outputs.append(self._delta(st, "", finished=True))
                 self._report_finished(st.seq)
             self.spec.forget(st.seq)
             self.controller.remove_request(st.seq.seq_id)
         return outputs
+
+    def _end(self, st: SeqOutputState, reason: str) -> None:
+        st.is_done = True
+        if not st.seq.status.is_finished:
+            self.scheduler.finish(st.seq, reason)
+        st.seq.finish_reason = reason  # a finish whose delta was never sent is lost as well
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self.scheduler.has_work()
@@ -274,7 +310,7 @@ class EngineCore:
             try:
                 self._chain(plan, pending)
             except Exception:  # an optimization: the step itself was launched and stands
-                logging.getLogger("verifypd").exception("chained drafting failed; turned off")
+                logger.exception("chained drafting failed; turned off")
                 self.chain_drafts = False
                 self.spec.drafter.chained = None
 
@@ -383,7 +419,7 @@ class EngineCore:
         return changed
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
-        outputs = [out for seq in changed if (out := self._process(seq)) is not None]
+        outputs = [out for seq in changed for out in self._process_isolated(seq)]
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs
@@ -399,6 +435,16 @@ class EngineCore:
     def _state(self, seq: Sequence) -> SeqOutputState | None:
         states = self.requests.get(seq.request_id)
         return states[seq.index] if states else None
+
+    def _process_isolated(self, seq: Sequence) -> list[RequestOutput]:
+        """``_process``; a failure there (detokenizing, stop strings) is its request's own: it
+        ends that request with "error" and frees its blocks, and its batch-mates go on."""
+        try:
+            out = self._process(seq)
+        except Exception:
+            logger.exception("output processing failed; ending request %s", seq.request_id)
+            return self.abort_request(seq.request_id, "error")
+        return [] if out is None else [out]
 
     def _process(self, seq: Sequence) -> RequestOutput | None:
         st = self._state(seq)
@@ -461,3 +507,8 @@ class EngineCore:
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live_tables())
+
+
+def _check_token_ids(param: str, token_ids: list[int], vocab_size: int) -> None:
+    if any(not 0 <= t < vocab_size for t in token_ids):
+        raise ParamError(param, f"{param} must hold token ids in [0, {vocab_size})")
