@@ -30,6 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from verifypd.serve.app import build_app
 from verifypd.serve.openai_api import STATE_KEY
 from verifypd.serve.state import ServerState
+from verifypd.serve.transport import OpenAIAppRunner
 
 READY_RE = re.compile(r"^verifypd serving (?P<model>\S+) at (?P<url>http://\S+)$")
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
@@ -49,6 +50,13 @@ def bounded(seconds: float) -> Callable:
 
 
 # -- in-process --------------------------------------------------------------------------
+
+
+class OpenAITestServer(TestServer):
+    """TestServer with run_server's runner (protocol errors in the OpenAI shape)."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return OpenAIAppRunner(self.app, **kwargs)
 
 
 @dataclass
@@ -76,7 +84,7 @@ async def serve_engine(
     await engine.start()
     app = build_app(engine, max_queue=max_queue, **kwargs)
     # TestServer always runs with handler_cancellation=True, like run_server.
-    client = TestClient(TestServer(app))
+    client = TestClient(OpenAITestServer(app))
     await client.start_server()
     try:
         yield Harness(client, engine, app)
