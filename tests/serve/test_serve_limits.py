@@ -140,7 +140,7 @@ async def test_n64_with_a_billion_tokens_is_refused_at_once(harness: Harness) ->
     assert time.monotonic() - start < 0.5
     assert_openai_error(status, body, 400, "n")
     status, body = await _post(harness, "/v1/completions", {**payload, "n": 2})
-    assert_openai_error(status, body, 400, "prompt")
+    assert_openai_error(status, body, 400, "max_tokens")
 
 
 @bounded(20)

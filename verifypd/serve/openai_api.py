@@ -70,7 +70,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     check_before_tokenizing(state, body)
     ids = await encode_chat(state.engine.tokenizer, chat_messages(body))
     limit = _context_limit(state.engine, body.n or 1, body.requested_max_tokens)
-    max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
+    which = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages", which)
     meta = ResponseMeta.new("chat", state.model_name, body.include_usage)
     params = to_sampling_params(body, max_tokens)
     return await generate_response(request, state, meta, ids, params, body.is_stream)
@@ -113,9 +114,20 @@ async def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[in
 
 
 def resolve_max_tokens(
-    num_prompt: int, requested: int | None, max_model_len: int, param: str
+    num_prompt: int,
+    requested: int | None,
+    max_model_len: int,
+    param: str,
+    max_tokens_param: str = "max_tokens",
 ) -> int:
-    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit."""
+    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit
+    (naming ``max_tokens_param`` when max_tokens alone cannot, else the prompt's ``param``)."""
+    if requested is not None and requested >= max_model_len:
+        raise invalid_request(
+            f"{max_tokens_param}={requested} leaves no room for a prompt in this model's "
+            f"maximum context length (max_model_len) of {max_model_len} tokens.",
+            max_tokens_param,
+        )
     if num_prompt == 0:
         raise invalid_request(f"'{param}' must not be empty", param)
     if num_prompt >= max_model_len:
