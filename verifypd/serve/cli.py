@@ -57,35 +57,26 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# flag, ServeLimits field, type, help (docs/api.md, "What the server refuses")
+LIMIT_FLAGS = (
+    ("--max-request-bytes", "max_request_bytes", int,
+     "largest request body; a larger Content-Length gets 413 before the body is read"),
+    ("--request-read-timeout", "request_read_timeout_s", float,
+     "seconds a client has to send the headers, and then the body (slow clients)"),
+    ("--max-prompt-chars", "max_prompt_chars", int,
+     "longest prompt text, checked before tokenizing (default: 32 x context length)"),
+    ("--max-n", "max_n", int, "largest n and best_of"),
+    ("--max-priority", "max_priority", int,
+     "allowed priorities: -N..N (default 0: clients cannot outrank each other)"),
+)  # fmt: skip
+
+
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
-    """What one request may send and take (docs/api.md, "What the server refuses")."""
-    add, d = parser.add_argument, ServeLimits()
-    add(
-        "--max-request-bytes",
-        type=int,
-        default=d.max_request_bytes,
-        help="largest request body; a larger Content-Length gets 413 before the body is read",
-    )
-    add(
-        "--request-read-timeout",
-        type=float,
-        default=d.request_read_timeout_s,
-        help="seconds a client has to send the headers, and then the body (slow clients)",
-    )
-    add(
-        "--max-prompt-chars",
-        type=int,
-        default=None,
-        help="longest prompt text, checked before tokenizing (default: 32 x context length)",
-    )
-    add("--max-n", type=int, default=d.max_n, help="largest n and best_of")
-    add(
-        "--max-priority",
-        type=int,
-        default=d.max_priority,
-        help="allowed priorities: -N..N (default 0: clients cannot outrank each other)",
-    )
-    add(
+    """What one request may send and take."""
+    defaults = ServeLimits()
+    for flag, name, kind, text in LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
+    parser.add_argument(
         "--max-request-kv-share",
         type=float,
         default=SchedulerConfig.max_request_kv_share,
@@ -95,13 +86,8 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
 
 def limits_from_args(args: argparse.Namespace) -> ServeLimits:
     """Build the ServeLimits; raises ValueError on bad values."""
-    return ServeLimits(
-        max_request_bytes=args.max_request_bytes,
-        request_read_timeout_s=args.request_read_timeout,
-        max_prompt_chars=args.max_prompt_chars,
-        max_n=args.max_n,
-        max_priority=args.max_priority,
-    )
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in LIMIT_FLAGS}
+    return ServeLimits(**values)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
