@@ -15,6 +15,7 @@ import torch
 
 from verifypd.config import EngineConfig
 from verifypd.controller import build_controller
+from verifypd.engine.admission import RequestLimits
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
@@ -119,6 +120,14 @@ class EngineCore:
         )
         self._draft_span: tuple[Span, int, int] | None = None  # a proposal not yet observed
         self.requests: dict[str, list[SeqOutputState]] = {}
+        self.limits = RequestLimits(
+            self.model_config.vocab_size,
+            self.max_model_len,
+            self.kv.num_blocks,
+            self.block_size,
+            config.scheduler.max_request_kv_share,
+            config.spec.max_draft_len if self.spec.enabled else 0,
+        )
 
     def _capture_graphs(self) -> None:
         if not self._is_cuda:
@@ -189,54 +198,12 @@ class EngineCore:
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ParamError for input that can never be served (or would take more than its
-        share of the KV pool)."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ParamError("prompt", "prompt must contain at least one token")
-        vocab = self.model_config.vocab_size
-        _check_token_ids("prompt", prompt_token_ids, vocab)
-        _check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
-        if params.top_k > vocab:
-            raise ParamError("top_k", f"top_k must be -1, 0 or in [1, {vocab}] (the vocabulary)")
-        if n + params.max_tokens > self.max_model_len:
-            raise ParamError(
-                "max_tokens" if n < self.max_model_len else "prompt",
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
-                f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
-            )
-        self._check_kv_need(n, params)
-
-    def request_kv_blocks(self, num_prompt: int, max_tokens: int, n: int) -> int:
-        """Worst-case KV blocks of a request: every choice at full length, with room for the
-        longest draft when speculating (the drafter's pool has as many blocks as the target's)."""
-        slack = self.config.spec.max_draft_len if self.spec.enabled else 0
-        return n * -(-(num_prompt + max_tokens + slack) // self.block_size)
-
-    @property
-    def max_request_kv_blocks(self) -> int:
-        """The most blocks one request may need: ``max_request_kv_share`` of the pool."""
-        share = self.config.scheduler.max_request_kv_share
-        return max(1, int(share * self.kv.num_blocks))
+        share of the KV pool): ``admission.RequestLimits``."""
+        self.limits.validate(prompt_token_ids, params)
 
     def max_choice_len(self, n: int = 1) -> int:
-        """The longest prompt + max_tokens each of ``n`` choices may have: the context length,
-        and the request's share of the KV pool (``request_kv_blocks``' inverse)."""
-        slack = self.config.spec.max_draft_len if self.spec.enabled else 0
-        share_len = self.max_request_kv_blocks // n * self.block_size - slack
-        return max(0, min(self.max_model_len, share_len))
-
-    def _check_kv_need(self, num_prompt: int, params: SamplingParams) -> None:
-        need = self.request_kv_blocks(num_prompt, params.max_tokens, params.n)
-        total, limit = self.kv.num_blocks, self.max_request_kv_blocks
-        if need > limit:
-            what = "exceeds the whole KV cache" if need > total else "exceeds its share"
-            raise ParamError(
-                "max_tokens",
-                f"n ({params.n}) x (prompt ({num_prompt}) + max_tokens ({params.max_tokens})) "
-                f"needs {need} KV blocks, which {what}: one request may hold at most {limit} of "
-                f"the {total} blocks (max_request_kv_share). Lower max_tokens or n.",
-            )
+        """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""
+        return self.limits.max_choice_len(n)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -507,8 +474,3 @@ class EngineCore:
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live_tables())
-
-
-def _check_token_ids(param: str, token_ids: list[int], vocab_size: int) -> None:
-    if any(not 0 <= t < vocab_size for t in token_ids):
-        raise ParamError(param, f"{param} must hold token ids in [0, {vocab_size})")
