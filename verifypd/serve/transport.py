@@ -30,9 +30,10 @@ class OpenAIRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if output started
         kind = "server_error" if status >= 500 else "invalid_request_error"
-        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
-        text = f"{reason}: {exc}" if status < 500 and exc is not None else reason
-        response = web.json_response(error_body(text or "Error", kind), status=status)
+        text = _phrase(status)
+        if status < 500 and exc is not None:  # what was wrong with the request, never a trace
+            text = f"{text}: {exc}"
+        response = web.json_response(error_body(text, kind), status=status)
         response.force_close()
         return response
 
@@ -51,3 +52,10 @@ class OpenAIAppRunner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = OpenAIServer  # the app builds a plain Server; only __call__ differs
         return server
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP error {status}"
