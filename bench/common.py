@@ -31,7 +31,27 @@ import torch
 from verifypd.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench" / "results"
+RESULTS_ROOT = REPO_ROOT / "bench" / "results"
+# The folder of bench/results/ each script writes into by default (bench/results/README.md is
+# the index of the topics and their headline files).
+TOPICS = {
+    "kernels": "kernels",
+    "gemv": "kernels",
+    "gpu_check": "kernels",
+    "latency": "latency",
+    "spec": "spec",
+    "mixed": "mixed",
+    "offline": "offline",
+    "overlap": "profile",
+    "profile_decode": "profile",
+    "profile_spec": "profile",
+    "timeline": "profile",
+}
+
+
+def results_dir(script: str) -> Path:
+    """``bench/results/<topic>/`` of a script (the results root for one without a topic)."""
+    return RESULTS_ROOT / TOPICS.get(script, "")
 
 
 # ----------------------------------------------------------------------------- CLI helpers
@@ -39,7 +59,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory for JSON/PNG")
+    p.add_argument("--out", default=None, help="output folder (default: bench/results/TOPIC/)")
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
     p.add_argument("--tag", default="", help="appended to the output file names (split runs)")
     p.add_argument(
@@ -144,10 +164,10 @@ def metadata(script: str, argv: Sequence[str], params: dict[str, Any], device: t
 
 
 def result_path(
-    out_dir: str | Path, script: str, device: torch.device, ext: str, tag: str = ""
+    out_dir: str | Path | None, script: str, device: torch.device, ext: str, tag: str = ""
 ) -> Path:
-    """``<out>/<script>-<device-slug>[-<tag>].<ext>``."""
-    out = Path(out_dir)
+    """``<out>/<script>-<device-slug>[-<tag>].<ext>``; no ``out_dir``: the script's topic folder."""
+    out = Path(out_dir) if out_dir else results_dir(script)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"-{device_slug(tag)}" if tag else ""
     return out / f"{script}-{device_slug(device_name(device))}{suffix}.{ext}"

@@ -7,7 +7,7 @@ Per phase: "host ms" is the time the call took on the host (enqueueing), "gpu ms
 between CUDA events recorded around it, read after the step's sync (for the launch: from when
 the GPU reached it, after the drafting, to the end of the step's kernels).
 
-    python bench/profile_spec.py --out bench/results
+    python bench/profile_spec.py
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--trace", type=int, default=0, help="profile this many more steps per kernel")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
     args = p.parse_args()
     rows, table = [], []
     for spec_on in (False, True):

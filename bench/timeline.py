@@ -6,7 +6,7 @@ interval over all streams, and reports the GPU-busy time, the idle gaps (with th
 either side, summed per pair) and, for reference, the pure replay time of each captured graph
 (back-to-back replays timed with CUDA events: the GPU cost of a step with no host in between).
 
-    python bench/timeline.py --out bench/results
+    python bench/timeline.py
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--modes", nargs="+", default=["plain:three", "spec:three", "spec:single"])
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     rows, table = [], []
