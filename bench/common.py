@@ -46,6 +46,7 @@ TOPICS = {
     "profile_decode": "profile",
     "profile_spec": "profile",
     "timeline": "profile",
+    "peer_vllm": "peer",
 }
 
 

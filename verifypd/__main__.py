@@ -53,7 +53,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 # Modules of bench/ that other scripts import; everything else there is a benchmark.
-BENCH_LIBRARIES = frozenset({"common", "harness", "hf_batch", "loadgen"})
+BENCH_LIBRARIES = frozenset({"common", "harness", "hf_batch", "http_load", "loadgen"})
 
 
 def bench_dir() -> Path:

@@ -13,7 +13,7 @@ import common  # noqa: E402
 RESULTS = bench_dir() / "results"
 
 
-def test_every_benchmark_that_writes_results_has_a_topic_folder() -> None:
+def test_every_benchmark_that_writes_results_has_a_topic() -> None:
     writers = [
         n
         for n in bench_names(bench_dir())
@@ -22,7 +22,6 @@ def test_every_benchmark_that_writes_results_has_a_topic_folder() -> None:
     assert writers, "no benchmark writes results?"
     for name in writers:
         assert name in common.TOPICS, f"bench/{name}.py has no topic in common.TOPICS"
-        assert common.results_dir(name).is_dir(), f"topic folder of {name} is missing"
 
 
 def test_result_files_live_in_topic_folders() -> None:
