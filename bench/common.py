@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,53 @@ def metadata(script: str, argv: Sequence[str], params: dict[str, Any], device: t
         "params": params,
         "host": platform.node(),
     }
+
+
+@dataclass
+class Run:
+    """One run of a benchmark: its parsed arguments, device and JSON report (metadata, hardware
+    ceilings, then what the script adds), written to the script's result file by ``save``."""
+
+    script: str
+    args: argparse.Namespace
+    device: torch.device
+    report: dict[str, Any]
+
+    def path(self, ext: str) -> Path:
+        return result_path(self.args.out, self.script, self.device, ext, self.args.tag)
+
+    def save(self) -> Path:
+        """Writes the report as it stands (after every measurement: a killed run keeps them)."""
+        return write_json(self.path("json"), self.report)
+
+    def finish(self, table: str, plot: Callable[[Path], Path | None] | None = None) -> Path:
+        """Marks the report complete, saves it, draws ``plot(png_path)``, prints ``table``."""
+        self.report["complete"] = True
+        json_path = self.save()
+        png = plot(self.path("png")) if plot is not None else None
+        print(table)
+        print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        return json_path
+
+
+def start_run(
+    script: str,
+    argv: Sequence[str] | None,
+    parse_args: Callable[[list[str]], argparse.Namespace],
+    method: str | None = None,
+) -> Run:
+    """Parses ``argv`` (default ``sys.argv[1:]``) for a script that took ``add_common_args``,
+    resolves the device and starts the report: metadata, ceilings, ``method``, ``complete``
+    (False until ``Run.finish``) and an empty ``results``."""
+    argv = argv_or_sys(argv)
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    report = metadata(script, argv, vars(args), device)
+    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    if method is not None:
+        report["method"] = method
+    report["complete"], report["results"] = False, {}
+    return Run(script, args, device, report)
 
 
 def result_path(

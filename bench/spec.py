@@ -23,17 +23,12 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
     bar_panels,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     attach_recorder,
@@ -240,12 +235,16 @@ def plot(path: Path, results: dict[str, Any], batches: list[int]) -> Path | None
     return bar_panels(path, panels)
 
 
+METHOD = (
+    "decode tok/s = batch / ((median T(max_tokens) - median T(1)) / (max_tokens - 1)); "
+    "e2e tok/s = batch * max_tokens / median T(max_tokens); greedy, EOS ignored, fresh "
+    "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
+)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
     report["synthetic_acceptance"] = {
         "used": True,
         "alpha": args.acceptance,
@@ -254,25 +253,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "note": "accepted counts drawn from a truncated geometric; draft and verify forwards "
         "are real; speedups measure the mechanism, not a model's acceptance",
     }
-    report["method"] = (
-        "decode tok/s = batch / ((median T(max_tokens) - median T(1)) / (max_tokens - 1)); "
-        "e2e tok/s = batch * max_tokens / median T(max_tokens); greedy, EOS ignored, fresh "
-        "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
-    )
-    report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
-    save = lambda: write_json(json_file, report)
     for lm in args.lane_modes:  # saved after every engine: a killed run keeps what it measured
         report["results"][lm] = {}
-        bench_lane_mode(args, device, lm, report["results"][lm], save)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(
-        result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], args.batches
-    )
-    print(format_table(HEADERS, summary_rows(report["results"], args.batches)))
-    print(f"synthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)")
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        bench_lane_mode(args, run.device, lm, report["results"][lm], run.save)
+    table = format_table(HEADERS, summary_rows(report["results"], args.batches))
+    table += f"\nsynthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)"
+    run.finish(table, lambda png: plot(png, report["results"], args.batches))
     return report
 
 
