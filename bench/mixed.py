@@ -42,18 +42,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
     csv_list,
     draw_bars,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     CompileLog,
@@ -393,11 +388,8 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
     report["synthetic_acceptance"] = {
         "used": True,
         "alpha": args.acceptance,
@@ -405,8 +397,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "note": "SpecConfig.synthetic_acceptance is global: every request has this alpha; "
         "accepted counts drawn from a truncated geometric, draft and verify forwards are real",
     }
-    report["method"] = METHOD
-    report["complete"], report["results"] = False, {}
     vocab = prompt_vocab(args)
     mix = mix_of(args)
     requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
@@ -416,7 +406,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
             w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
     report["workload"] = workload_summary(requests)
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     itl: dict[str, list[float]] = {}
     for name in args.modes:  # saved after every mode: a killed run keeps what it measured
         try:
@@ -427,15 +416,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         release_memory()
         report["results"][name] = r
         progress(SCRIPT, name, _progress_view(r), ("ttft_p99_ms", "itl_p99_ms"))
-        write_json(json_file, report)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], itl)
-    print(format_table(HEADERS, summary_rows(report["results"])))
-    print(f"ms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
-          f"controller L_max = {args.draft_len}; {len(requests)} requests at {args.rate}/s, "
-          f"{args.long_fraction:.0%} long")  # fmt: skip
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        run.save()
+    table = format_table(HEADERS, summary_rows(report["results"]))
+    table += (f"\nms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
+              f"controller L_max = {args.draft_len}; {len(requests)} requests at {args.rate}/s, "
+              f"{args.long_fraction:.0%} long")  # fmt: skip
+    run.finish(table, lambda png: plot(png, report["results"], itl))
     return report
 
 
