@@ -73,6 +73,15 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_spec_args(p: argparse.ArgumentParser, acceptance: float = 0.8) -> None:
+    """The speculative pair of the speculation benchmarks (a 7B target, a 0.5B drafter), the
+    fixed draft length and the synthetic acceptance alpha (see ``harness.synthetic_spec``)."""
+    p.add_argument("--model", default="dummy:qwen2.5-7b", help="target model")
+    p.add_argument("--draft-model", "--draft", default="dummy:qwen2.5-0.5b", help="drafter")
+    p.add_argument("--draft-len", type=int, default=4, help="fixed L; the controller's L_max")
+    p.add_argument("--acceptance", type=float, default=acceptance, help="synthetic alpha")
+
+
 def add_front_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--front",

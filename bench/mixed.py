@@ -42,6 +42,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
+    add_spec_args,
     csv_list,
     draw_bars,
     error_record,
@@ -59,6 +60,7 @@ from harness import (  # noqa: E402
     engine_config,
     engine_info,
     keep_slowest,
+    synthetic_spec,
 )
 from loadgen import (  # noqa: E402
     Mix,
@@ -102,8 +104,7 @@ SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decod
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b")
+    add_spec_args(p, acceptance=0.7)
     p.add_argument("--modes", type=csv_list, default=DEFAULT_MODES, help=",".join(MODES))
     p.add_argument("--num-requests", type=int, default=80)
     p.add_argument("--duration", type=float, default=0.0, help="arrivals stop here; 0 = off")
@@ -113,8 +114,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--short-output-len", type=int, nargs=2, default=[64, 256])
     p.add_argument("--long-prompt-len", type=int, nargs=2, default=[1024, 3072])
     p.add_argument("--long-output-len", type=int, nargs=2, default=[32, 128])
-    p.add_argument("--acceptance", type=float, default=0.7, help="synthetic alpha (global)")
-    p.add_argument("--draft-len", type=int, default=4, help="fixed L; the controller's L_max")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -238,15 +237,7 @@ def mode_config(args, name: str) -> EngineConfig:
     mode = MODES[name]
     spec = SpecConfig(method="off")
     if mode.speculate:
-        spec = SpecConfig(
-            method="draft",
-            draft_model=args.draft_model,
-            max_draft_len=args.draft_len,
-            initial_draft_len=args.draft_len,
-            controller=mode.controller,
-            synthetic_acceptance=args.acceptance,
-            chain_drafts=mode.chain_drafts,
-        )
+        spec = synthetic_spec(args, mode.controller, mode.chain_drafts)
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
         max_num_seqs=args.max_num_seqs,

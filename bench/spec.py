@@ -23,6 +23,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
+    add_spec_args,
     bar_panels,
     error_record,
     format_table,
@@ -39,6 +40,7 @@ from harness import (  # noqa: E402
     engine_info,
     measure_decode,
     spec_stats,
+    synthetic_spec,
 )
 
 from verifypd.config import SpecConfig  # noqa: E402
@@ -48,10 +50,7 @@ SCRIPT = "spec"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b")
-    p.add_argument("--acceptance", type=float, default=0.8, help="synthetic acceptance alpha")
-    p.add_argument("--draft-len", type=int, default=4, help="fixed draft length L")
+    add_spec_args(p)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument(
         "--lane-modes",
@@ -84,17 +83,7 @@ CHAIN = {"auto": None, "on": True, "off": False}
 
 
 def spec_config(args: argparse.Namespace, on: bool, chain: bool | None = None) -> SpecConfig:
-    if not on:
-        return SpecConfig(method="off")
-    return SpecConfig(
-        chain_drafts=chain,
-        method="draft",
-        draft_model=args.draft_model,
-        max_draft_len=args.draft_len,
-        initial_draft_len=args.draft_len,
-        controller=False,
-        synthetic_acceptance=args.acceptance,
-    )
+    return synthetic_spec(args, chain=chain) if on else SpecConfig(method="off")
 
 
 def expected_tokens_per_verify(alpha: float, draft_len: int) -> float:
