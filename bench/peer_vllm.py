@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -216,9 +217,15 @@ def vllm_spec_counters() -> dict[str, float]:
     return out
 
 
-def write_model_dir(args, model: str, root: Path, tokenizer: bool = False) -> Path:
-    """An HF config directory of ``model``'s preset (vLLM loads it with dummy weights)."""
+def write_model_dir(
+    args, model: str, root: Path, tokenizer: bool = False, vocab_size: int | None = None
+) -> Path:
+    """An HF config directory of ``model``'s preset (vLLM loads it with dummy weights);
+    ``vocab_size`` overrides the preset's (vLLM refuses a drafter whose vocabulary size differs
+    from the target's, as Qwen2.5-0.5B's 151,936 does from 7B's 152,064)."""
     cfg = PRESETS[model.removeprefix("dummy:")]
+    if vocab_size is not None:
+        cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
     path = root / model.removeprefix("dummy:")
     path.mkdir(parents=True, exist_ok=True)
     hf = hf_config(cfg)
@@ -379,7 +386,7 @@ def run_vllm(args) -> dict[str, Any]:
 
 def vllm_spec_config(args, root: Path, name: str) -> dict | None:
     if name == "spec-draft":
-        draft = write_model_dir(args, args.draft_model, root)
+        draft = write_model_dir(args, args.draft_model, root, vocab_size=vocab_of(args.model))
         return {"method": "draft_model", "model": str(draft),
                 "num_speculative_tokens": args.draft_len}  # fmt: skip
     if name == "spec-ngram":
