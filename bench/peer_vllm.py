@@ -71,7 +71,10 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "peer_vllm"
 PARTS = ("decode", "offline", "mixed", "spec-draft", "spec-ngram")
-MIX = Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2)  # bench/mixed.py's defaults
+MIXES = {
+    "default": Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2),  # bench/mixed.py's
+    "tiny": Mix((4, 16), (2, 6), (24, 48), (2, 4), 0.2),  # CPU smoke tests
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -90,6 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--offline-lens", type=int, nargs=2, default=[100, 1024])
     p.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0, 12.0])
     p.add_argument("--mixed-requests", type=int, default=120)
+    p.add_argument("--mix", choices=sorted(MIXES), default="default", help="mixed request sizes")
     p.add_argument("--mixed-max-num-seqs", type=int, default=256)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--slo-ttft-ms", type=float, default=200.0)
@@ -129,7 +133,9 @@ def offline_workload(args) -> tuple[list[list[int]], list[int]]:
 
 def mixed_trace(args, rate: float) -> list:
     count = args.mixed_requests
-    return make_requests(MIX, vocab_of(args.model), args.seed + int(rate * 1000), count, rate)
+    return make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + int(rate * 1000), count, rate
+    )
 
 
 def greedy(n: int) -> SamplingParams:
@@ -280,7 +286,9 @@ def measure_offline(run: Any, args) -> dict[str, Any]:
 
 def measure_mixed(engine: Any, loop: asyncio.AbstractEventLoop, args) -> list[dict[str, Any]]:
     rows = []
-    warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+    warm = make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+    )
     loop.run_until_complete(run_load(engine, warm, lambda i, r: greedy(r.max_tokens), 120.0))
     for rate in args.rates:
         reqs = mixed_trace(args, rate)
@@ -467,7 +475,9 @@ async def http_load(args, cmd: list[str], proc, t0: float) -> dict[str, Any]:
     res: dict[str, Any] = {"command": cmd, "startup_s": time.perf_counter() - t0, "rates": []}
     extra = {"return_token_ids": True} if args.engine == "vllm" else {}
     async with HttpEngine(base, await served_model(base), extra) as http:
-        warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+        warm = make_requests(
+            MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+        )
         await run_load(http, warm, lambda i, r: greedy(r.max_tokens), 120.0)
         for rate in args.rates:
             traces, ts = await run_load(
