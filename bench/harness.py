@@ -79,6 +79,17 @@ def synthetic_spec(args: Any, controller: bool = False, chain: bool | None = Non
     )
 
 
+def synthetic_note(args: Any, **details: Any) -> dict[str, Any]:
+    """The ``synthetic_acceptance`` block of a report whose engines run ``synthetic_spec(args)``."""
+    return {
+        "used": True,
+        "alpha": args.acceptance,
+        **details,
+        "note": "accepted counts drawn from a truncated geometric with alpha; the draft and "
+        "verify forwards are real: the numbers measure the mechanism, not a model's acceptance",
+    }
+
+
 def _cap_model_len(model: str, max_model_len: int | None) -> int | None:
     """0/None: the model's own length; never more than a dummy preset's max positions."""
     if not max_model_len:

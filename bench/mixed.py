@@ -60,6 +60,7 @@ from harness import (  # noqa: E402
     engine_config,
     engine_info,
     keep_slowest,
+    synthetic_note,
     synthetic_spec,
 )
 from loadgen import (  # noqa: E402
@@ -381,13 +382,7 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = start_run(SCRIPT, argv, parse_args, METHOD)
     args, report = run.args, run.report
-    report["synthetic_acceptance"] = {
-        "used": True,
-        "alpha": args.acceptance,
-        "per_request": False,
-        "note": "SpecConfig.synthetic_acceptance is global: every request has this alpha; "
-        "accepted counts drawn from a truncated geometric, draft and verify forwards are real",
-    }
+    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
     vocab = prompt_vocab(args)
     mix = mix_of(args)
     requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)

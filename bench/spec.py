@@ -40,6 +40,7 @@ from harness import (  # noqa: E402
     engine_info,
     measure_decode,
     spec_stats,
+    synthetic_note,
     synthetic_spec,
 )
 
@@ -234,14 +235,10 @@ METHOD = (
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = start_run(SCRIPT, argv, parse_args, METHOD)
     args, report = run.args, run.report
-    report["synthetic_acceptance"] = {
-        "used": True,
-        "alpha": args.acceptance,
-        "draft_len": args.draft_len,
-        "expected_tokens_per_verify": expected_tokens_per_verify(args.acceptance, args.draft_len),
-        "note": "accepted counts drawn from a truncated geometric; draft and verify forwards "
-        "are real; speedups measure the mechanism, not a model's acceptance",
-    }
+    expected = expected_tokens_per_verify(args.acceptance, args.draft_len)
+    report["synthetic_acceptance"] = synthetic_note(
+        args, draft_len=args.draft_len, expected_tokens_per_verify=expected
+    )
     for lm in args.lane_modes:  # saved after every engine: a killed run keeps what it measured
         report["results"][lm] = {}
         bench_lane_mode(args, run.device, lm, report["results"][lm], run.save)
