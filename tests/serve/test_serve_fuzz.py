@@ -45,8 +45,8 @@ WILD = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )  # fmt: skip
 WILD_FIELDS = [*VALID, "model", "priority", "stream_options", "logit_bias", "presence_penalty",
-               "best_of", "echo", "max_completion_tokens", "tools", "prompt",
-               "messages"]  # fmt: skip
+               "best_of", "echo", "logprobs", "top_logprobs", "max_completion_tokens", "tools",
+               "prompt", "messages"]  # fmt: skip
 
 
 def _bodies(prompt_field: str, prompt: st.SearchStrategy) -> st.SearchStrategy[dict]:
