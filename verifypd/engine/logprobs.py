@@ -37,6 +37,14 @@ from verifypd.types import (
 ToDevice = Callable[[list[int], torch.dtype], torch.Tensor]
 
 
+def any_asks_logprobs(plan: StepPlan) -> bool:
+    """Whether any entry of the step asks for output or prompt log-probs."""
+    return any(
+        s.seq.params.logprobs is not None or s.seq.params.prompt_logprobs is not None
+        for s in plan.seqs
+    )
+
+
 @dataclass
 class PromptScoring:
     """Rows of a step's ``[T]`` query tokens that score prompt tokens, per plan entry."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
-from verifypd.engine.logprobs import PromptScoring, StepLogprobs
+from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
 from verifypd.engine.model import DecoderLM
 from verifypd.engine.rejection import (
     emit_accepted,
@@ -286,6 +286,8 @@ class ModelRunner:
         here, before any sampling-time change to the logits). Prompt rows scored for
         ``prompt_logprobs`` are computed after the sampling rows, in an eager forward."""
         rows = inputs.sample_rows + verify_flat
+        if not any_asks_logprobs(plan):  # the common case: one pass over the plan, no work
+            return self.logits(inputs, rows), None
         prompt = PromptScoring.build(plan, inputs.meta.query_lens_cpu)
         if prompt.rows:
             self.num_eager_steps += 1
