@@ -198,10 +198,13 @@ async def test_single_lane_prefill_joining_speculating_decodes(reference):
 
 
 def test_max_model_len_is_capped_by_the_kv_pool():
-    # The server defaults max_tokens to the rest of max_model_len: it must fit in the pool.
-    engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16))
+    # The server defaults max_tokens to the rest of max_model_len: it must fit in the pool,
+    # and in the share of it one request may hold (max_request_kv_share, default 0.5).
+    whole = SchedulerConfig(max_request_kv_share=1.0)
+    engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16), scheduler=whole)
     assert engine.core.max_model_len > 64 and engine.max_model_len == 64
     assert engine.kv_blocks_free == 4
+    assert _engine(cache=CacheConfig(num_blocks=4, block_size=16)).max_model_len == 32
 
 
 async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving():

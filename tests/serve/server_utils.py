@@ -32,11 +32,19 @@ from helpers import (  # noqa: F401  (re-exported)
 from verifypd.serve.app import build_app
 from verifypd.serve.openai_api import STATE_KEY
 from verifypd.serve.state import ServerState
+from verifypd.serve.transport import OpenAIAppRunner
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 
 
 # -- in-process --------------------------------------------------------------------------
+
+
+class OpenAITestServer(TestServer):
+    """TestServer with run_server's runner (protocol errors in the OpenAI shape)."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return OpenAIAppRunner(self.app, **kwargs)
 
 
 @dataclass
@@ -64,7 +72,7 @@ async def serve_engine(
     await engine.start()
     app = build_app(engine, max_queue=max_queue, **kwargs)
     # TestServer always runs with handler_cancellation=True, like run_server.
-    client = TestClient(TestServer(app))
+    client = TestClient(OpenAITestServer(app))
     await client.start_server()
     try:
         yield Harness(client, engine, app)
