@@ -1,7 +1,8 @@
 """The aiohttp application (``build_app``) and the process entry point (``run_server``).
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-GET /metrics, GET /dashboard (+ /dashboard/data, /dashboard/history; GET / redirects there).
+POST /tokenize, POST /detokenize, GET /version, GET /metrics, GET /dashboard (+ /dashboard/data,
+/dashboard/history; GET / redirects there).
 
 Run the app with ``handler_cancellation=True`` (``web.AppRunner``/``TestServer`` keyword):
 that is how a client disconnect reaches the handler and aborts its request.
@@ -18,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from verifypd.serve.cors import CorsConfig, install_cors
 from verifypd.serve.dashboard import add_dashboard, refresh_engine_gauges
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
 from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
 from verifypd.serve.metrics import PrometheusObserver
 from verifypd.serve.openai_api import STATE_KEY, create_chat_completion, create_completion
 from verifypd.serve.state import RETRY_AFTER_DRAINING_S, ServerState
+from verifypd.serve.tokenize_api import add_tokenize_routes
 from verifypd.types import Observer
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ def build_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     observer: PrometheusObserver | None = None,
+    cors: CorsConfig | None = None,
 ) -> web.Application:
     """The OpenAI-compatible app around a started ``AsyncEngine``.
 
@@ -57,6 +61,7 @@ def build_app(
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = state
     _add_routes(app, state)
+    install_cors(app, cors or CorsConfig())
     if engine is not None:
         state.attach(engine)
     return app
@@ -85,6 +90,7 @@ def _add_routes(app: web.Application, state: ServerState) -> None:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    add_tokenize_routes(app)
     app.router.add_get("/metrics", _metrics_handler(state))
     add_dashboard(app)
 
@@ -122,9 +128,17 @@ async def _models(request: web.Request) -> web.Response:
         "object": "model",
         "created": state.started_at,
         "owned_by": "verifypd",
+        "root": _model_root(state),
+        "parent": None,
         "max_model_len": state.engine.max_model_len,
     }
     return web.json_response({"object": "list", "data": [card]})
+
+
+def _model_root(state: ServerState) -> str:
+    """What the model was loaded from (vLLM's ``root``): the --model spec, else its name."""
+    config = getattr(state.engine, "config", None)
+    return getattr(config, "model", None) or state.engine.model_name
 
 
 def _metrics_handler(state: ServerState) -> Handler:
@@ -190,6 +204,7 @@ def run_server(
     api_key: str | None = None,
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
     engine_factory: EngineFactory | None = None,
+    cors: CorsConfig | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain; returns the process exit code.
 
@@ -198,8 +213,9 @@ def run_server(
     it). On the first signal it drains (see ``lifecycle.drain``); a second signal aborts.
     """
     server = _serve(
-        config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory
-    )
+        config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory,
+        cors,
+    )  # fmt: skip
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
@@ -216,11 +232,12 @@ async def _serve(
     api_key: str | None,
     drain_timeout: float,
     engine_factory: EngineFactory | None,
+    cors: CorsConfig | None,
 ) -> int:
     observer = PrometheusObserver(served_model_name or _provisional_name(config.model))
     app = build_app(
         None, max_queue=max_queue, served_model_name=served_model_name, api_key=api_key,
-        observer=observer,
+        observer=observer, cors=cors,
     )  # fmt: skip
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
