@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -263,16 +264,23 @@ async def _serve_until_signal(
     signals, loop, engine = ShutdownSignals(), asyncio.get_running_loop(), None
     signals.install(loop)
     try:
+        logger.info("loading model %s", config.model)
+        started = time.monotonic()
         load = run_in_daemon_thread(lambda: factory(config, state.observer))
         engine = await signals.unless_stopped(load)
         if engine is None:
             return 0
         await engine.start()
         attach_engine(app, engine)
+        logger.info("ready: %s loaded in %.1f s", state.model_name, time.monotonic() - started)
         print(ready_line(state.model_name, host, runner.addresses[0][1]), flush=True)
         await signals.stopped.wait()
         await drain(state, drain_timeout, signals.forced)
         return 0
+    except ValueError as exc:  # a model or option the engine rejects: one line, no traceback
+        logger.error("cannot start: %s", exc)
+        logger.debug("start-up failure", exc_info=True)
+        return 1
     except Exception:
         logger.exception("verifypd server failed")
         return 1
