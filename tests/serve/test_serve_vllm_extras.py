@@ -60,6 +60,9 @@ async def test_version_and_model_card(harness: Harness) -> None:
     [card] = (await (await harness.client.get("/v1/models")).json())["data"]
     assert card["max_model_len"] == 512 and card["owned_by"] == "verifypd"
     assert card["root"] == "fake-model" and isinstance(card["created"], int)
+    info = await (await harness.client.get("/tokenizer_info")).json()
+    assert info["tokenizer_class"] == "FakeTokenizer" and info["model_max_length"] == 512
+    assert info["eos_token"] is None and "chat_template" in info
 
 
 STREAM = {"prompt": "x", "max_tokens": 10, "stream": True}

@@ -1,10 +1,11 @@
-"""vLLM's extra endpoints: POST /tokenize, POST /detokenize, GET /version.
+"""vLLM's extra endpoints: POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /version.
 
 Shapes follow vLLM so that clients written for it (lm-eval, guidellm, aiperf) discover the
 tokenizer offline: ``/tokenize`` takes ``{model?, prompt}`` or ``{model?, messages,
 add_generation_prompt?}`` (plus ``add_special_tokens``, ``return_token_strs``) and answers
 ``{count, max_model_len, tokens, token_strs}``; ``/detokenize`` takes ``{model?, tokens}`` and
-answers ``{prompt}``.
+answers ``{prompt}``; ``/tokenizer_info`` gives the special tokens and the chat template
+(lm-eval's ``remote`` tokenizer backend reads it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class DetokenizeRequest(_Body):
 def add_tokenize_routes(app: web.Application) -> None:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/tokenizer_info", tokenizer_info)
     app.router.add_get("/version", version)
 
 
@@ -118,6 +120,23 @@ def _check_in_vocab(tokenizer: Any, ids: list[int]) -> None:
             f"Token id {bad[0]} is out of vocabulary (ids must be in [0, {vocab_size}))",
             "tokens",
         )
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    tokenizer = state.engine.tokenizer
+    info = {key: _text_or_none(getattr(tokenizer, key, None)) for key in TOKENIZER_INFO_KEYS}
+    info["tokenizer_class"] = type(tokenizer).__name__
+    info["model_max_length"] = state.engine.max_model_len
+    return web.json_response(info)
+
+
+TOKENIZER_INFO_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "chat_template")
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 async def version(request: web.Request) -> web.Response:
