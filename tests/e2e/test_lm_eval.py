@@ -139,12 +139,20 @@ def write_task(root: Path, template: str, docs: list[dict]) -> None:
     (root / f"{name}.yaml").write_text(text)
 
 
-def evaluate(lm: object, root: Path, task: str) -> dict:
+def run_task(
+    server: ServerProcess, tokenizer_dir: str, root: Path, template: str, docs: list[dict]
+) -> tuple[object, dict, list[dict]]:
+    """Write the task, evaluate it; returns the LM, the results and the samples by doc."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    write_task(root, template, docs)
+    task = template.split("\n", 1)[0].removeprefix("task: ")
+    lm = RecordingLM.create(server, tokenizer_dir)
     manager = TaskManager(include_path=str(root))
-    return simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
+    results = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True)
+    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+    return lm, results["results"][task], samples
 
 
 def assert_batched(payloads: list[dict]) -> None:
@@ -165,10 +173,7 @@ def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> floa
 
 @NEEDS_APILP
 def test_multiple_choice_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) -> None:
-    write_task(tmp_path, MC_TASK, MC_DOCS)
-    lm = RecordingLM.create(server, tokenizer_dir)
-    results = evaluate(lm, tmp_path, "verifypd_mc")
-    samples = sorted(results["samples"]["verifypd_mc"], key=lambda s: s["doc_id"])
+    lm, results, samples = run_task(server, tokenizer_dir, tmp_path, MC_TASK, MC_DOCS)
     num_correct = 0
     for doc, sample in zip(MC_DOCS, samples, strict=True):
         expected = []
@@ -179,17 +184,14 @@ def test_multiple_choice_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) 
             expected.append(hf_loglikelihood(hf_smollm, *lm._encode_pair(context, continuation)))
             assert ll == pytest.approx(expected[-1], abs=LOGPROB_TOLERANCE)
         num_correct += max(range(len(expected)), key=expected.__getitem__) == doc["answer"]
-    assert results["results"]["verifypd_mc"]["acc,none"] == num_correct / len(MC_DOCS)
+    assert results["acc,none"] == num_correct / len(MC_DOCS)
     assert_batched(lm.payloads)
     assert all(p["echo"] and p["logprobs"] == 1 for p in lm.payloads)
 
 
 @NEEDS_APILP
 def test_generation_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) -> None:
-    write_task(tmp_path, GEN_TASK, GEN_DOCS)
-    lm = RecordingLM.create(server, tokenizer_dir)
-    results = evaluate(lm, tmp_path, "verifypd_gen")
-    samples = sorted(results["samples"]["verifypd_gen"], key=lambda s: s["doc_id"])
+    lm, results, samples = run_task(server, tokenizer_dir, tmp_path, GEN_TASK, GEN_DOCS)
     num_exact = 0
     for doc, sample in zip(GEN_DOCS, samples, strict=True):
         [[text]] = sample["resps"]
@@ -201,7 +203,7 @@ def test_generation_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) -> No
         expected = lm.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
         assert text == expected.split("\n")[0], (doc, text, expected)
         num_exact += text.strip() == doc["answer"].strip()
-    assert results["results"]["verifypd_gen"]["exact_match,none"] == num_exact / len(GEN_DOCS)
+    assert results["exact_match,none"] == num_exact / len(GEN_DOCS)
     assert_batched(lm.payloads)
 
 

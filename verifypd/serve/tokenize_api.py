@@ -55,16 +55,21 @@ def _parse(model_cls: type[_Body], body: bytes) -> Any:
         raise _to_api_error(exc) from None
 
 
-async def tokenize(request: web.Request) -> web.Response:
+async def _accept(request: web.Request, model_cls: type[_Body]) -> tuple[Any, Any]:
+    """The validated body and the engine's tokenizer (503 while starting, 404 unknown model)."""
     state = request.app[STATE_KEY]
     state.check_accepting()
-    body = _parse(TokenizeRequest, await request.read())
+    body = _parse(model_cls, await request.read())
     state.check_model(body.model)
-    tokenizer = state.engine.tokenizer
+    return body, state.engine.tokenizer
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    body, tokenizer = await _accept(request, TokenizeRequest)
     ids = await _tokenize_body(tokenizer, body)
     answer = {
         "count": len(ids),
-        "max_model_len": state.engine.max_model_len,
+        "max_model_len": request.app[STATE_KEY].engine.max_model_len,
         "tokens": ids,
         "token_strs": _token_strs(tokenizer, ids) if body.return_token_strs else None,
     }
@@ -99,11 +104,7 @@ def _token_strs(tokenizer: Any, ids: list[int]) -> list[str]:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    state.check_accepting()
-    body = _parse(DetokenizeRequest, await request.read())
-    state.check_model(body.model)
-    tokenizer = state.engine.tokenizer
+    body, tokenizer = await _accept(request, DetokenizeRequest)
     _check_in_vocab(tokenizer, body.tokens)
     try:
         text = tokenizer.decode(body.tokens)
