@@ -18,6 +18,7 @@ from verifypd.controller import build_controller
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.loader import LoadedModel, load_model
+from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
 from verifypd.engine.runner import ModelRunner, PendingStep
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
@@ -203,6 +204,7 @@ class EngineCore:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
+        check_num_logprobs(params, self.config.max_logprobs)
         if n + params.max_tokens > self.max_model_len:
             raise ParamError(
                 "max_tokens" if n < self.max_model_len else "prompt",
@@ -388,6 +390,7 @@ class EngineCore:
         self._observe_draft_cost()
         self._record_acceptance(plan, token_ids)
         changed = self.scheduler.update(plan, token_ids)
+        fold_logprobs(plan)
         self.spec.confirm(plan, token_ids)
         return changed
 
@@ -413,7 +416,8 @@ class EngineCore:
         st = self._state(seq)
         if st is None:
             return None
-        new_ids = seq.output_token_ids[st.num_emitted :]
+        first = st.num_emitted
+        new_ids = seq.output_token_ids[first:]
         st.num_emitted = seq.num_output_tokens
         self._report_tokens(seq, len(new_ids))
         text, hit = st.stop.push(st.detok.push(new_ids))
@@ -422,6 +426,7 @@ class EngineCore:
         elif seq.status.is_finished:
             text += st.stop.flush()
         out = self._delta(st, text, finished=seq.status.is_finished, new_ids=new_ids)
+        attach_logprobs(out, seq, first)
         if seq.status.is_finished:
             st.is_done = True
             self._report_finished(seq)

@@ -58,6 +58,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=CacheConfig.gpu_memory_utilization,
         help="fraction of GPU memory for weights + KV cache (sizes the KV cache; no effect on CPU)",
     )
+    add(
+        "--max-logprobs",
+        type=int,
+        default=EngineConfig.max_logprobs,
+        help="most top log-probs a request may ask for (completions logprobs, chat top_logprobs)",
+    )
     add("--lane-mode", choices=("three", "single"), default="three")
     add(
         "--drain-timeout",
@@ -112,6 +118,7 @@ def config_from_args(
         cache=cache,
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
         spec=spec,
+        max_logprobs=args.max_logprobs,
     )
 
 
