@@ -38,7 +38,6 @@ GEN_DOCS = [
     {"question": "Q: What is 2 + 2?\nA:", "answer": " 4"},
     {"question": "Q: What color is the sky?\nA:", "answer": " Blue"},
     {"question": "Q: Name a fruit.\nA:", "answer": " Apple"},
-    {"question": "Q: What is the opposite of hot?\nA:", "answer": " Cold"},
 ]
 MAX_GEN_TOKS = 8
 MC_TASK = """task: verifypd_mc
@@ -55,10 +54,6 @@ target_delimiter: " "
 metric_list:
   - metric: acc
 """
-NEEDS_APILP = pytest.mark.xfail(
-    reason="until apilp lands: /v1/completions rejects batched token-id prompts, echo, logprobs",
-    run=False,
-)
 GEN_TASK = """task: verifypd_gen
 dataset_path: json
 dataset_kwargs:
@@ -171,7 +166,6 @@ def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> floa
     return float(rows[torch.arange(len(continuation)), torch.tensor(continuation)].sum())
 
 
-@NEEDS_APILP
 def test_multiple_choice_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) -> None:
     lm, results, samples = run_task(server, tokenizer_dir, tmp_path, MC_TASK, MC_DOCS)
     num_correct = 0
@@ -189,7 +183,6 @@ def test_multiple_choice_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) 
     assert all(p["echo"] and p["logprobs"] == 1 for p in lm.payloads)
 
 
-@NEEDS_APILP
 def test_generation_task(server, tokenizer_dir, hf_smollm, tmp_path: Path) -> None:
     lm, results, samples = run_task(server, tokenizer_dir, tmp_path, GEN_TASK, GEN_DOCS)
     num_exact = 0
