@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -69,7 +70,10 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "peer_vllm"
 PARTS = ("decode", "offline", "mixed", "spec-draft", "spec-ngram")
-MIX = Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2)  # bench/mixed.py's defaults
+MIXES = {
+    "default": Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2),  # bench/mixed.py's
+    "tiny": Mix((4, 16), (2, 6), (24, 48), (2, 4), 0.2),  # CPU smoke tests
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -88,6 +92,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--offline-lens", type=int, nargs=2, default=[100, 1024])
     p.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0, 12.0])
     p.add_argument("--mixed-requests", type=int, default=120)
+    p.add_argument("--mix", choices=sorted(MIXES), default="default", help="mixed request sizes")
     p.add_argument("--mixed-max-num-seqs", type=int, default=256)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--slo-ttft-ms", type=float, default=200.0)
@@ -127,7 +132,9 @@ def offline_workload(args) -> tuple[list[list[int]], list[int]]:
 
 def mixed_trace(args, rate: float) -> list:
     count = args.mixed_requests
-    return make_requests(MIX, vocab_of(args.model), args.seed + int(rate * 1000), count, rate)
+    return make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + int(rate * 1000), count, rate
+    )
 
 
 def greedy(n: int) -> SamplingParams:
@@ -215,9 +222,15 @@ def vllm_spec_counters() -> dict[str, float]:
     return out
 
 
-def write_model_dir(args, model: str, root: Path, tokenizer: bool = False) -> Path:
-    """An HF config directory of ``model``'s preset (vLLM loads it with dummy weights)."""
+def write_model_dir(
+    args, model: str, root: Path, tokenizer: bool = False, vocab_size: int | None = None
+) -> Path:
+    """An HF config directory of ``model``'s preset (vLLM loads it with dummy weights);
+    ``vocab_size`` overrides the preset's (vLLM refuses a drafter whose vocabulary size differs
+    from the target's, as Qwen2.5-0.5B's 151,936 does from 7B's 152,064)."""
     cfg = PRESETS[model.removeprefix("dummy:")]
+    if vocab_size is not None:
+        cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
     path = root / model.removeprefix("dummy:")
     path.mkdir(parents=True, exist_ok=True)
     hf = hf_config(cfg)
@@ -272,7 +285,9 @@ def measure_offline(run: Any, args) -> dict[str, Any]:
 
 def measure_mixed(engine: Any, loop: asyncio.AbstractEventLoop, args) -> list[dict[str, Any]]:
     rows = []
-    warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+    warm = make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+    )
     loop.run_until_complete(run_load(engine, warm, lambda i, r: greedy(r.max_tokens), 120.0))
     for rate in args.rates:
         reqs = mixed_trace(args, rate)
@@ -378,7 +393,7 @@ def run_vllm(args) -> dict[str, Any]:
 
 def vllm_spec_config(args, root: Path, name: str) -> dict | None:
     if name == "spec-draft":
-        draft = write_model_dir(args, args.draft_model, root)
+        draft = write_model_dir(args, args.draft_model, root, vocab_size=vocab_of(args.model))
         return {"method": "draft_model", "model": str(draft),
                 "num_speculative_tokens": args.draft_len}  # fmt: skip
     if name == "spec-ngram":
@@ -459,7 +474,9 @@ async def http_load(args, cmd: list[str], proc, t0: float) -> dict[str, Any]:
     res: dict[str, Any] = {"command": cmd, "startup_s": time.perf_counter() - t0, "rates": []}
     extra = {"return_token_ids": True} if args.engine == "vllm" else {}
     async with HttpEngine(base, await served_model(base), extra) as http:
-        warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+        warm = make_requests(
+            MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+        )
         await run_load(http, warm, lambda i, r: greedy(r.max_tokens), 120.0)
         for rate in args.rates:
             traces, ts = await run_load(
