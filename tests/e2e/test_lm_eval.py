@@ -218,3 +218,34 @@ def test_remote_tokenizer_backend(server, tokenizer_dir) -> None:
             [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
         )
     )
+
+
+NONZERO_AFTER_REQUESTS = """vllm:prompt_tokens_total vllm:generation_tokens_total
+vllm:time_to_first_token_seconds_count vllm:e2e_request_latency_seconds_count
+vllm:inter_token_latency_seconds_count vllm:request_queue_time_seconds_count
+vllm:prefix_cache_queries_total vllm:request_prompt_tokens_count""".split()
+
+
+def test_vllm_metrics_on_the_real_engine(server) -> None:
+    """vLLM's dashboard series, fed by the real engine (this module's requests and one more)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    payload = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    assert requests.post(f"{server.url}/v1/completions", json=payload, timeout=60).ok
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    model = (("model_name", MODEL),)
+    for name in NONZERO_AFTER_REQUESTS:
+        assert samples[(name, model)] > 0, name
+    length = (("finished_reason", "length"), ("model_name", MODEL))
+    assert samples[("vllm:request_success_total", length)] >= 1
+    assert (
+        samples[("vllm:generation_tokens_total", model)]
+        == samples[("verifypd_generation_tokens_total", (("model", MODEL),))]
+    )
+    assert ("vllm:kv_cache_usage_perc", model) in samples
