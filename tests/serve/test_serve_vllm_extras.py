@@ -114,6 +114,20 @@ async def test_usage_chunk_after_drain_abort() -> None:
         assert 0 < usage["completion_tokens"] < 400
 
 
+@bounded(15)
+async def test_usage_chunk_after_engine_stop() -> None:
+    async with serve_engine(FakeEngine(step_s=0.01)) as h:
+        payload = {**WITH_USAGE, "max_tokens": 400}
+        stream = asyncio.create_task(h.client.post("/v1/completions", json=payload))
+        async with asyncio.timeout(5):
+            while not h.engine.num_running:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await h.engine.stop()  # aborts every request
+        usage = _usage_then_error(parse_sse(await (await stream).text()))
+        assert 0 < usage["completion_tokens"] < 400
+
+
 # -- CORS ------------------------------------------------------------------------------------
 
 PREFLIGHT = {
