@@ -33,9 +33,13 @@ def _params(**kw) -> SamplingParams:
 def _assert_same(got, want) -> None:
     assert got.token_ids == want.token_ids
     for a, b in zip(got.logprobs, want.logprobs, strict=True):
-        assert a.token_id == b.token_id and abs(a.logprob - b.logprob) <= TOL
-        assert [t for t, _ in a.top] == [t for t, _ in b.top]
-        assert all(abs(x - y) <= TOL for (_, x), (_, y) in zip(a.top, b.top, strict=True))
+        _assert_close(a, b)
+
+
+def _assert_close(a, b) -> None:
+    assert a.token_id == b.token_id and abs(a.logprob - b.logprob) <= TOL
+    assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    assert all(abs(x - y) <= TOL for (_, x), (_, y) in zip(a.top, b.top, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +106,35 @@ def test_prompt_logprobs_survive_preemption():
     for got, ref in zip(outs, want, strict=True):
         _assert_same(got.outputs[0], ref.outputs[0])
         assert got.outputs[0].prompt_logprobs == ref.outputs[0].prompt_logprobs
+
+
+def test_sampled_speculation_scores_tokens_with_the_target():
+    """Temperature sampling with a draft model (rejection sampling, resampled and bonus
+    tokens): every output token's log-prob equals the target's score of it, taken from a plain
+    engine's prompt log-probs over prompt + output."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    llm = _llm(spec)
+    outs = llm.generate(PROMPTS, _params(temperature=0.8, seed=3, prompt_logprobs=None))
+    assert llm.core.spec.num_verifies > 0
+    scorer = _llm()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        choice = out.outputs[0]
+        full = prompt + choice.token_ids
+        [ref] = scorer.generate([full], _params(max_tokens=1, prompt_logprobs=3))
+        want = ref.outputs[0].prompt_logprobs[len(prompt) :]
+        assert len(want) == len(choice.logprobs) == 12
+        for a, b in zip(choice.logprobs, want, strict=True):
+            _assert_close(a, b)
+
+
+def test_prompt_logprobs_bypass_prefix_reuse(plain):
+    """The third prompt's two full blocks are in the prefix cache after ``plain``'s run on a
+    fresh engine; asking for prompt log-probs again must not skip them."""
+    llm = _llm()
+    first = llm.generate(PROMPTS[2], _params(prompt_logprobs=None))[0]
+    assert first.num_cached_tokens == 0
+    again = llm.generate(PROMPTS[2], _params())[0]
+    assert again.num_cached_tokens == 0
+    assert again.outputs[0].prompt_logprobs == plain[2].outputs[0].prompt_logprobs
+    reused = llm.generate(PROMPTS[2], _params(prompt_logprobs=None))[0]
+    assert reused.num_cached_tokens == 32  # other requests still reuse the cache

@@ -11,6 +11,7 @@ import sys
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
 from verifypd.serve.cors import CorsConfig, parse_list
+from verifypd.serve.limits import ServeLimits
 from verifypd.serve.model_source import ModelSource, hf_hub_cache, resolve_model
 
 logger = logging.getLogger("verifypd.serve")
@@ -76,9 +77,43 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--allowed-origins", default="", help="CORS origins: a,b or '[\"a\"]' or * (default: off)")
     add("--allowed-methods", default="*", help="CORS methods for --allowed-origins (default: *)")
     add("--allowed-headers", default="*", help="CORS headers for --allowed-origins (default: *)")
+    add_limit_args(parser)
     add("--seed", type=int, default=0)
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+# flag, ServeLimits field, type, help (docs/api.md, "What the server refuses")
+LIMIT_FLAGS = (
+    ("--max-request-bytes", "max_request_bytes", int,
+     "largest request body; a larger Content-Length gets 413 before the body is read"),
+    ("--request-read-timeout", "request_read_timeout_s", float,
+     "seconds a client has to send the headers, and then the body (slow clients)"),
+    ("--max-prompt-chars", "max_prompt_chars", int,
+     "longest prompt text, checked before tokenizing (default: 32 x context length)"),
+    ("--max-n", "max_n", int, "largest n and best_of"),
+    ("--max-priority", "max_priority", int,
+     "allowed priorities: -N..N (default 0: clients cannot outrank each other)"),
+)  # fmt: skip
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """What one request may send and take."""
+    defaults = ServeLimits()
+    for flag, name, kind, text in LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
+    parser.add_argument(
+        "--max-request-kv-share",
+        type=float,
+        default=SchedulerConfig.max_request_kv_share,
+        help="the most of the KV pool one request may need (n x (prompt + max_tokens))",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServeLimits:
+    """Build the ServeLimits; raises ValueError on bad values."""
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in LIMIT_FLAGS}
+    return ServeLimits(**values)
 
 
 def unknown_args_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:
@@ -116,7 +151,11 @@ def config_from_args(
         seed=args.seed,
         lane_mode=args.lane_mode,
         cache=cache,
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            max_request_kv_share=args.max_request_kv_share,
+        ),
         spec=spec,
         max_logprobs=args.max_logprobs,
     )
@@ -153,6 +192,7 @@ def serve_main(args: argparse.Namespace) -> int:
         model, draft = resolve_models(args)
         config = config_from_args(args, model.spec, draft.spec if draft else None)
         cors = cors_from_args(args)
+        limits = limits_from_args(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be >= 1")
     except ValueError as exc:
@@ -167,4 +207,5 @@ def serve_main(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         drain_timeout=args.drain_timeout,
         cors=cors,
+        limits=limits,
     )

@@ -34,7 +34,7 @@ class ChoiceExtras:
     # Echo: the text of each prompt (None: its ids, decoded when first shown); None: no echo.
     prompt_texts: list[str | None] | None = None
     echo_only: bool = False  # max_tokens 0 with echo: the one generated token is dropped
-    _texts: dict[int, str] = field(default_factory=dict)
+    _texts: dict[int, str] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def echo(self) -> bool:
@@ -135,7 +135,7 @@ def max_logprobs(engine: Any) -> int:
     return getattr(getattr(engine, "config", None), "max_logprobs", DEFAULT_MAX_LOGPROBS)
 
 
-def check_num_logprobs(value: int | None, limit: int, param: str) -> None:
+def check_logprobs_limit(value: int | None, limit: int, param: str) -> None:
     if value is not None and value > limit:
         raise invalid_request(
             f"'{param}' must be at most {limit} (the server's --max-logprobs), got {value}", param
