@@ -38,22 +38,60 @@ VALID = {
 PROMPT = st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(1, 300), min_size=1))
 MESSAGES = st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": TEXT}), min_size=1)
 # ... and wild ones: a type's extremes, wrong types, anything.
+EXTREME_NUMBERS = st.sampled_from(
+    [
+        2**63,
+        2**64,
+        -(2**63) - 1,
+        10**30,
+        1e308,
+        -1e308,
+        float("nan"),
+        float("inf"),
+        [2**63],
+        [-1],
+        [10**30],
+    ]
+)
 WILD = st.one_of(
-    st.sampled_from([2**63, 2**64, -(2**63) - 1, 10**30, 1e308, -1e308, float("nan"),
-                     float("inf"), -1, 0, 1.5, "7", True, None, [], {}, [2**63], [-1]]),
-    st.integers(), st.floats(), st.text(max_size=5), st.lists(st.integers(), max_size=3),
+    EXTREME_NUMBERS,
+    st.sampled_from([-1, 0, 1.5, "7", True, None, [], {}]),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)  # fmt: skip
-WILD_FIELDS = [*VALID, "model", "priority", "stream_options", "logit_bias", "presence_penalty",
-               "best_of", "echo", "logprobs", "top_logprobs", "max_completion_tokens", "tools",
-               "prompt", "messages"]  # fmt: skip
+)
+WILD_FIELDS = [
+    *VALID,
+    "model",
+    "priority",
+    "stream_options",
+    "logit_bias",
+    "presence_penalty",
+    "best_of",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "prompt",
+    "messages",
+]
+NUMERIC_FIELDS = ["max_tokens", "top_p", "top_k", "n", "seed", "priority", "best_of",
+                  "stop_token_ids", "max_completion_tokens"]  # fmt: skip
 
 
 def _bodies(prompt_field: str, prompt: st.SearchStrategy) -> st.SearchStrategy[dict]:
-    """A valid body with up to two fields set to wild values."""
+    """A valid body with up to two fields set to wild values; or a sampled (not greedy) one,
+    so that the sampler sees its values, with one or two numeric fields at their extremes."""
     valid = st.fixed_dictionaries({prompt_field: prompt}, optional=VALID)
     wild = st.dictionaries(st.sampled_from(WILD_FIELDS), WILD, max_size=2)
-    return st.tuples(valid, wild).map(lambda pair: {**pair[0], **pair[1]})
+    sampled = st.fixed_dictionaries({prompt_field: prompt, "temperature": st.floats(0.5, 1.5)})
+    extreme = st.dictionaries(st.sampled_from(NUMERIC_FIELDS), EXTREME_NUMBERS, min_size=1,
+                              max_size=2)  # fmt: skip
+    merged = st.one_of(st.tuples(valid, wild), st.tuples(sampled, extreme))
+    return merged.map(lambda pair: {**pair[0], **pair[1]})
 
 
 BODIES = {COMPLETIONS: _bodies("prompt", PROMPT), CHAT: _bodies("messages", MESSAGES)}
