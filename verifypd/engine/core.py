@@ -133,6 +133,9 @@ class EngineCore:
     def _capture_graphs(self) -> None:
         if not self._is_cuda:
             raise ValueError("cuda_graphs needs device=cuda")
+        logger.info(
+            "capturing CUDA graphs (batch sizes up to %d)", self.config.scheduler.max_num_seqs
+        )
         max_batch = self.config.scheduler.max_num_seqs
         warm_up_eager(self.loaded.model, self.pool.kv, self.block_size, self.max_model_len)
         if self.spec.drafter is not None:
@@ -194,7 +197,12 @@ class EngineCore:
             budget = cfg.cpu_kv_bytes
         # Never more than every running sequence at full length could use.
         cap = self.config.scheduler.max_num_seqs * (self.max_model_len // self.block_size + 1)
-        return max(1, min(int(budget // per_block), cap))
+        num_blocks = max(1, min(int(budget // per_block), cap))
+        logger.info(
+            "sizing the KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks, self.block_size, num_blocks * per_block / 2**30,
+        )  # fmt: skip
+        return num_blocks
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:

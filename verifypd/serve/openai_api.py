@@ -262,24 +262,31 @@ async def _stream(
     sse = SSEStream(request)
     try:
         await sse.open()
-        await _stream_events(sse, state, meta, collected, first, outputs)
-        await sse.finish()
+        error = await _stream_events(sse, state, meta, collected, first, outputs)
+        await _end_stream(sse, meta, collected, error)
     except ConnectionResetError:
         logger.debug("client of %s went away mid-stream", meta.id)
     except Exception:  # headers are out: end the stream with an error event, not a cut
         if not sse.response.prepared:
             raise
         logger.exception("engine failed mid-stream on %s", meta.id)
-        await _end_with_error(sse, server_error("Internal error while streaming."))
+        error = server_error("Internal error while streaming.")
+        try:
+            await _end_stream(sse, meta, collected, error)
+        except ConnectionResetError:
+            pass
     return sse.response
 
 
-async def _end_with_error(sse: SSEStream, error: APIError) -> None:
-    try:
+async def _end_stream(
+    sse: SSEStream, meta: ResponseMeta, collected: OutputCollector, error: APIError | None
+) -> None:
+    """The usage chunk (when asked for, also after an early end), the error if any, [DONE]."""
+    if meta.include_usage:
+        await sse.send(usage_chunk(meta, collected.usage()))
+    if error is not None:
         await sse.send(error.body())
-        await sse.finish()
-    except ConnectionResetError:
-        pass
+    await sse.finish()
 
 
 async def _stream_events(
@@ -289,7 +296,8 @@ async def _stream_events(
     collected: OutputCollector,
     out: RequestOutput | None,
     outputs: AsyncIterator[RequestOutput],
-) -> None:
+) -> APIError | None:
+    """Send the content chunks; returns the error that ended the stream early, if any."""
     if meta.kind == "chat":
         for index in range(collected.n):
             await sse.send(role_chunk(meta, index))
@@ -301,12 +309,10 @@ async def _stream_events(
             await sse.send(chunk)
             sent[out.index] = (sent[out.index] or 0) + len(chunk["choices"][0].get("text", ""))
         if out.finished and out.finish_reason in FAILED_REASONS:
-            await sse.send(_failure(state, out.finish_reason).body())
-            return
+            return _failure(state, out.finish_reason)
         if out.finished:
             await sse.send(finish_chunk(meta, out.index, out.finish_reason or "stop"))
         out = await _next(outputs)
     if not collected.all_finished:  # the engine ended the iterator early
-        await sse.send(_failure(state, "abort").body())
-    elif meta.include_usage:
-        await sse.send(usage_chunk(meta, collected.usage()))
+        return _failure(state, "abort")
+    return None
