@@ -59,6 +59,7 @@ from common import (  # noqa: E402
     release_memory,
     resolve_device,
     result_path,
+    results_dir,
     write_json,
 )
 from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
@@ -70,7 +71,10 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "peer_vllm"
 PARTS = ("decode", "offline", "mixed", "spec-draft", "spec-ngram")
-MIX = Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2)  # bench/mixed.py's defaults
+MIXES = {
+    "default": Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2),  # bench/mixed.py's
+    "tiny": Mix((4, 16), (2, 6), (24, 48), (2, 4), 0.2),  # CPU smoke tests
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -89,6 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--offline-lens", type=int, nargs=2, default=[100, 1024])
     p.add_argument("--rates", type=float, nargs="+", default=[4.0, 8.0, 12.0])
     p.add_argument("--mixed-requests", type=int, default=120)
+    p.add_argument("--mix", choices=sorted(MIXES), default="default", help="mixed request sizes")
     p.add_argument("--mixed-max-num-seqs", type=int, default=256)
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--slo-ttft-ms", type=float, default=200.0)
@@ -128,7 +133,9 @@ def offline_workload(args) -> tuple[list[list[int]], list[int]]:
 
 def mixed_trace(args, rate: float) -> list:
     count = args.mixed_requests
-    return make_requests(MIX, vocab_of(args.model), args.seed + int(rate * 1000), count, rate)
+    return make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + int(rate * 1000), count, rate
+    )
 
 
 def greedy(n: int) -> SamplingParams:
@@ -279,7 +286,9 @@ def measure_offline(run: Any, args) -> dict[str, Any]:
 
 def measure_mixed(engine: Any, loop: asyncio.AbstractEventLoop, args) -> list[dict[str, Any]]:
     rows = []
-    warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+    warm = make_requests(
+        MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+    )
     loop.run_until_complete(run_load(engine, warm, lambda i, r: greedy(r.max_tokens), 120.0))
     for rate in args.rates:
         reqs = mixed_trace(args, rate)
@@ -446,7 +455,7 @@ def run_http(args) -> dict[str, Any]:
         root = Path(os.environ.get("PEER_MODEL_DIR", "/tmp/peer_models"))
         model_dir = write_model_dir(args, args.model, root, tokenizer=True)
     cmd = server_command(args, args.engine, model_dir)
-    log = open(Path(args.out) / f"{SCRIPT}-server-{args.engine}.log", "w")  # noqa: SIM115
+    log = open(out_dir(args) / f"{SCRIPT}-server-{args.engine}.log", "w")  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -466,7 +475,9 @@ async def http_load(args, cmd: list[str], proc, t0: float) -> dict[str, Any]:
     res: dict[str, Any] = {"command": cmd, "startup_s": time.perf_counter() - t0, "rates": []}
     extra = {"return_token_ids": True} if args.engine == "vllm" else {}
     async with HttpEngine(base, await served_model(base), extra) as http:
-        warm = make_requests(MIX, vocab_of(args.model), args.seed + 5, 8, None, prefix="warm")
+        warm = make_requests(
+            MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
+        )
         await run_load(http, warm, lambda i, r: greedy(r.max_tokens), 120.0)
         for rate in args.rates:
             traces, ts = await run_load(
@@ -608,6 +619,13 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 
 # ----------------------------------------------------------------------------- main
+def out_dir(args) -> Path:
+    """--out, or this script's topic folder of bench/results/ (created)."""
+    path = Path(args.out) if args.out else results_dir(SCRIPT)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -616,7 +634,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = combine(args)
         tag = args.tag or "combined"
         slug = device_slug(data["meta"]["device"]) if data["meta"] else "unknown"
-        path = write_json(Path(args.out) / f"{SCRIPT}-{slug}-{device_slug(tag)}.json", data)
+        path = write_json(out_dir(args) / f"{SCRIPT}-{slug}-{device_slug(tag)}.json", data)
         png = plot(path.with_suffix(".png"), data["table"])
         print(table(data["table"]))
         print(f"wrote {path}" + (f" and {png}" if png else ""))
