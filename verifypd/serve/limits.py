@@ -97,9 +97,10 @@ def _prompt_ids(body: Any) -> list[int]:
 def _check_prompt_size(body: Any, max_chars: int, max_model_len: int) -> None:
     """Text longer than ``max_chars`` (or more token ids than the context) is a 400 now,
     before tokenizing it would cost seconds of CPU."""
-    if len(_prompt_ids(body)) >= max_model_len:
+    num_ids = len(_prompt_ids(body))
+    if num_ids >= max_model_len:
         raise invalid_request(
-            f"The prompt has {len(_prompt_ids(body))} tokens but the maximum context length "
+            f"The prompt has {num_ids} tokens but the maximum context length "
             f"is {max_model_len} tokens.",
             "prompt",
         )
