@@ -36,6 +36,8 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)  # never generated (their last token)
     bad_words_token_ids: list[list[int]] | None = None  # resolved from bad_words by the engine
     include_stop_str_in_output: bool = False  # keep a stop string's / stop token's text
+    # Set in __post_init__: whether any logits control is on (the sampler's fast-path test).
+    uses_logits_controls: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -59,6 +61,10 @@ class SamplingParams:
         for ok, name, msg in checks:
             if not ok:
                 raise ParamError(name, f"{name} {msg}")
+        self.uses_logits_controls = bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+            or self.logit_bias or self.min_tokens or self.bad_words or self.bad_words_token_ids
+        )  # fmt: skip
 
     @property
     def is_greedy(self) -> bool:

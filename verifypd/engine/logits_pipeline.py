@@ -14,8 +14,10 @@ sequence wants any stage returns the logits as they are, without any device work
 Adding a stage (grammar masks, say): write ``apply(logits, batch) -> logits`` over the
 ``[B, 1 + W, V]`` logits of the sequences in ``batch`` (a private copy: in place is fine; rows
 of sequences that do not want the stage must come out unchanged) and a ``wants(seq)``
-predicate, and insert a ``LogitsStage`` into ``PIPELINE`` where it belongs. The raw logits
-passed to ``LogitsProcessor.process`` are never modified (log-probabilities read them).
+predicate, insert a ``LogitsStage`` into ``PIPELINE`` where it belongs, and make
+``SamplingParams.uses_logits_controls`` true for requests that use it (the fast-path test).
+The raw logits passed to ``LogitsProcessor.process`` are never modified (log-probabilities
+read them).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class LogitsProcessor:
     ) -> Tensor:
         """``logits`` [B, 1 + W, V] (or [B, V] for plain rows) of ``seqs`` -> processed logits
         of the same shape; ``drafts`` [B, W] and ``num_drafts`` [B] for a verify."""
+        if not any(s.params.uses_logits_controls for s in seqs):
+            return logits  # the fast path: one attribute per sequence
         active = [st for st in self.pipeline if any(st.wants(s) for s in seqs)]
         if not active:
             return logits
