@@ -120,7 +120,8 @@ def test_controls_equal_the_transformers_reference(hf_smollm, cases, plain):
         want = _hf_processed_greedy(hf_smollm, ids, params, eos)
         assert plain[name] == want, name
     assert plain["frequency"] != plain["none"]  # the controls change the output
-    assert len(plain["min_tokens"]) >= 12 and 30 in plain["min_tokens"]  # it stopped at "."
+    # Unheld, the greedy answer ends within 12 tokens (test_serve_sampling_controls checks it).
+    assert len(plain["min_tokens"]) >= 12 and 30 not in plain["min_tokens"][:12]
     assert 7042 not in plain["all"] and 7042 in plain["none"]  # " Paris" is a bad word there
 
 
