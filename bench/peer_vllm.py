@@ -59,6 +59,7 @@ from common import (  # noqa: E402
     release_memory,
     resolve_device,
     result_path,
+    results_dir,
     write_json,
 )
 from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
@@ -454,7 +455,7 @@ def run_http(args) -> dict[str, Any]:
         root = Path(os.environ.get("PEER_MODEL_DIR", "/tmp/peer_models"))
         model_dir = write_model_dir(args, args.model, root, tokenizer=True)
     cmd = server_command(args, args.engine, model_dir)
-    log = open(Path(args.out) / f"{SCRIPT}-server-{args.engine}.log", "w")  # noqa: SIM115
+    log = open(out_dir(args) / f"{SCRIPT}-server-{args.engine}.log", "w")  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -618,6 +619,13 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 
 # ----------------------------------------------------------------------------- main
+def out_dir(args) -> Path:
+    """--out, or this script's topic folder of bench/results/ (created)."""
+    path = Path(args.out) if args.out else results_dir(SCRIPT)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -626,7 +634,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = combine(args)
         tag = args.tag or "combined"
         slug = device_slug(data["meta"]["device"]) if data["meta"] else "unknown"
-        path = write_json(Path(args.out) / f"{SCRIPT}-{slug}-{device_slug(tag)}.json", data)
+        path = write_json(out_dir(args) / f"{SCRIPT}-{slug}-{device_slug(tag)}.json", data)
         png = plot(path.with_suffix(".png"), data["table"])
         print(table(data["table"]))
         print(f"wrote {path}" + (f" and {png}" if png else ""))

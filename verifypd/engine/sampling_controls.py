@@ -1,20 +1,11 @@
-"""Host-side preparation of a request's sampling controls: token ids checked against the
-vocabulary, bad words turned into token sequences (as vLLM does)."""
+"""Host-side preparation of a request's sampling controls: bad words turned into token
+sequences (as vLLM does). Token ids are checked against the vocabulary in ``admission``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from verifypd.types import ParamError, SamplingParams
-
-
-def check_token_ids(params: SamplingParams, vocab_size: int) -> None:
-    """Raises ParamError naming the field when a token id lies outside the vocabulary."""
-    fields = {"logit_bias": list(params.logit_bias or {}), "stop_token_ids": params.stop_token_ids}
-    for name, ids in fields.items():
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise ParamError(name, f"{name} has token id {bad[0]} outside [0, {vocab_size})")
+from verifypd.types import SamplingParams
 
 
 def resolve_bad_words(params: SamplingParams, tokenizer: Any) -> None:
