@@ -99,11 +99,11 @@ class LogitsProcessor:
         of the same shape; ``drafts`` [B, W] and ``num_drafts`` [B] for a verify."""
         if not any(s.params.uses_logits_controls for s in seqs):
             return logits  # the fast path: one attribute per sequence
+        if logits.dim() == 2:
+            return self.process(logits[:, None], seqs, drafts, num_drafts)[:, 0]
         active = [st for st in self.pipeline if any(st.wants(s) for s in seqs)]
         if not active:
             return logits
-        if logits.dim() == 2:
-            return self.process(logits[:, None], seqs, drafts, num_drafts)[:, 0]
         picked = [i for i, s in enumerate(seqs) if any(st.wants(s) for st in active)]
         index = upload(picked, logits.device) if len(picked) < len(seqs) else None
         batch = self._batch(logits, [seqs[i] for i in picked], index, drafts, num_drafts)
