@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     from verifypd.serve.cli import add_serve_args
 
-    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    serve = add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     gen = sub.add_parser("generate", help="one-shot generation, streamed to stdout")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=128)
@@ -103,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("name", nargs="?", default="", help="latency | spec | mixed | ...")
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "serve":
-        from verifypd.serve.cli import serve_main
+        from verifypd.serve.cli import serve_main, unknown_args_message
 
+        if rest:  # a vLLM flag verifypd lacks must not start a server with other settings
+            serve.error(unknown_args_message(serve, rest))
         return serve_main(args)
     if rest and args.cmd != "bench":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

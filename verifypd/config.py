@@ -223,8 +223,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
+    max_logprobs: int = 20  # the most top log-probs a request may ask for (per token)
 
     def __post_init__(self) -> None:
+        if self.max_logprobs < 0:
+            raise ValueError("max_logprobs must be >= 0")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto|cpu|cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

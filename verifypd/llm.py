@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
-from verifypd.types import RequestOutput, SamplingParams
+from verifypd.types import RequestOutput, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -15,6 +15,8 @@ class CompletionChoice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # params.logprobs: one per token
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # params.prompt_logprobs
 
 
 @dataclass
@@ -96,6 +98,10 @@ def _merge(result: GenerationOutput, out: RequestOutput) -> None:
     choice = result.outputs[out.index]
     choice.text += out.new_text
     choice.token_ids += out.new_token_ids
+    if out.logprobs is not None:
+        choice.logprobs = (choice.logprobs or []) + out.logprobs
+    if out.prompt_logprobs is not None:
+        choice.prompt_logprobs = out.prompt_logprobs
     if out.finished:
         choice.finish_reason = out.finish_reason
     result.num_cached_tokens = out.num_cached_tokens

@@ -38,6 +38,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep a stop string's / stop token's text
     # Set in __post_init__: whether any logits control is on (the sampler's fast-path test).
     uses_logits_controls: bool = field(default=False, init=False, repr=False)
+    # Log-probabilities (raw: log_softmax of the logits before temperature and penalties).
+    # ``logprobs``: of every output token, with its ``logprobs`` most likely alternatives
+    # (0 = the token's own only); ``prompt_logprobs``: the same for the prompt tokens.
+    # None = off.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -59,6 +65,12 @@ class SamplingParams:
             (0 < self.repetition_penalty < math.inf, "repetition_penalty", "must be > 0"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
             (_biases_in_range(self.logit_bias), "logit_bias", "values must be in [-100, 100]"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs", "must be >= 0"),
+            (
+                self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+                "prompt_logprobs",
+                "must be >= 0",
+            ),
         ]
         for ok, name, msg in checks:
             if not ok:
@@ -85,6 +97,16 @@ def wrap_int64(value: int) -> int:
     """``value`` mod 2^64 as a signed int64: derived seeds never overflow the sampler's int64."""
     value &= (1 << 64) - 1
     return value - (1 << 64) if value > INT64_MAX else value
+
+
+@dataclass
+class TokenLogprob:
+    """One token's raw log-probability and the ``top`` most likely tokens at its position
+    (``(token_id, logprob)``, most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 class ParamError(ValueError):
@@ -163,6 +185,10 @@ class Sequence:
         self.acceptance_ewma = 1.0
         self.num_preemptions = 0
         self.in_flight = 0  # number of launched steps not yet folded back in
+        # Log-probabilities (params.logprobs / prompt_logprobs): one per output token, and one
+        # per prompt token from the second on (the first has no context to be scored in).
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[TokenLogprob] = []
 
     @property
     def num_tokens(self) -> int:
@@ -183,6 +209,15 @@ class Sequence:
     @property
     def last_token_id(self) -> int:
         return self.token_ids[-1]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """True while prompt log-probs were asked for and are not all computed (the prefill
+        must then run over every prompt position: no prefix-cache reuse)."""
+        return (
+            self.params.prompt_logprobs is not None
+            and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
 
     @property
     def is_prefill_done(self) -> bool:
@@ -221,6 +256,10 @@ class ScheduledSeq:
     # for a verify launched on another stream.
     draft_ids_device: object | None = None
     draft_ready: object | None = None
+    # Filled by the runner when the step lands (``engine.logprobs``): the log-probs of the
+    # tokens it produced, and of the prompt tokens this chunk scored.
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def num_query_tokens(self) -> int:
@@ -287,6 +326,10 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    # One per new token when params.logprobs is set; on the first delta, when
+    # params.prompt_logprobs is set, one per prompt token (the first is None).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Observer:

@@ -33,9 +33,10 @@ COMMON_BAD = [
     ("bad_words", "x"), ("bad_words", [1]), ("include_stop_str_in_output", "yes"),
 ]  # fmt: skip
 COMPLETION_BAD = [
-    ("prompt", 5), ("prompt", ["a", "b"]), ("prompt", []), ("prompt", ""), ("prompt", [[1, 2]]),
-    ("prompt", [-1]), ("prompt", [1, "a"]), ("prompt", None),
-    ("logprobs", 1), ("logprobs", 0), ("echo", True), ("suffix", "x"), ("best_of", 3),
+    ("prompt", 5), ("prompt", ["a", ""]), ("prompt", []), ("prompt", ""), ("prompt", [[1, -2]]),
+    ("prompt", [-1]), ("prompt", [1, "a"]), ("prompt", None), ("prompt", [[1], []]),
+    ("prompt", [[1], "a"]), ("logprobs", 21), ("logprobs", -1), ("logprobs", True),
+    ("echo", "yes"), ("suffix", "x"), ("best_of", 3),
     ("min_tokens", 17),  # above the default max_tokens of 16
 ]  # fmt: skip
 CHAT_BAD = [
@@ -46,7 +47,8 @@ CHAT_BAD = [
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
     ("max_completion_tokens", 0), ("max_completion_tokens", "3"),
     ("min_tokens", 10**9),  # above max_tokens (the rest of the context)
-    ("logprobs", True), ("top_logprobs", 2), ("tools", [{"type": "function"}]),
+    ("logprobs", 1), ("top_logprobs", 2), ("top_logprobs", 21), ("top_logprobs", -1),
+    ("tools", [{"type": "function"}]),
     ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
 ]  # fmt: skip
 CASES = [("/v1/completions", f, v) for f, v in COMMON_BAD + COMPLETION_BAD] + [

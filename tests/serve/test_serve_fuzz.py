@@ -71,6 +71,8 @@ WILD_FIELDS = [
     "presence_penalty",
     "best_of",
     "echo",
+    "logprobs",
+    "top_logprobs",
     "max_completion_tokens",
     "tools",
     "prompt",

@@ -13,7 +13,9 @@ import pytest
 from fake_engine import FakeEngine
 from server_utils import Harness, bounded, serve_engine
 
-from verifypd.serve.limits import ServeLimits
+from verifypd.serve.errors import APIError
+from verifypd.serve.limits import ServeLimits, check_request
+from verifypd.serve.schemas import CompletionRequest
 
 MiB = 1 << 20
 
@@ -216,3 +218,14 @@ async def test_bearer_scheme_is_case_insensitive() -> None:
                                ("Basic sk-1", 401), ("bearer sk-2", 401)):  # fmt: skip
             resp = await h.client.get("/v1/models", headers={"Authorization": header})
             assert resp.status == status, header
+
+
+@pytest.mark.parametrize("bias", [{"512": 1.0}, {"-1": 2.0}])
+def test_logit_bias_keys_are_checked_against_the_vocabulary(bias) -> None:
+    # (logit_bias itself is refused by this tree's schema; the bound is ready for it.)
+    body = CompletionRequest.model_validate_json(json.dumps({"prompt": "x", "logit_bias": bias}))
+    with pytest.raises(APIError) as err:
+        check_request(body, ServeLimits(), vocab_size=512, max_model_len=256)
+    assert (err.value.status, err.value.param) == (400, "logit_bias")
+    ok = CompletionRequest.model_validate_json(json.dumps({"prompt": "x", "logit_bias": {"3": 1}}))
+    check_request(ok, ServeLimits(), vocab_size=512, max_model_len=256)

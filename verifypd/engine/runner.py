@@ -14,6 +14,7 @@ import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.logits_pipeline import LogitsProcessor
+from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
 from verifypd.engine.model import DecoderLM
 from verifypd.engine.rejection import (
     emit_accepted,
@@ -61,6 +62,7 @@ class PendingStep:
         self._event = event
         self.span: Span | None = None  # from when its drafts were ready (device drafts only)
         self.verified: VerifyOutputs | None = None  # a verify's results, still on the device
+        self.logprobs: StepLogprobs | None = None  # log-probs riding in the same buffer
 
     def seconds(self, wall: float) -> float:
         """The step's own duration: with drafts still being made on the GPU when it was
@@ -85,6 +87,8 @@ class PendingStep:
             else:
                 _, off, _, acc_i = entry
                 out.append(flat[off : off + flat[acc_i] + 1])
+        if self.logprobs is not None:
+            self.logprobs.unpack(self._packed, self.plan, out)
         return out
 
 
@@ -244,7 +248,7 @@ class ModelRunner:
         span = Span(self.is_cuda) if deferred else None  # the GPU reaches it after the drafts
         inputs = self.prepare(plan)
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
-        logits = self.logits(inputs, inputs.sample_rows + verify_flat)
+        logits, logprobs = self._logits_and_logprobs(plan, inputs, verify_flat)
         pieces: list[torch.Tensor] = []
         layout: list = [("none",)] * len(plan.seqs)
         n_plain = len(inputs.sample_rows)
@@ -268,11 +272,35 @@ class ModelRunner:
             pieces += [out.flatten(), acc]
             for k, i in enumerate(inputs.verify_seqs):
                 layout[i] = ("verify", base + k * width, width, acc_base + k)
+        if logprobs is not None:  # after the ids: the layout's offsets stay as they are
+            logprobs.offset = sum(p.numel() for p in pieces)
+            sampled = pieces[0] if n_plain else None
+            pieces += logprobs.finish(sampled, verified.out if inputs.verify_seqs else None)
         pending = self._pack(plan, pieces, layout)
+        pending.logprobs = logprobs
         pending.span = span.stop() if span is not None else None
         if inputs.verify_seqs:
             pending.verified = verified
         return pending
+
+    def _logits_and_logprobs(
+        self, plan: StepPlan, inputs: StepInputs, verify_flat: list[int]
+    ) -> tuple[torch.Tensor, StepLogprobs | None]:
+        """The sampling rows' logits and, for the entries that ask, their log-probs (taken
+        here, before any sampling-time change to the logits). Prompt rows scored for
+        ``prompt_logprobs`` are computed after the sampling rows, in an eager forward."""
+        rows = inputs.sample_rows + verify_flat
+        if not any_asks_logprobs(plan):  # the common case: one pass over the plan, no work
+            return self.logits(inputs, rows), None
+        prompt = PromptScoring.build(plan, inputs.meta.query_lens_cpu)
+        if prompt.rows:
+            self.num_eager_steps += 1
+            logits = self.forward(inputs, rows + prompt.rows)
+        else:
+            logits = self.logits(inputs, rows)
+        groups = (inputs.sample_seqs, inputs.verify_seqs, [len(r) for r in inputs.verify_rows])
+        logprobs = StepLogprobs.start(plan, logits, groups, prompt, self._to_device)
+        return logits[: len(rows)], logprobs
 
     def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
         """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every

@@ -139,7 +139,8 @@ class Scheduler:
         return min(remaining, token_budget, self.max_prefill_chunk)
 
     def _admit(self, seq: Sequence, token_budget: int) -> ScheduledSeq | None:
-        cached = self.kv.match_prefix(seq.token_ids)
+        # Prompt log-probs need the logits of every prompt position: no prefix reuse then.
+        cached = [] if seq.needs_prompt_logprobs else self.kv.match_prefix(seq.token_ids)
         num_cached = len(cached) * self.kv.block_size
         seq.num_computed_tokens = num_cached
         chunk = self._chunk(seq, token_budget)

@@ -1,7 +1,8 @@
 """The aiohttp application (``build_app``) and the process entry point (``run_server``).
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-GET /metrics, GET /dashboard (+ /dashboard/data, /dashboard/history; GET / redirects there).
+POST /tokenize, POST /detokenize, GET /version, GET /metrics, GET /dashboard (+ /dashboard/data,
+/dashboard/history; GET / redirects there).
 
 Run the app with ``handler_cancellation=True`` (``web.AppRunner``/``TestServer`` keyword):
 that is how a client disconnect reaches the handler and aborts its request.
@@ -13,11 +14,13 @@ import asyncio
 import hmac
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from verifypd.serve.cors import CorsConfig, install_cors
 from verifypd.serve.dashboard import add_dashboard, refresh_engine_gauges
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
 from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
@@ -25,6 +28,7 @@ from verifypd.serve.limits import ServeLimits, body_size_middleware
 from verifypd.serve.metrics import PrometheusObserver
 from verifypd.serve.openai_api import STATE_KEY, create_chat_completion, create_completion
 from verifypd.serve.state import RETRY_AFTER_DRAINING_S, ServerState
+from verifypd.serve.tokenize_api import add_tokenize_routes
 from verifypd.serve.transport import OpenAIAppRunner
 from verifypd.types import Observer
 
@@ -45,6 +49,7 @@ def build_app(
     api_key: str | None = None,
     observer: PrometheusObserver | None = None,
     limits: ServeLimits | None = None,
+    cors: CorsConfig | None = None,
 ) -> web.Application:
     """The OpenAI-compatible app around a started ``AsyncEngine``.
 
@@ -68,6 +73,7 @@ def build_app(
     )
     app[STATE_KEY] = state
     _add_routes(app, state)
+    install_cors(app, cors or CorsConfig())
     if engine is not None:
         state.attach(engine)
     return app
@@ -96,6 +102,7 @@ def _add_routes(app: web.Application, state: ServerState) -> None:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    add_tokenize_routes(app)
     app.router.add_get("/metrics", _metrics_handler(state))
     add_dashboard(app)
 
@@ -135,9 +142,17 @@ async def _models(request: web.Request) -> web.Response:
         "object": "model",
         "created": state.started_at,
         "owned_by": "verifypd",
+        "root": _model_root(state),
+        "parent": None,
         "max_model_len": state.engine.max_model_len,
     }
     return web.json_response({"object": "list", "data": [card]})
+
+
+def _model_root(state: ServerState) -> str:
+    """What the model was loaded from (vLLM's ``root``): the --model spec, else its name."""
+    config = getattr(state.engine, "config", None)
+    return getattr(config, "model", None) or state.engine.model_name
 
 
 def _metrics_handler(state: ServerState) -> Handler:
@@ -204,6 +219,7 @@ def run_server(
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
     engine_factory: EngineFactory | None = None,
     limits: ServeLimits | None = None,
+    cors: CorsConfig | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain; returns the process exit code.
 
@@ -213,7 +229,7 @@ def run_server(
     """
     server = _serve(
         config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory,
-        limits,
+        limits, cors,
     )  # fmt: skip
     try:
         import uvloop
@@ -232,11 +248,12 @@ async def _serve(
     drain_timeout: float,
     engine_factory: EngineFactory | None,
     limits: ServeLimits | None,
+    cors: CorsConfig | None,
 ) -> int:
     observer = PrometheusObserver(served_model_name or _provisional_name(config.model))
     app = build_app(
         None, max_queue=max_queue, served_model_name=served_model_name, api_key=api_key,
-        observer=observer, limits=limits,
+        observer=observer, limits=limits, cors=cors,
     )  # fmt: skip
     runner = OpenAIAppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
@@ -262,16 +279,23 @@ async def _serve_until_signal(
     signals, loop, engine = ShutdownSignals(), asyncio.get_running_loop(), None
     signals.install(loop)
     try:
+        logger.info("loading model %s", config.model)
+        started = time.monotonic()
         load = run_in_daemon_thread(lambda: factory(config, state.observer))
         engine = await signals.unless_stopped(load)
         if engine is None:
             return 0
         await engine.start()
         attach_engine(app, engine)
+        logger.info("ready: %s loaded in %.1f s", state.model_name, time.monotonic() - started)
         print(ready_line(state.model_name, host, runner.addresses[0][1]), flush=True)
         await signals.stopped.wait()
         await drain(state, drain_timeout, signals.forced)
         return 0
+    except ValueError as exc:  # a model or option the engine rejects: one line, no traceback
+        logger.error("cannot start: %s", exc)
+        logger.debug("start-up failure", exc_info=True)
+        return 1
     except Exception:
         logger.exception("verifypd server failed")
         return 1

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
 import sys
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
+from verifypd.serve.cors import CorsConfig, parse_list
 from verifypd.serve.limits import ServeLimits
+from verifypd.serve.model_source import ModelSource, hf_hub_cache, resolve_model
+
+logger = logging.getLogger("verifypd.serve")
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Define the ``serve`` options on ``parser`` (a subcommand parser) and return it."""
     add = parser.add_argument
-    add("--model", default="default", help="default | PATH (HF dir or .gguf) | dummy:PRESET")
+    add(
+        "--model",
+        default="default",
+        help="default | PATH (HF dir or .gguf) | dummy:PRESET | ORG/NAME (from the local HF cache)",
+    )
+    add("--revision", default=None, help="revision of a Hugging Face --model (default: main)")
     add("--draft-model", default=None, help="draft model spec (implies --spec draft)")
     add(
         "--spec",
@@ -42,6 +53,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
+    add(
+        "--gpu-memory-utilization",
+        type=float,
+        default=CacheConfig.gpu_memory_utilization,
+        help="fraction of GPU memory for weights + KV cache (sizes the KV cache; no effect on CPU)",
+    )
+    add(
+        "--max-logprobs",
+        type=int,
+        default=EngineConfig.max_logprobs,
+        help="most top log-probs a request may ask for (completions logprobs, chat top_logprobs)",
+    )
     add("--lane-mode", choices=("three", "single"), default="three")
     add(
         "--drain-timeout",
@@ -51,6 +74,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add("--served-model-name", default=None, help="model id in the API (default: the model's)")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    add("--allowed-origins", default="", help="CORS origins: a,b or '[\"a\"]' or * (default: off)")
+    add("--allowed-methods", default="*", help="CORS methods for --allowed-origins (default: *)")
+    add("--allowed-headers", default="*", help="CORS headers for --allowed-origins (default: *)")
     add_limit_args(parser)
     add("--seed", type=int, default=0)
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -90,27 +116,69 @@ def limits_from_args(args: argparse.Namespace) -> ServeLimits:
     return ServeLimits(**values)
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """Build the EngineConfig; raises ValueError on inconsistent options."""
-    method = args.spec or ("draft" if args.draft_model else "off")
+def unknown_args_message(parser: argparse.ArgumentParser, rest: list[str]) -> str:
+    """'unknown argument --x (did you mean --y?)' for what ``parse_known_args`` left over."""
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    flags = [arg.split("=", 1)[0] for arg in rest if arg.startswith("-")] or rest
+    parts = []
+    for flag in flags:
+        close = difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
+        parts.append(flag + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    noun = "argument" if len(parts) == 1 else "arguments"
+    return f"unknown {noun}: {', '.join(parts)}"
+
+
+def config_from_args(
+    args: argparse.Namespace, model: str | None = None, draft_model: str | None = None
+) -> EngineConfig:
+    """Build the EngineConfig (``model``/``draft_model``: resolved specs overriding the flags);
+    raises ValueError on inconsistent options."""
+    draft_model = draft_model or args.draft_model
+    method = args.spec or ("draft" if draft_model else "off")
     fixed = {} if args.draft_len is None else {
         "max_draft_len": args.draft_len, "initial_draft_len": args.draft_len, "controller": False,
     }  # fmt: skip
-    spec = SpecConfig(method=method, draft_model=args.draft_model, **fixed)
+    spec = SpecConfig(method=method, draft_model=draft_model, **fixed)
+    cache = CacheConfig(
+        block_size=args.block_size,
+        num_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
     return EngineConfig(
-        model=args.model,
+        model=model or args.model,
         device=args.device,
         dtype=args.dtype,
         seed=args.seed,
         lane_mode=args.lane_mode,
-        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks),
+        cache=cache,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             max_request_kv_share=args.max_request_kv_share,
         ),
         spec=spec,
+        max_logprobs=args.max_logprobs,
     )
+
+
+def cors_from_args(args: argparse.Namespace) -> CorsConfig:
+    return CorsConfig(
+        parse_list(args.allowed_origins),
+        parse_list(args.allowed_methods),
+        parse_list(args.allowed_headers),
+    )
+
+
+def resolve_models(args: argparse.Namespace) -> tuple[ModelSource, ModelSource | None]:
+    """``--model`` and ``--draft-model`` as local specs (Hugging Face ids from the local cache,
+    found through HF_HUB_CACHE / HF_HOME: the environment is read here and nowhere below)."""
+    cache_dir = hf_hub_cache(os.environ)
+    model = resolve_model(args.model, cache_dir, args.revision)
+    draft = resolve_model(args.draft_model, cache_dir) if args.draft_model else None
+    for source in (model, draft):
+        if source is not None and source.hf_id:
+            logger.info("resolved %s to %s", source.hf_id, source.spec)
+    return model, draft
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -121,7 +189,9 @@ def serve_main(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = config_from_args(args)
+        model, draft = resolve_models(args)
+        config = config_from_args(args, model.spec, draft.spec if draft else None)
+        cors = cors_from_args(args)
         limits = limits_from_args(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be >= 1")
@@ -133,8 +203,9 @@ def serve_main(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         args.max_queue,
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name or model.hf_id,
         api_key=args.api_key,
         drain_timeout=args.drain_timeout,
+        cors=cors,
         limits=limits,
     )

@@ -72,9 +72,19 @@ def _check_vocab(body: Any, vocab_size: int) -> None:
         raise invalid_request(
             f"'top_k' must be -1, 0 (off) or in [1, {vocab_size}] (the vocabulary)", "top_k"
         )
-    for name, ids in (("stop_token_ids", body.stop_token_ids), ("prompt", _prompt_ids(body))):
-        if ids and max(ids) >= vocab_size:
+    checked = [("stop_token_ids", body.stop_token_ids), ("prompt", _prompt_ids(body)),
+               ("logit_bias", _bias_ids(body))]  # fmt: skip
+    for name, ids in checked:
+        if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
             raise invalid_request(f"'{name}' must hold token ids in [0, {vocab_size})", name)
+
+
+def _bias_ids(body: Any) -> list[int]:
+    """The token ids that ``logit_bias`` keys name (JSON object keys are strings)."""
+    bias = getattr(body, "logit_bias", None)
+    if not isinstance(bias, dict):
+        return []
+    return [int(k) for k in bias if isinstance(k, str) and k.lstrip("-").isdigit()]
 
 
 def _prompt_ids(body: Any) -> list[int]:
@@ -87,9 +97,10 @@ def _prompt_ids(body: Any) -> list[int]:
 def _check_prompt_size(body: Any, max_chars: int, max_model_len: int) -> None:
     """Text longer than ``max_chars`` (or more token ids than the context) is a 400 now,
     before tokenizing it would cost seconds of CPU."""
-    if len(_prompt_ids(body)) >= max_model_len:
+    num_ids = len(_prompt_ids(body))
+    if num_ids >= max_model_len:
         raise invalid_request(
-            f"The prompt has {len(_prompt_ids(body))} tokens but the maximum context length "
+            f"The prompt has {num_ids} tokens but the maximum context length "
             f"is {max_model_len} tokens.",
             "prompt",
         )

@@ -1,7 +1,8 @@
 """Prometheus metrics: an Observer that the engine calls, exporting the stable metric names.
 
-Every metric is named ``verifypd_<name>`` and carries the label ``model``. Each observer owns
-its own CollectorRegistry, so several apps (tests) can live in one process.
+Every metric is named ``verifypd_<name>`` and carries the label ``model``; the same series are
+also exported under vLLM's ``vllm:`` names (see vllm_metrics.py). Each observer owns its own
+CollectorRegistry, so several apps (tests) can live in one process.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from verifypd.serve.live import MAX_DRAFT_LEN, LiveStats
+from verifypd.serve.vllm_metrics import VllmMetrics
 from verifypd.types import Observer
 
 PREFIX = "verifypd_"
@@ -74,6 +76,7 @@ class PrometheusObserver(Observer):
         self.registry = registry if registry is not None else CollectorRegistry()
         self.live = LiveStats()
         self._families = _define(self.registry)
+        self.vllm = VllmMetrics(self.registry, self._families)
         self._m: dict[str, MetricWrapperBase] = {}
         self.model_name = ""
         self.set_model_name(model_name)
@@ -83,6 +86,7 @@ class PrometheusObserver(Observer):
         if model_name == self.model_name:
             return
         self.model_name = model_name
+        self.vllm.set_model_name(model_name)
         for name, family in self._families.items():
             family.clear()
             extra = METRICS[name][2]
@@ -132,12 +136,14 @@ class PrometheusObserver(Observer):
         self._m["e2e_request_latency_seconds"].observe(e2e_seconds)
         self._m["prompt_tokens"].inc(num_prompt)
         self._m["generation_tokens"].inc(num_generated)
+        self.vllm.request_finished(num_prompt, num_generated)
         self.live.e2e.add(e2e_seconds)
         self.live.request_finished(reason, num_prompt, num_generated)
 
     def spec_tokens(self, num_drafted: int, num_accepted: int) -> None:
         self._m["spec_draft_tokens"].inc(num_drafted)
         self._m["spec_accepted_tokens"].inc(num_accepted)
+        self.vllm.draft_verified()
         self.live.spec_tokens(num_drafted, num_accepted)
 
     def draft_length(self, draft_len: int) -> None:

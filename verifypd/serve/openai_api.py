@@ -9,22 +9,28 @@ KV blocks, and releases the admission slot.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
+from verifypd.serve.batch import merged_outputs, start_generate
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
 from verifypd.serve.limits import check_request, read_body
+from verifypd.serve.logprobs import (
+    chat_extras,
+    check_logprobs_limit,
+    completion_extras,
+    max_logprobs,
+)
 from verifypd.serve.protocol import (
     OutputCollector,
     ResponseMeta,
+    delta_chunk,
     finish_chunk,
     full_response,
     role_chunk,
-    text_chunk,
     usage_chunk,
 )
 from verifypd.serve.schemas import (
@@ -32,7 +38,7 @@ from verifypd.serve.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
-    completion_prompt,
+    completion_prompts,
     parse_request,
     to_sampling_params,
 )
@@ -52,14 +58,18 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = parse_request(CompletionRequest, await _read(request, state))
     state.check_model(body.model)
     check_before_tokenizing(state, body)
-    prompt = completion_prompt(body)
     tokenizer = state.engine.tokenizer
-    ids = prompt if isinstance(prompt, list) else await encode(tokenizer, prompt, True)
-    requested = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
-    max_tokens = resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
-    meta = ResponseMeta.new("completion", state.model_name, body.include_usage)
-    params = to_sampling_params(body, max_tokens)
-    return await generate_response(request, state, meta, ids, params, body.is_stream)
+    texts = completion_prompts(body)
+    prompts = [p if isinstance(p, list) else await encode(tokenizer, p, True) for p in texts]
+    echo_only = bool(body.echo) and body.max_tokens == 0  # scoring only: one token, dropped
+    requested = 1 if echo_only else body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+    for ids in prompts:
+        resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
+    check_logprobs_limit(body.logprobs, max_logprobs(state.engine), "logprobs")
+    extras = completion_extras(body, tokenizer, prompts, texts, echo_only)
+    meta = ResponseMeta.new("completion", state.model_name, body.include_usage, extras)
+    params = to_sampling_params(body, requested)
+    return await generate_response(request, state, meta, prompts, params, body.is_stream)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -72,9 +82,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     limit = _context_limit(state.engine, body.n or 1, body.requested_max_tokens)
     which = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages", which)
-    meta = ResponseMeta.new("chat", state.model_name, body.include_usage)
+    check_logprobs_limit(body.top_logprobs, max_logprobs(state.engine), "top_logprobs")
+    extras = chat_extras(body, state.engine.tokenizer)
+    meta = ResponseMeta.new("chat", state.model_name, body.include_usage, extras)
     params = to_sampling_params(body, max_tokens)
-    return await generate_response(request, state, meta, ids, params, body.is_stream)
+    return await generate_response(request, state, meta, [ids], params, body.is_stream)
 
 
 async def _read(request: web.Request, state: ServerState) -> bytes:
@@ -152,32 +164,34 @@ async def generate_response(
     request: web.Request,
     state: ServerState,
     meta: ResponseMeta,
-    prompt_ids: list[int],
+    prompts: list[list[int]],
     params: SamplingParams,
     stream: bool,
 ) -> web.StreamResponse:
-    """Admit, run the engine, and answer with SSE or one JSON body."""
+    """Admit, run the engine (every prompt at once), and answer with SSE or one JSON body."""
     param = "messages" if meta.kind == "chat" else "prompt"
     state.admit(meta.id)
     outputs: AsyncIterator[RequestOutput] | None = None
+    collected = OutputCollector(len(prompts) * params.n, n_per_prompt=params.n)
     try:
-        outputs = await _start(state.engine, meta.id, prompt_ids, params, param)
+        outputs = await _start(state.engine, meta.id, prompts, params, param)
         first = await _first_output(outputs, param)  # engine input errors surface here
         if stream:
-            return await _stream(request, state, meta, params.n, first, outputs)
-        return await _collect(state, meta, params.n, first, outputs)
+            return await _stream(request, state, meta, collected, first, outputs)
+        return await _collect(state, meta, collected, first, outputs)
     finally:
         await _close(outputs)
         state.release(meta.id)
 
 
 async def _start(
-    engine: Any, request_id: str, prompt_ids: list[int], params: SamplingParams, param: str
+    engine: Any, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
 ) -> AsyncIterator[RequestOutput]:
-    """Call ``engine.generate`` (an async generator, or a coroutine returning an iterator)."""
+    """The engine's deltas: of its one request, or merged over several prompts."""
+    if len(prompts) > 1:
+        return merged_outputs(engine, request_id, prompts, params)
     try:
-        outputs = engine.generate(request_id, prompt_ids, params)
-        return await outputs if inspect.isawaitable(outputs) else outputs
+        return await start_generate(engine, request_id, prompts[0], params)
     except ParamError as err:
         raise _param_error(err, param) from None
 
@@ -224,11 +238,10 @@ def _failure(state: ServerState, reason: str | None) -> APIError:
 async def _collect(
     state: ServerState,
     meta: ResponseMeta,
-    n: int,
+    collected: OutputCollector,
     out: RequestOutput | None,
     outputs: AsyncIterator[RequestOutput],
 ) -> web.Response:
-    collected = OutputCollector(n)
     while out is not None:
         collected.add(out)
         out = await _next(outputs)
@@ -242,31 +255,38 @@ async def _stream(
     request: web.Request,
     state: ServerState,
     meta: ResponseMeta,
-    n: int,
+    collected: OutputCollector,
     first: RequestOutput | None,
     outputs: AsyncIterator[RequestOutput],
 ) -> web.StreamResponse:
     sse = SSEStream(request)
     try:
         await sse.open()
-        await _stream_events(sse, state, meta, OutputCollector(n), first, outputs)
-        await sse.finish()
+        error = await _stream_events(sse, state, meta, collected, first, outputs)
+        await _end_stream(sse, meta, collected, error)
     except ConnectionResetError:
         logger.debug("client of %s went away mid-stream", meta.id)
     except Exception:  # headers are out: end the stream with an error event, not a cut
         if not sse.response.prepared:
             raise
         logger.exception("engine failed mid-stream on %s", meta.id)
-        await _end_with_error(sse, server_error("Internal error while streaming."))
+        error = server_error("Internal error while streaming.")
+        try:
+            await _end_stream(sse, meta, collected, error)
+        except ConnectionResetError:
+            pass
     return sse.response
 
 
-async def _end_with_error(sse: SSEStream, error: APIError) -> None:
-    try:
+async def _end_stream(
+    sse: SSEStream, meta: ResponseMeta, collected: OutputCollector, error: APIError | None
+) -> None:
+    """The usage chunk (when asked for, also after an early end), the error if any, [DONE]."""
+    if meta.include_usage:
+        await sse.send(usage_chunk(meta, collected.usage()))
+    if error is not None:
         await sse.send(error.body())
-        await sse.finish()
-    except ConnectionResetError:
-        pass
+    await sse.finish()
 
 
 async def _stream_events(
@@ -276,21 +296,23 @@ async def _stream_events(
     collected: OutputCollector,
     out: RequestOutput | None,
     outputs: AsyncIterator[RequestOutput],
-) -> None:
+) -> APIError | None:
+    """Send the content chunks; returns the error that ended the stream early, if any."""
     if meta.kind == "chat":
         for index in range(collected.n):
             await sse.send(role_chunk(meta, index))
+    sent: list[int | None] = [None] * collected.n  # characters sent per choice
     while out is not None:
         collected.add(out)
-        if out.new_text:
-            await sse.send(text_chunk(meta, out.index, out.new_text))
+        chunk = delta_chunk(meta, out, sent[out.index])
+        if chunk is not None:
+            await sse.send(chunk)
+            sent[out.index] = (sent[out.index] or 0) + len(chunk["choices"][0].get("text", ""))
         if out.finished and out.finish_reason in FAILED_REASONS:
-            await sse.send(_failure(state, out.finish_reason).body())
-            return
+            return _failure(state, out.finish_reason)
         if out.finished:
             await sse.send(finish_chunk(meta, out.index, out.finish_reason or "stop"))
         out = await _next(outputs)
     if not collected.all_finished:  # the engine ended the iterator early
-        await sse.send(_failure(state, "abort").body())
-    elif meta.include_usage:
-        await sse.send(usage_chunk(meta, collected.usage()))
+        return _failure(state, "abort")
+    return None

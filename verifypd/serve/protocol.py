@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
+from verifypd.serve.logprobs import ChoiceExtras, ChoiceLogprobs
 from verifypd.types import RequestOutput
 
 Kind = Literal["completion", "chat"]
@@ -30,11 +31,14 @@ class ResponseMeta:
     id: str = ""
     created: int = 0
     include_usage: bool = False
+    extras: ChoiceExtras | None = field(default=None, compare=False)  # echo, log-probs
 
     @classmethod
-    def new(cls, kind: Kind, model: str, include_usage: bool = False) -> ResponseMeta:
+    def new(
+        cls, kind: Kind, model: str, include_usage: bool = False, extras: ChoiceExtras | None = None
+    ) -> ResponseMeta:
         rid = f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}"
-        return cls(kind, model, rid, int(time.time()), include_usage)
+        return cls(kind, model, rid, int(time.time()), include_usage, extras)
 
     def head(self, chunk: bool) -> dict:
         obj = (CHUNK_OBJECTS if chunk else OBJECTS)[self.kind]
@@ -43,7 +47,8 @@ class ResponseMeta:
 
 @dataclass
 class OutputCollector:
-    """Accumulates deltas of all ``n`` choices of one request."""
+    """Accumulates deltas of all ``n`` choices of one request (of every prompt of it, with
+    ``n_per_prompt`` choices each: prompt tokens are counted once per prompt)."""
 
     n: int
     texts: list[list[str]] = field(default_factory=list)
@@ -51,19 +56,31 @@ class OutputCollector:
     num_output_tokens: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    n_per_prompt: int = 0  # 0: n (one prompt)
+    logprobs: list[ChoiceLogprobs] = field(default_factory=list)
+    _prompt_tokens: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.texts = [[] for _ in range(self.n)]
         self.finish_reasons = [None] * self.n
         self.num_output_tokens = [0] * self.n
+        self.logprobs = [ChoiceLogprobs() for _ in range(self.n)]
+        self.n_per_prompt = self.n_per_prompt or self.n
 
     def add(self, out: RequestOutput) -> None:
         self.texts[out.index].append(out.new_text)
+        self.logprobs[out.index].add(out)
         self.num_output_tokens[out.index] = max(
             self.num_output_tokens[out.index], out.num_output_tokens
         )
-        self.num_prompt_tokens = max(self.num_prompt_tokens, out.num_prompt_tokens)
-        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        prompt = out.index // self.n_per_prompt
+        old = self._prompt_tokens.get(prompt, (0, 0))
+        self._prompt_tokens[prompt] = (
+            max(old[0], out.num_prompt_tokens),
+            max(old[1], out.num_cached_tokens),
+        )
+        self.num_prompt_tokens = sum(p for p, _ in self._prompt_tokens.values())
+        self.num_cached_tokens = sum(c for _, c in self._prompt_tokens.values())
         if out.finished:
             self.finish_reasons[out.index] = out.finish_reason or "stop"
 
@@ -98,6 +115,25 @@ def text_chunk(meta: ResponseMeta, index: int, text: str) -> dict:
     return _chunk(meta, [_completion_choice(index, text, None)])
 
 
+def delta_chunk(meta: ResponseMeta, out: RequestOutput, sent_chars: int | None) -> dict | None:
+    """A delta's chunk with its echo and log-probs (``meta.extras``); ``sent_chars``: the
+    characters of this choice already sent (None: nothing yet, this is its first chunk).
+    None when the delta has nothing to send."""
+    extras = meta.extras
+    if extras is None:
+        return text_chunk(meta, out.index, out.new_text) if out.new_text else None
+    if meta.kind == "chat":
+        logprobs = extras.chat_logprobs(out.logprobs or [])
+        if not out.new_text and not (logprobs and logprobs["content"]):
+            return None
+        return _chunk(meta, [_chat_choice(out.index, {"content": out.new_text}, None, logprobs)])
+    text = extras.completion_text(out.index, out.new_text, first=sent_chars is None)
+    logprobs = extras.completion_logprobs(out.index, ChoiceLogprobs.of(out), sent_chars or 0)
+    if not text and not (logprobs and logprobs["tokens"]):
+        return None
+    return _chunk(meta, [_completion_choice(out.index, text, None, logprobs)])
+
+
 def finish_chunk(meta: ResponseMeta, index: int, finish_reason: str) -> dict:
     """The closing chunk of one choice: empty delta / empty text plus finish_reason."""
     if meta.kind == "chat":
@@ -116,20 +152,29 @@ def usage_chunk(meta: ResponseMeta, usage: dict) -> dict:
 
 def full_response(meta: ResponseMeta, collected: OutputCollector) -> dict:
     """The non-streaming body with every choice and the usage."""
-    choices = [_full_choice(meta.kind, i, collected) for i in range(collected.n)]
+    choices = [_full_choice(meta, i, collected) for i in range(collected.n)]
     return {**meta.head(chunk=False), "choices": choices, "usage": collected.usage()}
 
 
-def _full_choice(kind: Kind, index: int, collected: OutputCollector) -> dict:
+def _full_choice(meta: ResponseMeta, index: int, collected: OutputCollector) -> dict:
     text, reason = collected.text(index), collected.finish_reasons[index]
-    if kind == "chat":
-        return _chat_choice(index, {"role": "assistant", "content": text}, reason, key="message")
-    return _completion_choice(index, text, reason)
+    extras, logprobs = meta.extras, None
+    if meta.kind == "chat":
+        if extras is not None:
+            logprobs = extras.chat_logprobs(collected.logprobs[index].logprobs)
+        message = {"role": "assistant", "content": text}
+        return _chat_choice(index, message, reason, logprobs, key="message")
+    if extras is not None:
+        text = extras.completion_text(index, text, first=True)
+        logprobs = extras.completion_logprobs(index, collected.logprobs[index], 0)
+    return _completion_choice(index, text, reason, logprobs)
 
 
-def _chat_choice(index: int, delta: dict, finish_reason: str | None, key: str = "delta") -> dict:
-    return {"index": index, key: delta, "logprobs": None, "finish_reason": finish_reason}
+def _chat_choice(
+    index: int, delta: dict, finish_reason: str | None, logprobs=None, key: str = "delta"
+) -> dict:
+    return {"index": index, key: delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def _completion_choice(index: int, text: str, finish_reason: str | None, logprobs=None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -16,6 +16,7 @@ from verifypd.serve.errors import APIError, invalid_request
 from verifypd.types import ParamError, SamplingParams
 
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -24,7 +25,7 @@ StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length
 
 # How a field should look, appended to type errors of fields with union types.
 FIELD_HINTS = {
-    "prompt": "a string, a list holding one string, or a list of token ids",
+    "prompt": "a string, a list of strings, a list of token ids or a list of token-id lists",
     "stop": f"a non-empty string or a list of at most {MAX_STOP} non-empty strings",
     "messages": "a non-empty list of {role, content} objects with text content",
 }
@@ -86,14 +87,13 @@ class _SamplingFields(_Strict):
 class CompletionRequest(_SamplingFields):
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SamplingFields.UNSUPPORTED,
-        "logprobs": (None,),
-        "echo": (None, False),
         "suffix": (None, ""),
     }
 
-    prompt: str | list[str] | list[TokenId]
-    logprobs: Any = None
-    echo: Any = None
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0 only with echo (scoring)
+    logprobs: int | None = Field(default=None, ge=0)  # top-N; the max is the server's
+    echo: bool | None = None
     suffix: Any = None
     best_of: int | None = Field(default=None, ge=1)
 
@@ -112,8 +112,6 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(_SamplingFields):
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SamplingFields.UNSUPPORTED,
-        "logprobs": (None, False),
-        "top_logprobs": (None, 0),
         "tools": (None, []),
         "tool_choice": (None, "none", "auto"),
         "functions": (None, []),
@@ -123,8 +121,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: Any = None
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -198,23 +196,29 @@ def _check_cross_fields(request: _SamplingFields) -> None:
         raise invalid_request(
             "'stream_options' is only allowed when 'stream' is true", "stream_options"
         )
+    _check_logprob_fields(request)
     best_of = getattr(request, "best_of", None)
     if best_of is not None and best_of != (request.n or 1):
         raise invalid_request("'best_of' other than n is not supported by this server", "best_of")
 
 
-def completion_prompt(request: CompletionRequest) -> str | list[int]:
-    """The one prompt of a completion request: text or token ids (batches are rejected)."""
+def _check_logprob_fields(request: _SamplingFields) -> None:
+    if isinstance(request, CompletionRequest) and request.max_tokens == 0 and not request.echo:
+        raise invalid_request("'max_tokens' may be 0 only with 'echo' (scoring)", "max_tokens")
+    if isinstance(request, ChatCompletionRequest) and request.top_logprobs and not request.logprobs:
+        raise invalid_request("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+
+
+def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completion request, each text or token ids."""
     prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise invalid_request(
-                "Batched prompts are not supported: send one prompt per request", "prompt"
-            )
-        prompt = prompt[0]
-    if len(prompt) == 0:
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if any(len(p) == 0 for p in prompts):
         raise invalid_request("'prompt' must not be empty", "prompt")
-    return prompt
+    return prompts
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
@@ -256,6 +260,7 @@ def to_sampling_params(request: _SamplingFields, max_tokens: int) -> SamplingPar
         "n": request.n or 1,
         "priority": request.priority or 0,
         **_sampling_controls(request),
+        **_logprob_kwargs(request),
     }
     try:
         return SamplingParams(**kwargs)
@@ -280,3 +285,14 @@ def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
         return {int(token): bias for token, bias in logit_bias.items()}
     except ValueError:
         raise invalid_request("'logit_bias' keys must be token ids", "logit_bias") from None
+
+
+def _logprob_kwargs(request: _SamplingFields) -> dict[str, int | None]:
+    """Completions: ``logprobs`` N for the output (and the prompt with ``echo``); chat:
+    ``logprobs`` true with ``top_logprobs`` N."""
+    if isinstance(request, ChatCompletionRequest):
+        return {"logprobs": (request.top_logprobs or 0) if request.logprobs else None}
+    if isinstance(request, CompletionRequest):
+        n = request.logprobs
+        return {"logprobs": n, "prompt_logprobs": n if request.echo else None}
+    return {}
