@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,17 @@ class SamplingParams:
     n: int = 1
     priority: int = 0  # higher is admitted first
     speculate: bool = True  # False: this request never speculates
+    # Logits controls (vLLM semantics; engine/logits_stages.py applies them on the device).
+    presence_penalty: float = 0.0  # output tokens: logits -= presence * (count > 0)
+    frequency_penalty: float = 0.0  # output tokens: logits -= frequency * count
+    repetition_penalty: float = 1.0  # prompt and output tokens, as transformers applies it
+    logit_bias: dict[int, float] | None = None  # token id -> bias added to its logit
+    min_tokens: int = 0  # EOS and stop_token_ids masked (and stops ignored) until this many
+    bad_words: list[str] = field(default_factory=list)  # never generated (their last token)
+    bad_words_token_ids: list[list[int]] | None = None  # resolved from bad_words by the engine
+    include_stop_str_in_output: bool = False  # keep a stop string's / stop token's text
+    # Set in __post_init__: whether any logits control is on (the sampler's fast-path test).
+    uses_logits_controls: bool = field(default=False, init=False, repr=False)
     # Log-probabilities (raw: log_softmax of the logits before temperature and penalties).
     # ``logprobs``: of every output token, with its ``logprobs`` most likely alternatives
     # (0 = the token's own only); ``prompt_logprobs``: the same for the prompt tokens.
@@ -38,6 +50,8 @@ class SamplingParams:
             self.top_k = 0
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         checks = [
             (self.max_tokens >= 1, "max_tokens", "must be >= 1"),
             (self.temperature >= 0, "temperature", "must be >= 0"),
@@ -46,6 +60,11 @@ class SamplingParams:
             (self.n >= 1, "n", "must be >= 1"),
             (self.top_k <= INT64_MAX, "top_k", f"must be <= {INT64_MAX}"),
             (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed", "must fit int64"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
+            (0 < self.repetition_penalty < math.inf, "repetition_penalty", "must be > 0"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
+            (_biases_in_range(self.logit_bias), "logit_bias", "values must be in [-100, 100]"),
             (self.logprobs is None or self.logprobs >= 0, "logprobs", "must be >= 0"),
             (
                 self.prompt_logprobs is None or self.prompt_logprobs >= 0,
@@ -56,10 +75,18 @@ class SamplingParams:
         for ok, name, msg in checks:
             if not ok:
                 raise ParamError(name, f"{name} {msg}")
+        self.uses_logits_controls = bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+            or self.logit_bias or self.min_tokens or self.bad_words or self.bad_words_token_ids
+        )  # fmt: skip
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _biases_in_range(logit_bias: dict[int, float] | None) -> bool:
+    return all(-100 <= b <= 100 for b in (logit_bias or {}).values())
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

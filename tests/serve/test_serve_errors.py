@@ -24,14 +24,20 @@ COMMON_BAD = [
     ("priority", "high"), ("ignore_eos", 1),
     ("model", 5),
     ("stop_token_ids", [-1]),
-    ("presence_penalty", 0.5), ("frequency_penalty", 1), ("logit_bias", {"1": 2}),
-    ("repetition_penalty", 1.2),
+    ("presence_penalty", 2.5), ("presence_penalty", -2.1), ("presence_penalty", "1"),
+    ("frequency_penalty", 3), ("frequency_penalty", -2.5), ("frequency_penalty", "x"),
+    ("repetition_penalty", 0), ("repetition_penalty", -1.0), ("repetition_penalty", "1.2"),
+    ("logit_bias", {"1": 101}), ("logit_bias", {"1": -100.5}), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"1": "a"}), ("logit_bias", [1, 2]), ("logit_bias", {"1.5": 1}),
+    ("min_tokens", -1), ("min_tokens", 1.5), ("min_tokens", "3"),
+    ("bad_words", "x"), ("bad_words", [1]), ("include_stop_str_in_output", "yes"),
 ]  # fmt: skip
 COMPLETION_BAD = [
     ("prompt", 5), ("prompt", ["a", ""]), ("prompt", []), ("prompt", ""), ("prompt", [[1, -2]]),
     ("prompt", [-1]), ("prompt", [1, "a"]), ("prompt", None), ("prompt", [[1], []]),
     ("prompt", [[1], "a"]), ("logprobs", 21), ("logprobs", -1), ("logprobs", True),
     ("echo", "yes"), ("suffix", "x"), ("best_of", 3),
+    ("min_tokens", 17),  # above the default max_tokens of 16
 ]  # fmt: skip
 CHAT_BAD = [
     ("messages", []), ("messages", "hi"), ("messages", None),
@@ -40,6 +46,7 @@ CHAT_BAD = [
     ("messages", [{"role": "user", "content": 5}]),
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
     ("max_completion_tokens", 0), ("max_completion_tokens", "3"),
+    ("min_tokens", 10**9),  # above max_tokens (the rest of the context)
     ("logprobs", 1), ("top_logprobs", 2), ("top_logprobs", 21), ("top_logprobs", -1),
     ("tools", [{"type": "function"}]),
     ("tool_choice", "required"), ("response_format", {"type": "json_object"}),

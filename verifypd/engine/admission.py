@@ -44,6 +44,7 @@ class RequestLimits:
             raise ParamError("prompt", "prompt must contain at least one token")
         _check_token_ids("prompt", prompt_token_ids, self.vocab_size)
         _check_token_ids("stop_token_ids", params.stop_token_ids, self.vocab_size)
+        _check_token_ids("logit_bias", list(params.logit_bias or {}), self.vocab_size)
         if params.top_k > self.vocab_size:
             vocab = self.vocab_size
             raise ParamError("top_k", f"top_k must be -1, 0 or in [1, {vocab}] (the vocabulary)")

@@ -17,10 +17,11 @@ from verifypd.config import EngineConfig
 from verifypd.controller import build_controller
 from verifypd.engine.admission import RequestLimits
 from verifypd.engine.cuda_graphs import warm_up_eager
-from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
 from verifypd.engine.runner import ModelRunner, PendingStep
+from verifypd.engine.sampling_controls import resolve_bad_words
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
 from verifypd.engine.timing import Span
@@ -108,6 +109,7 @@ class EngineCore:
         )
         self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
         self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
+        self.runner.logits_processor.eos_token_ids = frozenset(self.eos_token_ids)
         self.spec = SpecDecoder(config.spec, self._drafter())
         self.use_cuda_graphs = (
             config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
@@ -221,12 +223,14 @@ class EngineCore:
         if request_id in self.requests:
             raise ParamError(None, f"duplicate request id {request_id!r}")
         self.validate(prompt_token_ids, params)
+        resolve_bad_words(params, self.tokenizer)
         now = time.monotonic()
         states = []
         for i in range(params.n):
             seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
-            states.append(SeqOutputState(seq, detok, StopChecker(params.stop)))
+            stop = StopChecker(params.stop, params.include_stop_str_in_output)
+            states.append(SeqOutputState(seq, detok, stop))
             self.scheduler.add(seq)
             if self.spec.enabled:
                 self.controller.add_request(
@@ -432,7 +436,7 @@ class EngineCore:
         new_ids = seq.output_token_ids[first:]
         st.num_emitted = seq.num_output_tokens
         self._report_tokens(seq, len(new_ids))
-        text, hit = st.stop.push(st.detok.push(new_ids))
+        text, hit = push_output(st.detok, st.stop, new_ids, first, seq)
         if hit:
             self.scheduler.finish(seq, "stop")
         elif seq.status.is_finished:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from verifypd.types import Sequence
+
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 _PROMPT_CONTEXT_TOKENS = 5  # left context taken from the end of the prompt
 
@@ -55,14 +57,15 @@ class IncrementalDetokenizer:
 
 class StopChecker:
     """Cuts a text stream at the first occurrence of any stop string (OpenAI semantics: the
-    stop string itself is not emitted).
+    stop string itself is not emitted, unless ``include_stop``).
 
     A tail that could be the start of a stop string is held back, so a stop string split across
     pushes is never streamed.
     """
 
-    def __init__(self, stop: list[str]) -> None:
+    def __init__(self, stop: list[str], include_stop: bool = False) -> None:
         self.stop = [s for s in stop if s]
+        self.include_stop = include_stop
         self.held = ""  # received but not yet emitted
         self.hit = False
 
@@ -76,15 +79,19 @@ class StopChecker:
                     break
         return best
 
-    def push(self, new_text: str) -> tuple[str, bool]:
-        """Feed new text; return (text safe to emit now, whether a stop string was hit)."""
+    def push(self, new_text: str, check: bool = True) -> tuple[str, bool]:
+        """Feed new text; return (text safe to emit now, whether a stop string was hit).
+        ``check=False``: text that is never searched for stop strings (before min_tokens)."""
         if self.hit:
             return "", True
+        if not check:
+            return new_text, False
         text = self.held + new_text
-        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        found = [(i, -len(s)) for s in self.stop if (i := text.find(s)) >= 0]
         if found:
             self.hit, self.held = True, ""
-            return text[: min(found)], True
+            start, neg_len = min(found)  # the first stop string (the longest at one place)
+            return text[: start - neg_len if self.include_stop else start], True
         num_held = self._held_len(text)
         self.held = text[len(text) - num_held :]
         return text[: len(text) - num_held], False
@@ -93,3 +100,23 @@ class StopChecker:
         """At a finish without a hit: return (and clear) the held-back tail."""
         held, self.held = self.held, ""
         return held
+
+
+def push_output(
+    detok: IncrementalDetokenizer,
+    stop: StopChecker,
+    new_ids: list[int],
+    num_before: int,
+    seq: Sequence,
+) -> tuple[str, bool]:
+    """The text of ``seq``'s new output tokens (``num_before`` were pushed before) and whether
+    a stop string was hit. The first ``min_tokens`` output tokens are never searched for stop
+    strings (vLLM); a stop token (or EOS) that ended the sequence leaves its text out unless
+    ``include_stop_str_in_output``."""
+    params = seq.params
+    if seq.finish_reason == "stop" and new_ids and not params.include_stop_str_in_output:
+        new_ids = new_ids[:-1]  # "stop" here is a stop token: strings are matched below
+    num_free = min(len(new_ids), max(params.min_tokens - num_before, 0))
+    text = stop.push(detok.push(new_ids[:num_free]), check=False)[0] if num_free else ""
+    more, hit = stop.push(detok.push(new_ids[num_free:]))
+    return text + more, hit

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
+from verifypd.engine.logits_pipeline import LogitsProcessor
 from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
 from verifypd.engine.model import DecoderLM
 from verifypd.engine.rejection import (
@@ -107,6 +108,8 @@ class ModelRunner:
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)
+        # Penalties, biases, bans between the logits and the sampler (the engine sets EOS).
+        self.logits_processor = LogitsProcessor(device)
 
     def capture_graphs(self, query_len: int, max_batch: int, max_len: int) -> None:
         """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode)."""
@@ -251,11 +254,12 @@ class ModelRunner:
         n_plain = len(inputs.sample_rows)
         if n_plain:
             seqs = [plan.seqs[i].seq for i in inputs.sample_seqs]
+            plain = self.logits_processor.process(logits[:n_plain], seqs)
             if all(s.params.is_greedy for s in seqs):  # no sampling tensors to upload
-                pieces.append(logits[:n_plain].argmax(dim=-1))
+                pieces.append(plain.argmax(dim=-1))
             else:
                 t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
-                pieces.append(sample(logits[:n_plain], t))
+                pieces.append(sample(plain, t))
             for j, i in enumerate(inputs.sample_seqs):
                 layout[i] = ("one", j)
         if inputs.verify_seqs:
@@ -366,6 +370,7 @@ class ModelRunner:
         )
         drafts = inputs.input_ids[small[: b * width]].view(b, width)
         num_drafts_t, seeds, positions = small[b * width : b * width + 3 * b].view(3, b)
+        rows = self.logits_processor.process(rows, seqs, drafts, num_drafts_t)
         if synthetic:  # real forwards; keep k drafts and the target's most likely token after
             k = small[b * width + 3 * b :]
             final = rows.argmax(-1).gather(1, k[:, None]).squeeze(1)

@@ -237,9 +237,10 @@ class Scheduler:
         params = seq.params
         for tok in new_ids:
             seq.token_ids.append(tok)
-            if tok in params.stop_token_ids:
+            can_stop = seq.num_output_tokens > params.min_tokens  # the sampler masks them too
+            if can_stop and tok in params.stop_token_ids:
                 return "stop"
-            if not params.ignore_eos and tok in self.eos_token_ids:
+            if can_stop and not params.ignore_eos and tok in self.eos_token_ids:
                 return "stop"
             if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 return "length"

@@ -2,8 +2,8 @@
 
 Validation is strict (no "1" -> 1 coercion): a wrong type or an out-of-range value is a 400
 whose ``param`` names the field. Unknown fields are ignored; known OpenAI features that
-verifypd does not implement (logprobs, penalties, tools, ...) are accepted only at their
-default values and rejected with a 400 otherwise, never silently ignored.
+verifypd does not implement (logprobs, tools, ...) are accepted only at their default values
+and rejected with a 400 otherwise, never silently ignored.
 """
 
 from __future__ import annotations
@@ -46,12 +46,7 @@ class _SamplingFields(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     # Fields that are only accepted at one of these (default) values.
-    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "logit_bias": (None, {}),
-        "presence_penalty": (None, 0),
-        "frequency_penalty": (None, 0),
-        "repetition_penalty": (None, 1),
-    }
+    UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -67,10 +62,14 @@ class _SamplingFields(_Strict):
     priority: int | None = None  # verifypd extension: higher first; ServeLimits.max_priority
     ignore_eos: bool | None = None
     user: str | None = None  # accepted and ignored
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
+    # Sampling controls (OpenAI's, and vLLM's extra ones).
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    bad_words: list[str] | None = None
+    include_stop_str_in_output: bool | None = None
 
     @property
     def is_stream(self) -> bool:
@@ -260,12 +259,32 @@ def to_sampling_params(request: _SamplingFields, max_tokens: int) -> SamplingPar
         "ignore_eos": bool(request.ignore_eos),
         "n": request.n or 1,
         "priority": request.priority or 0,
+        **_sampling_controls(request),
         **_logprob_kwargs(request),
     }
     try:
         return SamplingParams(**kwargs)
     except ParamError as err:
         raise invalid_request(str(err), err.param) from None
+
+
+def _sampling_controls(request: _SamplingFields) -> dict[str, Any]:
+    """Penalties, logit_bias, min_tokens, bad_words and include_stop_str_in_output, where set."""
+    names = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+             "bad_words", "include_stop_str_in_output")  # fmt: skip
+    controls = {name: getattr(request, name) for name in names}
+    controls["logit_bias"] = _logit_bias(request.logit_bias)
+    return {name: value for name, value in controls.items() if value is not None}
+
+
+def _logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends token ids as JSON object keys (strings)."""
+    if not logit_bias:
+        return None
+    try:
+        return {int(token): bias for token, bias in logit_bias.items()}
+    except ValueError:
+        raise invalid_request("'logit_bias' keys must be token ids", "logit_bias") from None
 
 
 def _logprob_kwargs(request: _SamplingFields) -> dict[str, int | None]:
