@@ -40,7 +40,10 @@ CHAT_BAD = [
     ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
     ("max_completion_tokens", 0), ("max_completion_tokens", "3"),
     ("logprobs", True), ("top_logprobs", 2), ("tools", [{"type": "function"}]),
-    ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
+    ("tool_choice", "required"), ("response_format", {"type": "xml"}),
+    ("response_format", {"type": "json_schema"}),
+    ("structured_outputs", {"regex": "a", "choice": ["b"]}),
+    ("tool_choice", {"type": "function", "function": {"name": "nope"}}), ("guided_choice", []),
 ]  # fmt: skip
 CASES = [("/v1/completions", f, v) for f, v in COMMON_BAD + COMPLETION_BAD] + [
     ("/v1/chat/completions", f, v) for f, v in COMMON_BAD + CHAT_BAD

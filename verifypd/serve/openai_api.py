@@ -24,6 +24,8 @@ from verifypd.serve.protocol import (
     full_response,
     role_chunk,
     text_chunk,
+    tool_call_chunk,
+    tool_finish_reason,
     usage_chunk,
 )
 from verifypd.serve.schemas import (
@@ -31,12 +33,20 @@ from verifypd.serve.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
+    chat_tool_plan,
     completion_prompt,
+    output_constraint,
     parse_request,
     to_sampling_params,
 )
 from verifypd.serve.sse import SSEStream
 from verifypd.serve.state import Phase, ServerState
+from verifypd.serve.tools import (
+    ToolPlan,
+    render_without_tool_support,
+    template_knows_tools,
+    tools_for_template,
+)
 from verifypd.types import ParamError, RequestOutput, SamplingParams
 
 logger = logging.getLogger("verifypd.serve")
@@ -56,7 +66,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     requested = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     max_tokens = resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
     meta = ResponseMeta.new("completion", state.model_name, body.include_usage)
-    params = to_sampling_params(body, max_tokens)
+    params = to_sampling_params(body, max_tokens, output_constraint(body, None))
     return await generate_response(request, state, meta, ids, params, body.is_stream)
 
 
@@ -65,18 +75,31 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state.check_accepting()
     body = parse_request(ChatCompletionRequest, await request.read())
     state.check_model(body.model)
-    ids = await encode_chat(state.engine.tokenizer, chat_messages(body))
+    tools = chat_tool_plan(body)
+    constraint = output_constraint(body, tools)
+    ids = await encode_chat(state.engine.tokenizer, chat_messages(body), tools)
     limit = state.engine.max_model_len
     max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
-    meta = ResponseMeta.new("chat", state.model_name, body.include_usage)
-    params = to_sampling_params(body, max_tokens)
+    parsed = tools if tools.renders_tools else None
+    meta = ResponseMeta.new("chat", state.model_name, body.include_usage, parsed)
+    params = to_sampling_params(body, max_tokens, constraint)
     return await generate_response(request, state, meta, ids, params, body.is_stream)
 
 
-async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Render the chat template (with the assistant generation prompt) and tokenize it."""
+async def encode_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPlan | None = None
+) -> list[int]:
+    """Render the chat template (with the assistant generation prompt) and tokenize it. Tools
+    and tool calls go through the template when it knows them, else into the messages
+    (``serve.tools.render_without_tool_support``)."""
+    tool_dicts = tools_for_template(tools) if tools is not None else None
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    if template_knows_tools(tokenizer):
+        kwargs["tools"] = tool_dicts
+    else:
+        messages = render_without_tool_support(messages, tool_dicts)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, **kwargs)
     except Exception as exc:  # template errors (e.g. role order) are the client's input
         raise invalid_request(f"Could not apply the chat template: {exc}", "messages") from None
     return await encode(tokenizer, text, False)
@@ -248,15 +271,30 @@ async def _stream_events(
             await sse.send(role_chunk(meta, index))
     while out is not None:
         collected.add(out)
-        if out.new_text:
+        if out.new_text and meta.tools is None:
             await sse.send(text_chunk(meta, out.index, out.new_text))
         if out.finished and out.finish_reason in FAILED_REASONS:
             await sse.send(_failure(state, out.finish_reason).body())
             return
         if out.finished:
-            await sse.send(finish_chunk(meta, out.index, out.finish_reason or "stop"))
+            await _send_finish(sse, meta, collected, out.index, out.finish_reason or "stop")
         out = await _next(outputs)
     if not collected.all_finished:  # the engine ended the iterator early
         await sse.send(_failure(state, "abort").body())
     elif meta.include_usage:
         await sse.send(usage_chunk(meta, collected.usage()))
+
+
+async def _send_finish(
+    sse: SSEStream, meta: ResponseMeta, collected: OutputCollector, index: int, reason: str
+) -> None:
+    """A choice's closing chunk; with tools, its parsed output first (the text of a request
+    with tools is held back until it ends, then sent as tool calls or as content)."""
+    if meta.tools is not None:
+        content, calls = meta.tools.parse(collected.text(index))
+        if calls:
+            await sse.send(tool_call_chunk(meta, index, calls))
+        elif content:
+            await sse.send(text_chunk(meta, index, content))
+        reason = tool_finish_reason(reason, calls)
+    await sse.send(finish_chunk(meta, index, reason))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from verifypd.types import RequestOutput
 
@@ -30,11 +30,14 @@ class ResponseMeta:
     id: str = ""
     created: int = 0
     include_usage: bool = False
+    tools: Any = None  # a ``serve.tools.ToolPlan`` whose output is parsed for tool calls
 
     @classmethod
-    def new(cls, kind: Kind, model: str, include_usage: bool = False) -> ResponseMeta:
+    def new(
+        cls, kind: Kind, model: str, include_usage: bool = False, tools: Any = None
+    ) -> ResponseMeta:
         rid = f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}"
-        return cls(kind, model, rid, int(time.time()), include_usage)
+        return cls(kind, model, rid, int(time.time()), include_usage, tools)
 
     def head(self, chunk: bool) -> dict:
         obj = (CHUNK_OBJECTS if chunk else OBJECTS)[self.kind]
@@ -110,21 +113,38 @@ def role_chunk(meta: ResponseMeta, index: int) -> dict:
     return _chunk(meta, [_chat_choice(index, {"role": "assistant", "content": ""}, None)])
 
 
+def tool_call_chunk(meta: ResponseMeta, index: int, calls: list[dict]) -> dict:
+    """Chat only: one choice's tool calls as one ``delta.tool_calls`` chunk (each call whole,
+    with its ``index`` among the choice's calls)."""
+    delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+    return _chunk(meta, [_chat_choice(index, delta, None)])
+
+
+def tool_finish_reason(reason: str, calls: list[dict]) -> str:
+    """``tool_calls`` when the output was complete tool calls, else the engine's reason."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 def usage_chunk(meta: ResponseMeta, usage: dict) -> dict:
     return {**meta.head(chunk=True), "choices": [], "usage": usage}
 
 
 def full_response(meta: ResponseMeta, collected: OutputCollector) -> dict:
     """The non-streaming body with every choice and the usage."""
-    choices = [_full_choice(meta.kind, i, collected) for i in range(collected.n)]
+    choices = [_full_choice(meta, i, collected) for i in range(collected.n)]
     return {**meta.head(chunk=False), "choices": choices, "usage": collected.usage()}
 
 
-def _full_choice(kind: Kind, index: int, collected: OutputCollector) -> dict:
+def _full_choice(meta: ResponseMeta, index: int, collected: OutputCollector) -> dict:
     text, reason = collected.text(index), collected.finish_reasons[index]
-    if kind == "chat":
-        return _chat_choice(index, {"role": "assistant", "content": text}, reason, key="message")
-    return _completion_choice(index, text, reason)
+    if meta.kind != "chat":
+        return _completion_choice(index, text, reason)
+    message: dict = {"role": "assistant", "content": text}
+    if meta.tools is not None:
+        content, calls = meta.tools.parse(text)
+        message = {"role": "assistant", "content": content, "tool_calls": calls}
+        reason = tool_finish_reason(reason, calls)
+    return _chat_choice(index, message, reason, key="message")
 
 
 def _chat_choice(index: int, delta: dict, finish_reason: str | None, key: str = "delta") -> dict:
