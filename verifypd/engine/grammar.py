@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -188,7 +189,8 @@ def fill_step_masks(
     if not table.constrained([e for e, _ in rows]):
         return None
     total = sum(n for _, n in rows)
-    bitmask = torch.full((total, bitmask_words(table.vocab_size)), -1, dtype=torch.int32)
+    # numpy, not torch.full: on a busy CPU torch's thread pool makes that fill take ms.
+    bitmask = torch.from_numpy(np.full((total, bitmask_words(table.vocab_size)), -1, np.int32))
     row = 0
     for entry, num_rows in rows:
         grammar = table.grammars.get(entry.seq.seq_id)
@@ -207,9 +209,9 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """The device half: [N, V] logits, [N, W] int32 bitmask (on the logits' device) -> logits
     with -inf wherever the token's bit is 0. Columns past the bitmask's vocabulary (a padded
     embedding) are disallowed."""
-    vocab = logits.shape[-1]
-    cols = torch.arange(vocab, device=logits.device)  # [V]
-    words = bitmask.index_select(1, (cols // 32).clamp(max=bitmask.shape[1] - 1))  # [N, V]
-    allowed = ((words >> (cols % 32).to(torch.int32)) & 1).bool()
-    allowed &= cols < bitmask.shape[1] * 32
-    return logits.masked_fill(~allowed, float("-inf"))
+    num_rows, vocab = logits.shape
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    bits = ((bitmask[:, :, None] >> shifts) & 1).view(num_rows, -1)  # [N, 32 W]
+    if bits.shape[1] < vocab:
+        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]))
+    return logits.masked_fill(bits[:, :vocab] == 0, float("-inf"))
