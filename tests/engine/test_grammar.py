@@ -113,6 +113,22 @@ def test_verify_masks_follow_the_drafts_and_cut_at_the_first_bad_one(tokenizer, 
     assert _allowed(again, 0) == _fresh_allowed(tokenizer, compiler, so, prefix)
 
 
+def test_sampled_drafts_keep_their_first_ungrammatical_token(tokenizer, compiler):
+    """With drafter probabilities the verify must reject the bad draft (and draw from
+    max(0, p - q)), not stop before it (and draw from p): the bad draft stays, masked out."""
+    so = StructuredOutput("json", json.dumps(SCHEMA))
+    brace = tokenizer.convert_tokens_to_ids("}")
+    good = tokenizer.encode('"n": 1', add_special_tokens=False)
+    drafts = good + [brace, brace, brace]
+    table = GrammarTable(compiler)
+    entry = _entry(tokenizer, table, so, '{"city": "Paris", ', drafts)
+    entry.draft_probs = torch.full((len(drafts), VOCAB), 1.0 / VOCAB)
+    mask = fill_step_masks(table, [(entry, 1 + len(drafts))], {id(entry): drafts})
+    assert entry.draft_token_ids == good + [brace, brace]
+    assert entry.draft_probs.shape[0] == len(good) + 2
+    assert brace not in _allowed(mask, len(good) + 1)  # so the kept bad draft is rejected
+
+
 def test_unconstrained_steps_build_no_mask(tokenizer, compiler):
     table = GrammarTable(compiler)
     seq = Sequence("r", [1, 2, 3], SamplingParams())

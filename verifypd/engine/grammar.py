@@ -185,7 +185,7 @@ def fill_step_masks(
     """The host half of one step: ``rows`` lists each sampling entry with its number of logits
     rows (1, or 1 + L for a verify), in logits order. Returns the [R, W] int32 bitmask (all
     ones for unconstrained rows), or None when no entry is constrained. Cuts each constrained
-    entry's drafts at its first ungrammatical token (``ScheduledSeq.truncate_drafts``)."""
+    entry's drafts at its first ungrammatical token (``_drafts_to_keep``)."""
     if not table.constrained([e for e, _ in rows]):
         return None
     total = sum(n for _, n in rows)
@@ -199,10 +199,21 @@ def fill_step_masks(
             if num_rows == 1:
                 grammar.fill(bitmask, row)
             else:
-                valid = grammar.fill_verify(drafts.get(id(entry), []), bitmask, row)
-                entry.truncate_drafts(valid)
+                ids = drafts.get(id(entry), [])
+                entry.truncate_drafts(_drafts_to_keep(grammar.fill_verify(ids, bitmask, row),
+                                                      len(ids), entry))  # fmt: skip
         row += num_rows
     return bitmask
+
+
+def _drafts_to_keep(num_valid: int, num_drafts: int, entry: ScheduledSeq) -> int:
+    """The grammatical drafts; a sampled draft (``draft_probs``) keeps its first ungrammatical
+    token too: the verify then rejects it (its masked p is 0) and draws from max(0, p - q),
+    which is what keeps rejection sampling exact. Cutting it would draw from p instead. For
+    deterministic drafts (one-hot q) the two are the same, and the cut saves verify work."""
+    if entry.draft_probs is not None and num_valid < num_drafts:
+        return num_valid + 1
+    return num_valid
 
 
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
