@@ -78,7 +78,9 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 def _chat(client: openai.OpenAI, **kw):
-    return client.chat.completions.create(model=MODEL, temperature=0, max_tokens=60, **kw)
+    return client.chat.completions.create(
+        **{"model": MODEL, "temperature": 0, "max_tokens": 60, **kw}
+    )
 
 
 def _validate_call(name: str, arguments: str) -> None:
