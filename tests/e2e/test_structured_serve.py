@@ -174,6 +174,7 @@ def test_forced_tool_calls_validate(client, choice, stream):
 
 
 def test_history_with_tool_messages_is_served(client):
+    """The tool call and its result reach the prompt; with tools "auto" the tools do too."""
     call = {
         "id": "call_1",
         "type": "function",
@@ -183,8 +184,12 @@ def test_history_with_tool_messages_is_served(client):
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
     ]
-    resp = _chat(client, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8)
-    assert resp.choices[0].message.content and resp.usage.prompt_tokens > 150
+    plain = _chat(client, messages=ASK, max_tokens=1).usage.prompt_tokens
+    history = _chat(client, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=1)
+    with_tools = _chat(client, messages=messages, tools=[WEATHER], max_tokens=1)
+    assert history.choices[0].finish_reason == "length"
+    assert history.usage.prompt_tokens > plain + 30  # the call and the result
+    assert with_tools.usage.prompt_tokens > history.usage.prompt_tokens + 60  # the tools
 
 
 # -- LangChain ------------------------------------------------------------------------------
