@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,28 @@ import torch
 from verifypd.config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "bench" / "results"
+RESULTS_ROOT = REPO_ROOT / "bench" / "results"
+# The folder of bench/results/ each script writes into by default (bench/results/README.md is
+# the index of the topics and their headline files).
+TOPICS = {
+    "kernels": "kernels",
+    "gemv": "kernels",
+    "gpu_check": "kernels",
+    "latency": "latency",
+    "spec": "spec",
+    "mixed": "mixed",
+    "offline": "offline",
+    "overlap": "profile",
+    "profile_decode": "profile",
+    "profile_spec": "profile",
+    "timeline": "profile",
+    "peer_vllm": "peer",
+}
+
+
+def results_dir(script: str) -> Path:
+    """``bench/results/<topic>/`` of a script (the results root for one without a topic)."""
+    return RESULTS_ROOT / TOPICS.get(script, "")
 
 
 # ----------------------------------------------------------------------------- CLI helpers
@@ -39,7 +61,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory for JSON/PNG")
+    p.add_argument("--out", default=None, help="output folder (default: bench/results/TOPIC/)")
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy/matmul ceilings")
     p.add_argument("--tag", default="", help="appended to the output file names (split runs)")
     p.add_argument(
@@ -49,6 +71,15 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         help="engine context limit (as nano-vllm's bench); 0 = the model's own (32K+); it also "
         "bounds the CUDA-graph decode attention grid",
     )
+
+
+def add_spec_args(p: argparse.ArgumentParser, acceptance: float = 0.8) -> None:
+    """The speculative pair of the speculation benchmarks (a 7B target, a 0.5B drafter), the
+    fixed draft length and the synthetic acceptance alpha (see ``harness.synthetic_spec``)."""
+    p.add_argument("--model", default="dummy:qwen2.5-7b", help="target model")
+    p.add_argument("--draft-model", "--draft", default="dummy:qwen2.5-0.5b", help="drafter")
+    p.add_argument("--draft-len", type=int, default=4, help="fixed L; the controller's L_max")
+    p.add_argument("--acceptance", type=float, default=acceptance, help="synthetic alpha")
 
 
 def add_front_args(p: argparse.ArgumentParser) -> None:
@@ -143,11 +174,58 @@ def metadata(script: str, argv: Sequence[str], params: dict[str, Any], device: t
     }
 
 
+@dataclass
+class Run:
+    """One run of a benchmark: its parsed arguments, device and JSON report (metadata, hardware
+    ceilings, then what the script adds), written to the script's result file by ``save``."""
+
+    script: str
+    args: argparse.Namespace
+    device: torch.device
+    report: dict[str, Any]
+
+    def path(self, ext: str) -> Path:
+        return result_path(self.args.out, self.script, self.device, ext, self.args.tag)
+
+    def save(self) -> Path:
+        """Writes the report as it stands (after every measurement: a killed run keeps them)."""
+        return write_json(self.path("json"), self.report)
+
+    def finish(self, table: str, plot: Callable[[Path], Path | None] | None = None) -> Path:
+        """Marks the report complete, saves it, draws ``plot(png_path)``, prints ``table``."""
+        self.report["complete"] = True
+        json_path = self.save()
+        png = plot(self.path("png")) if plot is not None else None
+        print(table)
+        print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        return json_path
+
+
+def start_run(
+    script: str,
+    argv: Sequence[str] | None,
+    parse_args: Callable[[list[str]], argparse.Namespace],
+    method: str | None = None,
+) -> Run:
+    """Parses ``argv`` (default ``sys.argv[1:]``) for a script that took ``add_common_args``,
+    resolves the device and starts the report: metadata, ceilings, ``method``, ``complete``
+    (False until ``Run.finish``) and an empty ``results``."""
+    argv = argv_or_sys(argv)
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    report = metadata(script, argv, vars(args), device)
+    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    if method is not None:
+        report["method"] = method
+    report["complete"], report["results"] = False, {}
+    return Run(script, args, device, report)
+
+
 def result_path(
-    out_dir: str | Path, script: str, device: torch.device, ext: str, tag: str = ""
+    out_dir: str | Path | None, script: str, device: torch.device, ext: str, tag: str = ""
 ) -> Path:
-    """``<out>/<script>-<device-slug>[-<tag>].<ext>``."""
-    out = Path(out_dir)
+    """``<out>/<script>-<device-slug>[-<tag>].<ext>``; no ``out_dir``: the script's topic folder."""
+    out = Path(out_dir) if out_dir else results_dir(script)
     out.mkdir(parents=True, exist_ok=True)
     suffix = f"-{device_slug(tag)}" if tag else ""
     return out / f"{script}-{device_slug(device_name(device))}{suffix}.{ext}"

@@ -6,7 +6,7 @@ forward); times are CUDA-graph replays (median), the way decode runs. "% copy" i
 bytes read per call over the measured copy bandwidth. The sweep picks the tile config that
 ``choose_config`` should return; the fused rows show what one launch saves against two.
 
-    python bench/gemv.py --out bench/results
+    python bench/gemv.py
     python bench/gemv.py --dry-run   # CPU, Triton interpreter, tiny shapes: logic check only
 """
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--rows", nargs="+", type=int, default=[1])
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/kernels/")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     if args.dry_run:

@@ -25,17 +25,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
     csv_list,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     VARIANTS,
@@ -276,24 +271,23 @@ def _gap(c: dict[str, Any]) -> str:
     return f"{m['ref_pick_minus_other_pick'] / max(m['logit_std'], 1e-12):.2g}"
 
 
+METHOD = (
+    "reference = our engine on CPU, fp32, torch ops; each variant = our engine on --device in "
+    "--dtype with the reference's parameters copied in (cast); greedy, EOS ignored; "
+    "matching_prefix = leading tokens equal to the reference; bf16 drift is expected; "
+    "fp32_margin = the CPU fp32 model's logits on the shared prefix at the first divergence: "
+    "a gap between the two picks that is small against logit_std means a near-tie (drift)"
+)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
-    report["method"] = (
-        "reference = our engine on CPU, fp32, torch ops; each variant = our engine on --device in "
-        "--dtype with the reference's parameters copied in (cast); greedy, EOS ignored; "
-        "matching_prefix = leading tokens equal to the reference; bf16 drift is expected; "
-        "fp32_margin = the CPU fp32 model's logits on the shared prefix at the first divergence: "
-        "a gap between the two picks that is small against logit_std means a near-tie (drift)"
-    )
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report, device = run.args, run.report, run.device
+    del report["results"]  # this report's measurements are "reference" and "variants"
     reference, prompts, source = reference_run(args)
     scorer = None if args.no_margins else ReferenceScorer(source)
-    report["complete"], report["reference"], report["variants"] = False, reference, {}
-    write_json(json_file, report)
+    report["reference"], report["variants"] = reference, {}
+    run.save()
     for variant in args.variants:
         try:
             rec = run_variant(args, variant, prompts, source, reference["tokens"], device)
@@ -311,11 +305,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ["matching_prefix_vs_cpu"],
         )
         add_gpu_path_comparisons(report["variants"], prompts, scorer)
-        write_json(json_file, report)  # a killed run keeps what it measured
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    print(format_table(headers(args.speed_batches), summary_rows(report, args.speed_batches)))
-    print(f"prompt lens {reference['prompt_lens']}, {args.num_new} new tokens; wrote {json_path}")
+        run.save()  # a killed run keeps what it measured
+    table = format_table(headers(args.speed_batches), summary_rows(report, args.speed_batches))
+    run.finish(f"{table}\nprompt lens {reference['prompt_lens']}, {args.num_new} new tokens")
     return report
 
 

@@ -64,6 +64,32 @@ def engine_config(
     )
 
 
+def synthetic_spec(args: Any, controller: bool = False, chain: bool | None = None) -> SpecConfig:
+    """Draft-model speculation with synthetic acceptance ``args.acceptance`` at L =
+    ``args.draft_len`` (the controller's L_max when ``controller``): the configuration of the
+    speculation benchmarks (``common.add_spec_args``). ``chain``: ``SpecConfig.chain_drafts``."""
+    return SpecConfig(
+        method="draft",
+        draft_model=args.draft_model,
+        max_draft_len=args.draft_len,
+        initial_draft_len=args.draft_len,
+        controller=controller,
+        synthetic_acceptance=args.acceptance,
+        chain_drafts=chain,
+    )
+
+
+def synthetic_note(args: Any, **details: Any) -> dict[str, Any]:
+    """The ``synthetic_acceptance`` block of a report whose engines run ``synthetic_spec(args)``."""
+    return {
+        "used": True,
+        "alpha": args.acceptance,
+        **details,
+        "note": "accepted counts drawn from a truncated geometric with alpha; the draft and "
+        "verify forwards are real: the numbers measure the mechanism, not a model's acceptance",
+    }
+
+
 def _cap_model_len(model: str, max_model_len: int | None) -> int | None:
     """0/None: the model's own length; never more than a dummy preset's max positions."""
     if not max_model_len:

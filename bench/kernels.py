@@ -7,7 +7,7 @@ every kernel against its torch reference (bf16) and times it with ``triton.testi
 TFLOP/s (prefill). Headline: paged decode attention at batch 64, context 2048, Qwen2.5-7B heads
 (28 q heads, 4 KV heads, D=128, block 16); target >= 70% of copy bandwidth.
 
-    python bench/kernels.py --out bench/results
+    python bench/kernels.py
     python bench/kernels.py --dry-run   # CPU, Triton interpreter, tiny shapes: logic check only
 """
 
@@ -349,7 +349,7 @@ def _tiles_str(tiles: dict[str, int] | None) -> str | None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", default=None, help="output directory (default bench/results)")
+    p.add_argument("--out", default=None, help="default: bench/results/kernels/")
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny shapes")
     return p.parse_args(argv)
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("no GPU: run with --dry-run for a CPU logic check", file=sys.stderr)
         return 2
-    from common import DEFAULT_OUT, hardware_ceilings, metadata, result_path, write_json
+    from common import hardware_ceilings, metadata, result_path, write_json
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     torch.manual_seed(0)
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = DRY_SHAPES if args.dry_run else GPU_SHAPES
     headline = run_all(bench, shapes)
     print_table(bench.rows)
-    out_dir = args.out or (tempfile.mkdtemp() if args.dry_run else DEFAULT_OUT)
+    out_dir = args.out or (tempfile.mkdtemp() if args.dry_run else None)
     record = {
         **metadata(SCRIPT, argv, vars(args), device),
         "ceilings": ceilings,

@@ -22,18 +22,13 @@ import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
     add_front_args,
-    argv_or_sys,
     bar_panels,
     csv_list,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     VARIANTS,
@@ -171,33 +166,24 @@ def plot(path: Path, results: dict[str, Any], batches: list[int]) -> Path | None
     return bar_panels(path, panels)
 
 
+METHOD = (
+    "decode_step_s = (median T(max_tokens) - median T(1)) / (max_tokens - 1), fresh random "
+    "prompts per run, greedy, EOS ignored, prefix caching off; floor = (weights read + KV "
+    "read) / copy bandwidth; observed_decode_step_s = engine's own step timer"
+)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
-    gbps = report["ceilings"]["copy_gbps"]
-    report["method"] = (
-        "decode_step_s = (median T(max_tokens) - median T(1)) / (max_tokens - 1), fresh random "
-        "prompts per run, greedy, EOS ignored, prefix caching off; floor = (weights read + KV "
-        "read) / copy bandwidth; observed_decode_step_s = engine's own step timer"
-    )
-    report["variants"] = {v: VARIANTS[v] for v in args.variants}
-    report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
-    save = lambda: write_json(json_file, report)
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, results = run.args, run.report["results"]
+    gbps = run.report["ceilings"]["copy_gbps"]
+    run.report["variants"] = {v: VARIANTS[v] for v in args.variants}
     for m in args.models:  # saved after every variant: a killed run keeps what it measured
-        report["results"][m] = {}
-        bench_model(args, m, device, gbps, report["results"][m], save)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(
-        result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], args.batches
-    )
-    print(format_table(HEADERS, summary_rows(report["results"])))
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
-    return report
+        results[m] = {}
+        bench_model(args, m, run.device, gbps, results[m], run.save)
+    table = format_table(HEADERS, summary_rows(results))
+    run.finish(table, lambda png: plot(png, results, args.batches))
+    return run.report
 
 
 if __name__ == "__main__":

@@ -42,18 +42,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
+    add_spec_args,
     csv_list,
     draw_bars,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     CompileLog,
@@ -64,6 +60,8 @@ from harness import (  # noqa: E402
     engine_config,
     engine_info,
     keep_slowest,
+    synthetic_note,
+    synthetic_spec,
 )
 from loadgen import (  # noqa: E402
     Mix,
@@ -107,8 +105,7 @@ SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decod
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b")
+    add_spec_args(p, acceptance=0.7)
     p.add_argument("--modes", type=csv_list, default=DEFAULT_MODES, help=",".join(MODES))
     p.add_argument("--num-requests", type=int, default=80)
     p.add_argument("--duration", type=float, default=0.0, help="arrivals stop here; 0 = off")
@@ -118,8 +115,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--short-output-len", type=int, nargs=2, default=[64, 256])
     p.add_argument("--long-prompt-len", type=int, nargs=2, default=[1024, 3072])
     p.add_argument("--long-output-len", type=int, nargs=2, default=[32, 128])
-    p.add_argument("--acceptance", type=float, default=0.7, help="synthetic alpha (global)")
-    p.add_argument("--draft-len", type=int, default=4, help="fixed L; the controller's L_max")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -243,15 +238,7 @@ def mode_config(args, name: str) -> EngineConfig:
     mode = MODES[name]
     spec = SpecConfig(method="off")
     if mode.speculate:
-        spec = SpecConfig(
-            method="draft",
-            draft_model=args.draft_model,
-            max_draft_len=args.draft_len,
-            initial_draft_len=args.draft_len,
-            controller=mode.controller,
-            synthetic_acceptance=args.acceptance,
-            chain_drafts=mode.chain_drafts,
-        )
+        spec = synthetic_spec(args, mode.controller, mode.chain_drafts)
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
         max_num_seqs=args.max_num_seqs,
@@ -393,20 +380,9 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
-    report["synthetic_acceptance"] = {
-        "used": True,
-        "alpha": args.acceptance,
-        "per_request": False,
-        "note": "SpecConfig.synthetic_acceptance is global: every request has this alpha; "
-        "accepted counts drawn from a truncated geometric, draft and verify forwards are real",
-    }
-    report["method"] = METHOD
-    report["complete"], report["results"] = False, {}
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
+    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
     vocab = prompt_vocab(args)
     mix = mix_of(args)
     requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
@@ -416,7 +392,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
             w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
     report["workload"] = workload_summary(requests)
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     itl: dict[str, list[float]] = {}
     for name in args.modes:  # saved after every mode: a killed run keeps what it measured
         try:
@@ -427,15 +402,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         release_memory()
         report["results"][name] = r
         progress(SCRIPT, name, _progress_view(r), ("ttft_p99_ms", "itl_p99_ms"))
-        write_json(json_file, report)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], itl)
-    print(format_table(HEADERS, summary_rows(report["results"])))
-    print(f"ms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
-          f"controller L_max = {args.draft_len}; {len(requests)} requests at {args.rate}/s, "
-          f"{args.long_fraction:.0%} long")  # fmt: skip
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        run.save()
+    table = format_table(HEADERS, summary_rows(report["results"]))
+    table += (f"\nms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
+              f"controller L_max = {args.draft_len}; {len(requests)} requests at {args.rate}/s, "
+              f"{args.long_fraction:.0%} long")  # fmt: skip
+    run.finish(table, lambda png: plot(png, report["results"], itl))
     return report
 
 

@@ -19,19 +19,14 @@ import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
     add_front_args,
-    argv_or_sys,
     bar_chart,
     error_record,
     format_table,
     gpu_memory_gb,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
+    start_run,
     timed,
-    write_json,
 )
 from harness import (  # noqa: E402
     build_engine,
@@ -193,11 +188,8 @@ HEADERS = ["model", "ours out tok/s", "ours total tok/s", "hf out tok/s", "hf to
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
+    run = start_run(SCRIPT, argv, parse_args)
+    args, report = run.args, run.report
     report["workload"] = {
         "num_requests": args.num_requests,
         "input_len_range": [args.min_len, args.max_len],
@@ -206,25 +198,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sampling": "greedy, EOS ignored, all requests submitted at once",
         "timing": "after a warm-up run; perf_counter between device syncs",
     }
-    report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     for m in args.models:  # saved after every model: a killed run keeps what it measured
-        report["results"][m] = bench_model(args, m, device)
+        report["results"][m] = bench_model(args, m, run.device)
         progress(SCRIPT, f"{m} ours", report["results"][m]["ours"])
         progress(SCRIPT, f"{m} transformers", report["results"][m]["transformers"] or {})
-        write_json(json_file, report)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
+        run.save()
     rows = summary_rows(report["results"])
-    png = bar_chart(
-        result_path(args.out, SCRIPT, device, "png", args.tag),
-        [r[0] for r in rows],
-        {"verifypd": [r[1] for r in rows], "transformers generate_batch": [r[3] for r in rows]},
-        "output tokens / s",
-        f"offline throughput, {args.num_requests} requests ({report['device']})",
-    )
-    print(format_table(HEADERS, rows))
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+    series = {"verifypd": [r[1] for r in rows], "transformers generate_batch": [r[3] for r in rows]}
+    title = f"offline throughput, {args.num_requests} requests ({report['device']})"
+    plot = lambda png: bar_chart(png, [r[0] for r in rows], series, "output tokens / s", title)
+    run.finish(format_table(HEADERS, rows), plot)
     return report
 
 

@@ -43,19 +43,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
     bar_panels,
     csv_list,
     error_record,
     format_table,
-    hardware_ceilings,
     median,
-    metadata,
     progress,
-    resolve_device,
-    result_path,
+    start_run,
     sync,
-    write_json,
 )
 from harness import blocks_for, engine_config, engine_info  # noqa: E402
 
@@ -404,15 +399,9 @@ def plot(path: Path, results: dict[str, Any], timings: list[str]) -> Path | None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
-    report["method"] = METHOD
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
     report["design_premise"] = DESIGN_PREMISE
-    report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
     rng = np.random.default_rng(args.seed)
     core = build_core(args)
     num_seqs = 2 * max(max(args.batches), args.verify_batch)
@@ -434,14 +423,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["gate_hold_ms"] = timer.gate.hold_ms
         view = _progress_view(r, args.timings)
         progress(SCRIPT, f"B={batch}", view | {"error": r.get("error")}, tuple(view))
-        write_json(json_file, report)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(result_path(args.out, SCRIPT, device, "png", args.tag), report["results"],
-               args.timings)  # fmt: skip
-    print(format_table(HEADERS, summary_rows(report["results"], args.timings)))
-    print(f"context {args.context} tokens, L={args.draft_len}; ms = median decode latency")
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        run.save()
+    table = format_table(HEADERS, summary_rows(report["results"], args.timings))
+    table += f"\ncontext {args.context} tokens, L={args.draft_len}; ms = median decode latency"
+    run.finish(table, lambda png: plot(png, report["results"], args.timings))
     return report
 
 

@@ -1,4 +1,4 @@
-"""Kernel-level profile of one batch-1 decode forward (eager, same kernels the graph replays):
+"""Kernel-level profile of one decode forward at --batch (eager, same kernels the graph replays):
 how many kernels, how much GPU time in GEMMs vs everything else, against the bytes floor.
 
     python bench/profile_decode.py --models dummy:qwen2.5-1.5b dummy:qwen2.5-7b
@@ -31,12 +31,15 @@ def _kind(name: str) -> str:
     return "other"
 
 
-def profile_model(spec: str, copy_gbps: float | None) -> dict:
-    cfg = EngineConfig(model=spec, cuda_graphs=True, cache=CacheConfig(num_blocks=256),
-                       scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=4096))  # fmt: skip
+def profile_model(spec: str, copy_gbps: float | None, batch: int = 1) -> dict:
+    cache = CacheConfig(num_blocks=40 * batch + 256)
+    sched = SchedulerConfig(max_num_seqs=max(8, batch), max_model_len=4096)
+    cfg = EngineConfig(model=spec, cuda_graphs=True, cache=cache, scheduler=sched)
     core = EngineCore(cfg)
-    core.add_request("p", list(range(100, 612)), SamplingParams(max_tokens=64, temperature=0))
-    for _ in range(8):
+    for i in range(batch):
+        prompt = [100 + (i * 7 + j) % 30000 for j in range(512)]
+        core.add_request(f"p{i}", prompt, SamplingParams(max_tokens=64, temperature=0))
+    for _ in range(8 + batch // 4):
         core.step()  # prefill + decodes: kernels compiled, graphs warm
     plan = core.scheduler.schedule_mixed()
     core.scheduler.begin_step(plan)
@@ -63,6 +66,7 @@ def profile_model(spec: str, copy_gbps: float | None) -> dict:
     floor_ms = weight_bytes / (copy_gbps * 1e9) * 1e3 if copy_gbps else None
     return {
         "model": spec,
+        "batch": batch,
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
         "gpu_ms_by_kind": {k: round(sum(v), 4) for k, v in by_kind.items()},
@@ -81,14 +85,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", nargs="+", default=["dummy:qwen2.5-1.5b", "dummy:qwen2.5-7b"])
     p.add_argument("--copy-gbps", type=float, default=4200.0, help="measured copy bandwidth")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
     args = p.parse_args()
     if args.no_pdl:
         from verifypd.kernels import pdl
 
         pdl.ENABLED = False
-    rows = [profile_model(m, args.copy_gbps) for m in args.models]
+    rows = [profile_model(m, args.copy_gbps, args.batch) for m in args.models]
     print("model                kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
     for r in rows:
         g = r["gpu_ms_by_kind"]
@@ -101,7 +106,10 @@ def main() -> None:
             print(f"  {k['count']:>4} {k['ms']:>8.4f}  {k['name']}")
     device = torch.device("cuda")
     report = {**metadata("profile_decode", sys.argv[1:], vars(args), device), "results": rows}
-    path = result_path(args.out, "profile_decode", device, "json", "no-pdl" if args.no_pdl else "")
+    tag = "-".join(
+        filter(None, [f"b{args.batch}" if args.batch > 1 else "", "no-pdl" * args.no_pdl])
+    )
+    path = result_path(args.out, "profile_decode", device, "json", tag)
     print("wrote", write_json(path, report))
 
 

@@ -7,7 +7,7 @@ Per phase: "host ms" is the time the call took on the host (enqueueing), "gpu ms
 between CUDA events recorded around it, read after the step's sync (for the launch: from when
 the GPU reached it, after the drafting, to the end of the step's kernels).
 
-    python bench/profile_spec.py --out bench/results
+    python bench/profile_spec.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import format_table, metadata, result_path, write_json  # noqa: E402
+from common import add_spec_args, format_table, metadata, result_path, write_json  # noqa: E402
+from harness import synthetic_spec  # noqa: E402
 from torch.profiler import ProfilerActivity, record_function  # noqa: E402
 from torch.profiler import profile as torch_profile  # noqa: E402
 
@@ -62,9 +63,7 @@ class PhaseTimer:
 
 
 def profile(args, spec_on: bool) -> dict:
-    spec = SpecConfig(method="draft", draft_model=args.draft, max_draft_len=args.draft_len,
-                      initial_draft_len=args.draft_len, controller=False,
-                      synthetic_acceptance=args.acceptance)  # fmt: skip
+    spec = synthetic_spec(args)
     cfg = EngineConfig(model=args.model, spec=spec if spec_on else SpecConfig(),
                        scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=4096),
                        cache=CacheConfig(num_blocks=512, enable_prefix_caching=False))  # fmt: skip
@@ -140,14 +139,11 @@ def kernel_trace(core: EngineCore, steps: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft", default="dummy:qwen2.5-0.5b")
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--acceptance", type=float, default=0.8)
+    add_spec_args(p)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--trace", type=int, default=0, help="profile this many more steps per kernel")
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
     args = p.parse_args()
     rows, table = [], []
     for spec_on in (False, True):

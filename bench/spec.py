@@ -23,17 +23,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
-    argv_or_sys,
+    add_spec_args,
     bar_panels,
     error_record,
     format_table,
-    hardware_ceilings,
-    metadata,
     progress,
     release_memory,
-    resolve_device,
-    result_path,
-    write_json,
+    start_run,
 )
 from harness import (  # noqa: E402
     attach_recorder,
@@ -44,6 +40,8 @@ from harness import (  # noqa: E402
     engine_info,
     measure_decode,
     spec_stats,
+    synthetic_note,
+    synthetic_spec,
 )
 
 from verifypd.config import SpecConfig  # noqa: E402
@@ -53,10 +51,7 @@ SCRIPT = "spec"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b")
-    p.add_argument("--acceptance", type=float, default=0.8, help="synthetic acceptance alpha")
-    p.add_argument("--draft-len", type=int, default=4, help="fixed draft length L")
+    add_spec_args(p)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument(
         "--lane-modes",
@@ -89,17 +84,7 @@ CHAIN = {"auto": None, "on": True, "off": False}
 
 
 def spec_config(args: argparse.Namespace, on: bool, chain: bool | None = None) -> SpecConfig:
-    if not on:
-        return SpecConfig(method="off")
-    return SpecConfig(
-        chain_drafts=chain,
-        method="draft",
-        draft_model=args.draft_model,
-        max_draft_len=args.draft_len,
-        initial_draft_len=args.draft_len,
-        controller=False,
-        synthetic_acceptance=args.acceptance,
-    )
+    return synthetic_spec(args, chain=chain) if on else SpecConfig(method="off")
 
 
 def expected_tokens_per_verify(alpha: float, draft_len: int) -> float:
@@ -240,39 +225,26 @@ def plot(path: Path, results: dict[str, Any], batches: list[int]) -> Path | None
     return bar_panels(path, panels)
 
 
+METHOD = (
+    "decode tok/s = batch / ((median T(max_tokens) - median T(1)) / (max_tokens - 1)); "
+    "e2e tok/s = batch * max_tokens / median T(max_tokens); greedy, EOS ignored, fresh "
+    "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
+)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = argv_or_sys(argv)
-    args = parse_args(argv)
-    device = resolve_device(args.device)
-    report = metadata(SCRIPT, argv, vars(args), device)
-    report["ceilings"] = hardware_ceilings(device, args.no_ceilings)
-    report["synthetic_acceptance"] = {
-        "used": True,
-        "alpha": args.acceptance,
-        "draft_len": args.draft_len,
-        "expected_tokens_per_verify": expected_tokens_per_verify(args.acceptance, args.draft_len),
-        "note": "accepted counts drawn from a truncated geometric; draft and verify forwards "
-        "are real; speedups measure the mechanism, not a model's acceptance",
-    }
-    report["method"] = (
-        "decode tok/s = batch / ((median T(max_tokens) - median T(1)) / (max_tokens - 1)); "
-        "e2e tok/s = batch * max_tokens / median T(max_tokens); greedy, EOS ignored, fresh "
-        "random prompts per run; acc/verify = accepted drafts per Observer.spec_tokens call"
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
+    expected = expected_tokens_per_verify(args.acceptance, args.draft_len)
+    report["synthetic_acceptance"] = synthetic_note(
+        args, draft_len=args.draft_len, expected_tokens_per_verify=expected
     )
-    report["complete"], report["results"] = False, {}
-    json_file = result_path(args.out, SCRIPT, device, "json", args.tag)
-    save = lambda: write_json(json_file, report)
     for lm in args.lane_modes:  # saved after every engine: a killed run keeps what it measured
         report["results"][lm] = {}
-        bench_lane_mode(args, device, lm, report["results"][lm], save)
-    report["complete"] = True
-    json_path = write_json(json_file, report)
-    png = plot(
-        result_path(args.out, SCRIPT, device, "png", args.tag), report["results"], args.batches
-    )
-    print(format_table(HEADERS, summary_rows(report["results"], args.batches)))
-    print(f"synthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)")
-    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+        bench_lane_mode(args, run.device, lm, report["results"][lm], run.save)
+    table = format_table(HEADERS, summary_rows(report["results"], args.batches))
+    table += f"\nsynthetic acceptance alpha={args.acceptance}, L={args.draft_len} (controller off)"
+    run.finish(table, lambda png: plot(png, report["results"], args.batches))
     return report
 
 

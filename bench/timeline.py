@@ -6,7 +6,7 @@ interval over all streams, and reports the GPU-busy time, the idle gaps (with th
 either side, summed per pair) and, for reference, the pure replay time of each captured graph
 (back-to-back replays timed with CUDA events: the GPU cost of a step with no host in between).
 
-    python bench/timeline.py --out bench/results
+    python bench/timeline.py
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import format_table, metadata, result_path, write_json  # noqa: E402
+from common import add_spec_args, format_table, metadata, result_path, write_json  # noqa: E402
+from harness import synthetic_spec  # noqa: E402
 from torch.profiler import ProfilerActivity  # noqa: E402
 from torch.profiler import profile as torch_profile  # noqa: E402
 
@@ -127,9 +128,7 @@ def replay_ms(graphs, batch: int = 1, reps: int = 50) -> dict[str, float]:
 
 
 async def run_mode(args, spec_on: bool, lane_mode: str) -> dict:
-    spec = SpecConfig(method="draft", draft_model=args.draft, max_draft_len=args.draft_len,
-                      initial_draft_len=args.draft_len, controller=False,
-                      synthetic_acceptance=args.acceptance)  # fmt: skip
+    spec = synthetic_spec(args)
     cfg = EngineConfig(model=args.model, lane_mode=lane_mode,
                        spec=spec if spec_on else SpecConfig(),
                        scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=4096),
@@ -153,14 +152,11 @@ async def run_mode(args, spec_on: bool, lane_mode: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="dummy:qwen2.5-7b")
-    p.add_argument("--draft", default="dummy:qwen2.5-0.5b")
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--acceptance", type=float, default=0.8)
+    add_spec_args(p)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--modes", nargs="+", default=["plain:three", "spec:three", "spec:single"])
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--tag", default="")
     args = p.parse_args()
     rows, table = [], []

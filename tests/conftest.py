@@ -11,6 +11,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def tiny_core():
+    """A fresh ``EngineCore`` on ``dummy:tiny`` (CPU, fp32, default config); see helpers.py's
+    ``tiny_config`` for other settings."""
+    from helpers import tiny_config
+
+    from verifypd.engine.core import EngineCore
+
+    return EngineCore(tiny_config())
+
+
 @pytest.fixture(scope="session")
 def hf_smollm():
     """transformers' own GGUF path: its config parsing, dequantization and q/k un-permutation.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+from pathlib import Path
 
 from verifypd.config import EngineConfig, SpecConfig
 
@@ -51,9 +52,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# Modules of bench/ that other scripts import; everything else there is a benchmark.
+BENCH_LIBRARIES = frozenset({"common", "harness", "hf_batch", "http_load", "loadgen"})
+
+
+def bench_dir() -> Path:
+    """``bench/`` of the checkout this package runs from (a clone or an editable install)."""
+    return Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.py") if p.stem not in BENCH_LIBRARIES)
+
+
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    sys.argv = [f"bench/{args.name}.py", *rest]
-    runpy.run_path(f"bench/{args.name}.py", run_name="__main__")
+    folder = bench_dir()
+    names = bench_names(folder)
+    if args.name not in names:
+        if not names:
+            print(f"verifypd bench: no benchmarks in {folder}; they ship with the repository "
+                  "(install it from a clone with `pip install -e .`)", file=sys.stderr)  # fmt: skip
+        else:
+            what = f"unknown benchmark {args.name!r}" if args.name else "name a benchmark"
+            print(f"verifypd bench: {what}; choose one of: {', '.join(names)}", file=sys.stderr)
+        return 2
+    script = folder / f"{args.name}.py"
+    saved_argv, sys.argv = sys.argv, [str(script), *rest]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved_argv
     return 0
 
 
@@ -70,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--sample-seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="no chat template")
     add_engine_args(gen)
-    bench = sub.add_parser("bench", help="run a benchmark script from bench/")
-    bench.add_argument("name", help="offline | latency | kernels | mixed | ...")
+    # No -h of its own: `verifypd bench NAME --help` is the script's help.
+    bench = sub.add_parser("bench", help="run a script of bench/ (NAME --help)", add_help=False)
+    bench.add_argument("name", nargs="?", default="", help="latency | spec | mixed | ...")
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "serve":
         from verifypd.serve.cli import serve_main

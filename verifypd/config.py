@@ -168,10 +168,15 @@ class SchedulerConfig:
     max_prefill_chunk: int = 2048  # one request's prefill chunk per step
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
+    # The most of the KV pool one request may need (n choices at full length): beyond it,
+    # the request is refused up front, so that one request cannot starve the rest.
+    max_request_kv_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if not 0.0 < self.max_request_kv_share <= 1.0:
+            raise ValueError("max_request_kv_share must be in (0, 1]")
         if self.max_prefill_chunk <= 0:
             raise ValueError("max_prefill_chunk must be positive")
 

@@ -53,6 +53,8 @@ class SamplingParams:
             (0 < self.top_p <= 1, "top_p", "must be in (0, 1]"),
             (self.top_k >= 0, "top_k", "must be -1, 0 or positive"),
             (self.n >= 1, "n", "must be >= 1"),
+            (self.top_k <= INT64_MAX, "top_k", f"must be <= {INT64_MAX}"),
+            (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed", "must fit int64"),
         ]
         for ok, name, msg in checks:
             if not ok:
@@ -63,12 +65,32 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+SEED_STRIDE = 1_000_003  # choice i of a request with seed s samples with seed s + i * stride
+
+
+def wrap_int64(value: int) -> int:
+    """``value`` mod 2^64 as a signed int64: derived seeds never overflow the sampler's int64."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value > INT64_MAX else value
+
+
 class ParamError(ValueError):
     """Invalid request input; ``param`` names the offending field (OpenAI error ``param``)."""
 
     def __init__(self, param: str | None, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class RequestFailure(Exception):
+    """A step could not be built because of some requests' own inputs (``request_ids``, e.g.
+    their sampling tensors): those requests end with "error", the step's others are not at
+    fault and run without them."""
+
+    def __init__(self, request_ids: set[str], cause: BaseException) -> None:
+        super().__init__(f"requests {sorted(request_ids)} failed: {cause!r}")
+        self.request_ids = request_ids
 
 
 class SeqStatus(enum.Enum):
@@ -121,7 +143,7 @@ class Sequence:
         # Per-request RNG stream: sampling noise is a function of (seed, position) only.
         self.seed = params.seed if params.seed is not None else _random_seed()
         if params.seed is not None and index:
-            self.seed = params.seed + 1_000_003 * index
+            self.seed = wrap_int64(params.seed + SEED_STRIDE * index)
         # Speculative decoding state, owned by the spec/controller code.
         self.draft_len = 0
         self.num_drafted = 0

@@ -4,16 +4,14 @@ Plus exact checks of the latency arithmetic both scripts rest on."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
 
 
@@ -24,15 +22,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(num_threads)
-
-
-def load(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
 
 
 def read_json(out: Path, script: str) -> dict:
@@ -47,7 +36,7 @@ def read_json(out: Path, script: str) -> dict:
 def test_overlap(tmp_path: Path) -> None:
     argv = ["--device", "cpu", "--model", "dummy:tiny", "--batches", "1", "3", "--context", "20",
             "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]  # fmt: skip
-    load("overlap").main(argv)
+    load_bench("overlap").main(argv)
     data = read_json(tmp_path, "overlap")
     assert data["engine"]["front"] == "EngineCore + ModelRunner.launch"
     for batch in ("1", "3"):
@@ -67,7 +56,7 @@ def test_overlap(tmp_path: Path) -> None:
 
 
 def test_overlap_sample_values() -> None:
-    overlap = load("overlap")
+    overlap = load_bench("overlap")
     timer = SimpleNamespace(ms=lambda a, b: (b - a) * 1e3)
     marks = {"v_start": 1.000, "v_end": 1.010, "d_arrival": 1.004, "d_end": 1.012,
              "v_host_ms": 3.0, "d_host_ms": 1.0}  # fmt: skip
@@ -88,7 +77,7 @@ MIXED_TINY = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dumm
 
 
 def test_mixed(tmp_path: Path) -> None:
-    load("mixed").main([*MIXED_TINY, "--out", str(tmp_path)])
+    load_bench("mixed").main([*MIXED_TINY, "--out", str(tmp_path)])
     data = read_json(tmp_path, "mixed")
     assert data["synthetic_acceptance"]["used"] is True
     assert data["synthetic_acceptance"]["per_request"] is False
@@ -120,7 +109,7 @@ def test_mixed(tmp_path: Path) -> None:
 
 
 def test_trace_arithmetic() -> None:
-    loadgen = load("loadgen")
+    loadgen = load_bench("loadgen")
     t = loadgen.Trace("r", "short", 10, 4, arrival=0.5)
     t.deltas = [(1.0, 1), (1.5, 1), (2.5, 2)]
     t.finish_time, t.finish_reason = 2.5, "length"
@@ -133,7 +122,7 @@ def test_trace_arithmetic() -> None:
 
 
 def test_requests_are_seeded_poisson_mix() -> None:
-    loadgen = load("loadgen")
+    loadgen = load_bench("loadgen")
     mix = loadgen.Mix((8, 16), (4, 8), (40, 64), (2, 4), long_fraction=0.25)
     a = loadgen.make_requests(mix, 512, 0, 200, 40.0)
     b = loadgen.make_requests(mix, 512, 0, 200, 40.0)

@@ -1,5 +1,10 @@
 """End to end on the embedded SmolLM2-135M (CPU, fp32, greedy): our continuously batched engine
-against transformers run one prompt at a time, token for token, under every scheduling path."""
+against transformers run one prompt at a time, token for token, under every scheduling path.
+
+Cost: every generated token is a forward of the 135M model on 2 CPU cores, and every engine a
+model load, so generations are 32 tokens (enough to cross two KV blocks of 16 and to preempt in
+a 16-block pool) and the tests on the default configuration share one engine (each leaves it
+clean: ``_assert_clean``)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from verifypd.types import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-NUM_NEW = 64
+NUM_NEW = 32
 PROMPTS = [
     "The capital of France is",
     "Write a haiku about the sea.",
@@ -81,12 +86,14 @@ def _assert_clean(llm: LLM) -> None:
     assert core.kv.num_free_blocks == core.kv.num_blocks
 
 
-def test_batch_matches_transformers(hf_reference):
-    _assert_matches(_llm(), hf_reference)
+@pytest.fixture(scope="module")
+def default_llm() -> LLM:
+    """One engine on the default configuration for every test here that needs no other."""
+    return _llm()
 
 
-def test_prefix_cache_second_run_hits(hf_reference):
-    llm = _llm()
+def test_batch_matches_transformers_then_prefix_cache_hits(default_llm, hf_reference):
+    llm = default_llm
     _assert_matches(llm, hf_reference)
     hits_before = llm.core.kv.num_prefix_hit_tokens
     outs = llm.generate(PROMPTS, _greedy())
@@ -101,21 +108,23 @@ def test_chunked_prefill_small_chunks(hf_reference):
     _assert_matches(_llm(max_prefill_chunk=5, max_num_batched_tokens=24), hf_reference)
 
 
+# Nine sequences of up to 57 tokens need 29 blocks of 16 at their longest; 16 blocks hold at
+# most five of them at full length, so the scheduler must preempt (and recompute) to finish.
 def test_tiny_pool_forces_preemption(hf_reference):
-    llm = _llm(cache=CacheConfig(block_size=16, num_blocks=24, enable_prefix_caching=False))
+    llm = _llm(cache=CacheConfig(block_size=16, num_blocks=16, enable_prefix_caching=False))
     _assert_matches(llm, hf_reference)
     assert llm.core.scheduler.num_preemptions > 0
 
 
 def test_tiny_pool_preemption_with_prefix_cache(hf_reference):
-    llm = _llm(cache=CacheConfig(block_size=16, num_blocks=24))
+    llm = _llm(cache=CacheConfig(block_size=16, num_blocks=16))
     _assert_matches(llm, hf_reference)
     assert llm.core.scheduler.num_preemptions > 0
 
 
-def test_no_cross_sequence_leakage_when_sampling():
+def test_no_cross_sequence_leakage_when_sampling(default_llm):
     """A seeded sampled request yields the same tokens alone and among different batch-mates."""
-    llm = _llm()
+    llm = default_llm
     params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
     alone = llm.generate([PROMPTS[3]], params)[0].token_ids
     mates = [SamplingParams(max_tokens=30, temperature=1.0, seed=i) for i in range(5)]
@@ -124,8 +133,8 @@ def test_no_cross_sequence_leakage_when_sampling():
     _assert_clean(llm)
 
 
-def test_abort_mid_generation_frees_everything():
-    llm = _llm()
+def test_abort_mid_generation_frees_everything(default_llm):
+    llm = default_llm
     core = llm.core
     ids = llm.tokenizer.encode(PROMPTS[5])
     core.add_request("a", ids, SamplingParams(max_tokens=50, temperature=0.0))
@@ -138,8 +147,8 @@ def test_abort_mid_generation_frees_everything():
     _assert_clean(llm)
 
 
-def test_generate_answers_capital_of_france():
-    llm = _llm()
+def test_generate_answers_capital_of_france(default_llm):
+    llm = default_llm
     out = llm.chat(
         [{"role": "user", "content": "What is the capital of France?"}],
         SamplingParams(max_tokens=32, temperature=0.0),

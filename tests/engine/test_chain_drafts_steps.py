@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config, tiny_draft_spec
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
@@ -80,9 +81,8 @@ def test_chained_drafts_equal_fresh_proposals(device):
 def test_chains_only_when_the_gap_after_a_verify_would_be_idle():
     """A chain fills the GPU's gap between rounds; with a prompt waiting or sequences outside
     the verify that gap has other work, and nothing is chained."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False,
-                      chain_drafts=True)  # fmt: skip
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    spec = tiny_draft_spec(chain_drafts=True)
+    core = EngineCore(tiny_config(spec=spec))
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     (a,) = core.add_request("a", [1, 2, 3], params)
     (b,) = core.add_request("b", [4, 5, 6, 7], params)
@@ -99,10 +99,9 @@ def test_chains_only_when_the_gap_after_a_verify_would_be_idle():
 
 
 def test_a_failing_chain_turns_chaining_off_and_the_step_stands(caplog):
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False,
-                      chain_drafts=True)  # fmt: skip
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
-    plain = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    spec = tiny_draft_spec(chain_drafts=True)
+    core = EngineCore(tiny_config(spec=spec))
+    plain = EngineCore(tiny_config())
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
     def broken(*args):

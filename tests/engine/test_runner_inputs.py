@@ -5,15 +5,15 @@ dependent offset would compile a second kernel variant mid-run)."""
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_config
 
-from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
 
 
 @pytest.fixture(scope="module")
 def core() -> EngineCore:
-    return EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    return EngineCore(tiny_config())
 
 
 def _offset(t) -> int:

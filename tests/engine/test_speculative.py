@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from helpers import tiny_config, tiny_draft_spec
 
 from verifypd.engine.loader import load_model
 from verifypd.engine.speculative import DraftModelProposer
@@ -91,14 +92,12 @@ def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():
 
 
 def test_the_controller_learns_the_drafting_cost_from_proposals():
-    from verifypd.config import EngineConfig, SpecConfig
     from verifypd.engine.core import EngineCore
 
     # A fixed L (the feedback controller would react to this CPU's timings); the fixed
     # controller feeds the same cost model.
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", initial_draft_len=3,
-                      controller=False)  # fmt: skip
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    spec = tiny_draft_spec(initial_draft_len=3)
+    core = EngineCore(tiny_config(spec=spec))
     model = core.controller.cost_model
     core.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=12, temperature=0))
     core.step()  # prefill

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import tiny_config, tiny_draft_spec
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.config import CacheConfig, SchedulerConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -15,7 +16,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)
 
 
 def _engine(lane_mode="three", spec=SpecConfig(), **kw) -> AsyncEngine:
-    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode=lane_mode, spec=spec, **kw)
+    cfg = tiny_config(lane_mode=lane_mode, spec=spec, **kw)
     return AsyncEngine(cfg)
 
 
@@ -39,8 +40,8 @@ async def _run_all(engine: AsyncEngine, params) -> list[list[int]]:
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 SPECS = [
     SpecConfig(method="ngram"),
-    SpecConfig(method="draft", draft_model="dummy:tiny", controller=False),
-    SpecConfig(method="draft", draft_model="dummy:tiny"),
+    tiny_draft_spec(),
+    tiny_draft_spec(controller=True),
 ]
 
 
@@ -66,7 +67,7 @@ async def test_speculative_greedy_is_token_identical(reference, lane_mode, spec)
 async def test_deltas_after_the_next_launch_lose_nothing(reference, lane_mode):
     """The GPU ordering (a landed step's deltas made after the next launch) on CPU: the same
     tokens, every request finished, clean caches (``_run_all`` checks)."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     engine = _engine(lane_mode, spec)
     engine.dispatcher.emit_after_launch = True
     assert await _run_all(engine, GREEDY) == reference
@@ -79,15 +80,13 @@ async def test_three_lane_plain_matches_single_lane(reference):
 async def test_seeded_sampling_is_identical_with_speculation():
     params = SamplingParams(max_tokens=16, temperature=0.8, seed=5, ignore_eos=True)
     plain = await _run_all(_engine("three"), params)
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     assert len(await _run_all(_engine("three", spec), params)) == len(plain)
 
 
 @pytest.mark.parametrize("chain", [False, True], ids=["fresh-drafts", "chained-drafts"])
 async def test_abort_mid_stream_frees_blocks_in_every_lane(chain):
-    spec = SpecConfig(
-        method="draft", draft_model="dummy:tiny", controller=False, chain_drafts=chain
-    )
+    spec = tiny_draft_spec(chain_drafts=chain)
     engine = _engine("three", spec, cache=CacheConfig(num_blocks=64, block_size=16))
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 
@@ -140,7 +139,7 @@ async def _bounded(agen, seconds: float):
 async def test_padded_mixed_length_verify_is_lossless(reference):
     """Different L per request in one verify batch (drafts cut at each request's max_tokens),
     padded to the longest as the GPU does to replay one graph: greedy output is unchanged."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     engine = _engine("three", spec)
     engine.core.runner.always_pad_verify = True
     padded_steps = []
@@ -171,7 +170,7 @@ async def test_padded_mixed_length_verify_is_lossless(reference):
 async def test_single_lane_prefill_joining_speculating_decodes(reference):
     """A prompt whose last prefill chunk shares a fused step with speculating decodes gets no
     drafts (its blocks cover only the prompt); outputs stay exact."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     chunked = SchedulerConfig(max_prefill_chunk=8, max_num_batched_tokens=16)
     engine = _engine("single", spec, scheduler=chunked)
 
@@ -199,10 +198,13 @@ async def test_single_lane_prefill_joining_speculating_decodes(reference):
 
 
 def test_max_model_len_is_capped_by_the_kv_pool():
-    # The server defaults max_tokens to the rest of max_model_len: it must fit in the pool.
-    engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16))
+    # The server defaults max_tokens to the rest of max_model_len: it must fit in the pool,
+    # and in the share of it one request may hold (max_request_kv_share, default 0.5).
+    whole = SchedulerConfig(max_request_kv_share=1.0)
+    engine = _engine(cache=CacheConfig(num_blocks=4, block_size=16), scheduler=whole)
     assert engine.core.max_model_len > 64 and engine.max_model_len == 64
     assert engine.kv_blocks_free == 4
+    assert _engine(cache=CacheConfig(num_blocks=4, block_size=16)).max_model_len == 32
 
 
 async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving():
@@ -242,12 +244,7 @@ async def test_controller_signals_reach_the_observer():
             return super().__getattribute__(name)
 
     rec = Recorder()
-    cfg = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
-        spec=SpecConfig(method="draft", draft_model="dummy:tiny", controller=False),
-    )
-    engine = AsyncEngine(cfg, rec)
+    engine = AsyncEngine(tiny_config(spec=tiny_draft_spec()), rec)
     params = SamplingParams(max_tokens=12, temperature=0.7, seed=3, ignore_eos=True)
     try:
         await asyncio.wait_for(_collect(engine, "s", PROMPTS[0], params), 60)

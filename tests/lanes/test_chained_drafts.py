@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import tiny_config, tiny_draft_spec
 
-from verifypd.config import EngineConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -22,10 +22,8 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
 
 def _engine(lane_mode: str, chain: bool, controller: bool = False, **kw) -> AsyncEngine:
-    spec = SpecConfig(
-        method="draft", draft_model="dummy:tiny", controller=controller, chain_drafts=chain
-    )
-    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode=lane_mode, spec=spec, **kw)
+    spec = tiny_draft_spec(controller=controller, chain_drafts=chain)
+    cfg = tiny_config(lane_mode=lane_mode, spec=spec, **kw)
     engine = AsyncEngine(cfg)
     _perturb_drafter(engine)
     return engine
@@ -69,7 +67,7 @@ async def _run_all(engine: AsyncEngine, params=GREEDY, counts: Counter | None = 
 
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
-    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode="single")
+    cfg = tiny_config(lane_mode="single")
     return asyncio.run(_run_all_plain(AsyncEngine(cfg)))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_config, tiny_draft_spec
 
-from verifypd.config import EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.dispatcher import InFlight, LaneDispatcher, choose_lane
@@ -45,9 +46,7 @@ class FakeClock:
 
 
 def _dispatcher(spec=SpecConfig(), budget=0.5):
-    cfg = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
+    cfg = tiny_config(
         spec=spec,
         scheduler=SchedulerConfig(max_prefill_chunk=8, max_num_batched_tokens=8),
     )
@@ -91,7 +90,7 @@ async def test_decode_first_then_prefill_only_when_starved():
 
 
 async def test_single_lane_mode_fuses_everything():
-    cfg = EngineConfig(model="dummy:tiny", device="cpu", lane_mode="single")
+    cfg = tiny_config(lane_mode="single")
     core = EngineCore(cfg)
 
     async def launch(lane, plan):
@@ -108,7 +107,7 @@ async def test_single_lane_mode_fuses_everything():
 
 
 async def test_verify_queue_feeds_the_verify_lane():
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     core, d, clock = _dispatcher(spec)
     _add(core, "a", 5, clock, max_tokens=20)
     await _ticks(d, 2)  # prefill, then decode lane drafts and queues a verify
@@ -125,7 +124,7 @@ async def test_verify_is_not_starved_by_plain_decodes():
     # On a serial device (CPU) every step lands before the next choice, so the decode lane is
     # always idle; with a plain-decoding neighbour it used to win every time and the drafted
     # sequence waited in the verify queue until the neighbour finished.
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     core, d, clock = _dispatcher(spec)
     _add(core, "a", 5, clock, max_tokens=20)
     core.add_request("b", [3, 4, 5], SamplingParams(max_tokens=60, temperature=0, speculate=False))
@@ -140,10 +139,10 @@ async def test_verify_is_not_starved_by_plain_decodes():
     core.check_integrity()
 
 
-async def test_failed_step_ends_requests_and_caches_nothing():
+async def test_failed_step_ends_requests_and_caches_nothing(tiny_core):
     """A launch that raises ends its requests with "error"; the KV it never wrote must not
     reach the prefix cache (a later request with the same prompt would read garbage)."""
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    core = tiny_core
 
     async def broken(lane: str, plan: StepPlan) -> PendingStep:
         raise RuntimeError("device fell over")
@@ -161,12 +160,12 @@ async def test_failed_step_ends_requests_and_caches_nothing():
 
 @pytest.mark.parametrize("stop,emitted_first", [([], False), (["zzz"], True)])
 async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_string_waits(
-    stop, emitted_first
+    stop, emitted_first, tiny_core
 ):
     """With ``emit_after_launch`` (GPU: a launch only enqueues) a landed step's deltas are made
     after the next step is launched, so detokenizing overlaps the GPU; a first token, and a
     request with stop strings (a stopped sequence must never be planned again), go first."""
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    core = tiny_core
     events: list[str] = []
 
     async def launch(lane: str, plan: StepPlan) -> PendingStep:
@@ -188,7 +187,7 @@ async def test_deltas_of_a_landed_step_follow_the_next_launch_unless_a_stop_stri
     core.check_integrity()
 
 
-async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy():
+async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy(tiny_core):
     """Deferring deltas only pays while the GPU would idle: with another lane's step still in
     flight, ``collect`` delivers at once."""
 
@@ -196,7 +195,7 @@ async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy():
         def done(self) -> bool:
             return False
 
-    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu"))
+    core = tiny_core
     delivered: list = []
 
     async def launch(lane: str, plan: StepPlan) -> PendingStep:

@@ -121,6 +121,7 @@ class FakeEngine:
     ) -> None:
         self.model_name = model_name
         self.tokenizer = FakeTokenizer()
+        self.vocab_size = 0x110000  # token id = code point
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.step_s = step_s

@@ -184,7 +184,7 @@ async def test_stop_strings_passed_through(harness: Harness) -> None:
 async def test_seed_and_sampling_params_passed_through(harness: Harness) -> None:
     payload = {
         "prompt": "x", "max_tokens": 8, "seed": 1234, "temperature": 0.7, "top_p": 0.9,
-        "top_k": 40, "priority": 3, "ignore_eos": True, "stop_token_ids": [5, 6], "user": "u1",
+        "top_k": 40, "priority": 0, "ignore_eos": True, "stop_token_ids": [5, 6], "user": "u1",
         "presence_penalty": 0, "unknown_field": {"ignored": True},
     }  # fmt: skip
     first = await (await harness.client.post("/v1/completions", json=payload)).json()
@@ -192,7 +192,7 @@ async def test_seed_and_sampling_params_passed_through(harness: Harness) -> None
     assert first["choices"][0]["text"] == second["choices"][0]["text"]  # same seed, same text
     params = harness.engine.calls[0][2]
     assert params.seed == 1234 and params.temperature == 0.7 and params.top_p == 0.9
-    assert params.top_k == 40 and params.priority == 3 and params.ignore_eos
+    assert params.top_k == 40 and params.priority == 0 and params.ignore_eos
     assert params.stop_token_ids == [5, 6]
 
 

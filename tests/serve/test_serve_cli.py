@@ -52,10 +52,24 @@ def test_all_options_reach_the_config() -> None:
     assert (fixed.initial_draft_len, fixed.max_draft_len, fixed.controller) == (3, 3, False)
 
 
+def test_limit_flags_reach_the_limits_and_the_config() -> None:
+    args = parse(
+        "--max-request-bytes", "1000", "--request-read-timeout", "2.5", "--max-prompt-chars",
+        "50", "--max-n", "4", "--max-priority", "3", "--max-request-kv-share", "0.25",
+    )  # fmt: skip
+    limits = cli.limits_from_args(args)
+    assert (limits.max_request_bytes, limits.request_read_timeout_s) == (1000, 2.5)
+    assert (limits.max_prompt_chars, limits.max_n, limits.max_priority) == (50, 4, 3)
+    assert config_from_args(args).scheduler.max_request_kv_share == 0.25
+    defaults = cli.limits_from_args(parse())
+    assert (defaults.max_request_bytes, defaults.max_priority) == (4 << 20, 0)
+
+
 @pytest.mark.parametrize(
     "argv",
-    [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24"), ("--draft-len", "17")],
-)
+    [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24"), ("--draft-len", "17"),
+     ("--max-request-kv-share", "0"), ("--max-priority", "-1"), ("--request-read-timeout", "0")],
+)  # fmt: skip
 def test_bad_options_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
     assert serve_main(parse(*argv)) == 2
     assert "verifypd serve: error:" in capsys.readouterr().err

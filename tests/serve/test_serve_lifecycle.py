@@ -13,6 +13,7 @@ from server_utils import (
     bounded,
     fake_server_command,
     parse_sse,
+    read_event,
     serve_engine,
     start_server_process,
 )
@@ -20,10 +21,6 @@ from server_utils import (
 from verifypd.serve.app import attach_engine, build_app, ready_line
 from verifypd.serve.lifecycle import drain
 from verifypd.serve.openai_api import STATE_KEY
-
-
-async def read_event(resp: aiohttp.ClientResponse) -> bytes:
-    return await resp.content.readuntil(b"\n\n")
 
 
 @bounded(10)

@@ -5,15 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from aiohttp import ClientResponse
 from fake_engine import FakeEngine
-from server_utils import Harness, bounded, parse_sse, serve_engine
+from server_utils import Harness, bounded, parse_sse, read_event, serve_engine
 
 CHAT = [{"role": "user", "content": "hi"}]
-
-
-async def read_event(resp: ClientResponse) -> bytes:
-    return await resp.content.readuntil(b"\n\n")
 
 
 async def assert_clean(h: Harness) -> None:

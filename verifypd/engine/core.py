@@ -15,6 +15,7 @@ import torch
 
 from verifypd.config import EngineConfig
 from verifypd.controller import build_controller
+from verifypd.engine.admission import RequestLimits
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
@@ -36,6 +37,7 @@ from verifypd.types import (
     StepPlan,
 )
 
+logger = logging.getLogger("verifypd")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -123,6 +125,14 @@ class EngineCore:
         )
         self._draft_span: tuple[Span, int, int] | None = None  # a proposal not yet observed
         self.requests: dict[str, list[SeqOutputState]] = {}
+        self.limits = RequestLimits(
+            self.model_config.vocab_size,
+            self.max_model_len,
+            self.kv.num_blocks,
+            self.block_size,
+            config.scheduler.max_request_kv_share,
+            config.spec.max_draft_len if self.spec.enabled else 0,
+        )
 
     def _capture_graphs(self) -> None:
         if not self._is_cuda:
@@ -192,27 +202,13 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ParamError for input that can never be served."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ParamError("prompt", "prompt must contain at least one token")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ParamError("prompt", f"prompt token ids must be in [0, {vocab})")
-        if n + params.max_tokens > self.max_model_len:
-            raise ParamError(
-                "max_tokens" if n < self.max_model_len else "prompt",
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
-                f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
-            )
-        capacity = self.kv.num_blocks * self.block_size
-        if n + params.max_tokens > capacity:
-            raise ParamError(
-                "max_tokens",
-                f"prompt ({n}) + max_tokens ({params.max_tokens}) exceeds the KV cache "
-                f"capacity of {capacity} tokens",
-            )
+        """Raises ParamError for input that can never be served (or would take more than its
+        share of the KV pool): ``admission.RequestLimits``."""
+        self.limits.validate(prompt_token_ids, params)
+
+    def max_choice_len(self, n: int = 1) -> int:
+        """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""
+        return self.limits.max_choice_len(n)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
@@ -237,19 +233,26 @@ class EngineCore:
         self.requests[request_id] = states
         return [s.seq for s in states]
 
-    def abort_request(self, request_id: str) -> list[RequestOutput]:
-        """Aborts every choice of a request; frees blocks now (or when its step lands)."""
+    def abort_request(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
+        """Ends every choice of a request whose last delta is still due, with ``reason``
+        ("abort", or "error" for a failure); frees blocks now (or when its step lands)."""
         states = self.requests.pop(request_id, [])
         outputs = []
         for st in states:
-            if not st.seq.status.is_finished:
-                self.scheduler.finish(st.seq, "abort")
+            if not st.is_done:
+                self._end(st, reason)
                 outputs.append(self._delta(st, "", finished=True))
                 self._report_finished(st.seq)
             self.spec.forget(st.seq)
             self.grammars.forget(st.seq.seq_id)
             self.controller.remove_request(st.seq.seq_id)
         return outputs
+
+    def _end(self, st: SeqOutputState, reason: str) -> None:
+        st.is_done = True
+        if not st.seq.status.is_finished:
+            self.scheduler.finish(st.seq, reason)
+        st.seq.finish_reason = reason  # a finish whose delta was never sent is lost as well
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self.scheduler.has_work()
@@ -283,7 +286,7 @@ class EngineCore:
             try:
                 self._chain(plan, pending)
             except Exception:  # an optimization: the step itself was launched and stands
-                logging.getLogger("verifypd").exception("chained drafting failed; turned off")
+                logger.exception("chained drafting failed; turned off")
                 self.chain_drafts = False
                 self.spec.drafter.chained = None
 
@@ -392,7 +395,7 @@ class EngineCore:
         return changed
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
-        outputs = [out for seq in changed if (out := self._process(seq)) is not None]
+        outputs = [out for seq in changed for out in self._process_isolated(seq)]
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs
@@ -408,6 +411,16 @@ class EngineCore:
     def _state(self, seq: Sequence) -> SeqOutputState | None:
         states = self.requests.get(seq.request_id)
         return states[seq.index] if states else None
+
+    def _process_isolated(self, seq: Sequence) -> list[RequestOutput]:
+        """``_process``; a failure there (detokenizing, stop strings) is its request's own: it
+        ends that request with "error" and frees its blocks, and its batch-mates go on."""
+        try:
+            out = self._process(seq)
+        except Exception:
+            logger.exception("output processing failed; ending request %s", seq.request_id)
+            return self.abort_request(seq.request_id, "error")
+        return [] if out is None else [out]
 
     def _process(self, seq: Sequence) -> RequestOutput | None:
         st = self._state(seq)

@@ -25,7 +25,7 @@ from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.engine.timing import Span
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVPool
-from verifypd.types import ScheduledSeq, StepPlan
+from verifypd.types import RequestFailure, ScheduledSeq, StepPlan
 
 
 @dataclass
@@ -326,14 +326,15 @@ class ModelRunner:
         return self.launch(plan).result()
 
     def _sampling_tensors(self, seqs, positions: list[int]) -> SamplingTensors:
-        return SamplingTensors.build(
-            temperature=[s.params.temperature for s in seqs],
-            top_k=[s.params.top_k for s in seqs],
-            top_p=[s.params.top_p for s in seqs],
-            seeds=[s.seed for s in seqs],
-            positions=positions,
-            device=self.device,
-        )
+        """The step's sampling tensors. When they cannot be built, the rows that fail alone
+        (on the host) name the requests at fault (``RequestFailure``); none: the step's."""
+        try:
+            return _build_sampling(seqs, positions, self.device)
+        except Exception as exc:
+            bad = {s.request_id for s, p in zip(seqs, positions, strict=True) if _fails(s, p)}
+            if not bad:
+                raise
+            raise RequestFailure(bad, exc) from exc
 
     def _verify(self, plan: StepPlan, inputs: StepInputs, logits: torch.Tensor):
         """Verifies each seq's L drafts against its 1 + L target distributions: argmax match
@@ -403,6 +404,25 @@ class ModelRunner:
             else:
                 out[k, :n, : p.shape[-1]] = p[:n]  # a smaller drafter vocab pads with 0
         return out
+
+
+def _build_sampling(seqs, positions: list[int], device) -> SamplingTensors:
+    return SamplingTensors.build(
+        temperature=[s.params.temperature for s in seqs],
+        top_k=[s.params.top_k for s in seqs],
+        top_p=[s.params.top_p for s in seqs],
+        seeds=[s.seed for s in seqs],
+        positions=positions,
+        device=device,
+    )
+
+
+def _fails(seq, position: int) -> bool:
+    try:
+        _build_sampling([seq], [position], "cpu")
+    except Exception:
+        return True
+    return False
 
 
 def _aligned_concat(parts: list[np.ndarray], align_bytes: int = 16) -> tuple[np.ndarray, list[int]]:

@@ -34,10 +34,10 @@ class AsyncEngine:
         self.core = EngineCore(config, self.observer)
         self.model_name = self.core.model_name
         self.tokenizer = self.core.tokenizer
-        # One sequence can never hold more tokens than the whole KV pool: the effective context
-        # (what the server defaults max_tokens to and reports) is the smaller of the two.
-        kv_capacity = self.core.kv.num_blocks * self.core.block_size
-        self.max_model_len = min(self.core.max_model_len, kv_capacity)
+        # One request may hold at most its share of the KV pool (max_request_kv_share): the
+        # effective context (what the server defaults max_tokens to and reports) is the smaller.
+        self.max_model_len = self.core.max_choice_len(1)
+        self.vocab_size = self.core.model_config.vocab_size
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -97,6 +97,10 @@ class AsyncEngine:
                 self.core.abort_request(request_id)
                 self._report_depths()
 
+    def max_choice_len(self, n: int) -> int:
+        """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""
+        return self.core.max_choice_len(n)
+
     def abort(self, request_id: str) -> None:
         for out in self.core.abort_request(request_id):
             self._deliver(out)
@@ -139,8 +143,7 @@ class AsyncEngine:
         queued += [e.seq for e in d.verify_queue]  # these steps still land and fold back in
         for rid in list(self._queues):
             seqs = [st.seq for st in self.core.requests.get(rid, [])]
-            for out in self.core.abort_request(rid):
-                out.finish_reason = "error"
+            for out in self.core.abort_request(rid, "error"):
                 self._deliver(out)
             for seq in seqs:
                 if seq.in_flight and not any(seq is q for q in queued):

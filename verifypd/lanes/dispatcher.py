@@ -26,7 +26,14 @@ import torch
 
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
-from verifypd.types import RequestOutput, ScheduledSeq, SeqStatus, Sequence, StepPlan
+from verifypd.types import (
+    RequestFailure,
+    RequestOutput,
+    ScheduledSeq,
+    SeqStatus,
+    Sequence,
+    StepPlan,
+)
 
 LANES = ("decode", "verify", "prefill")  # priority order
 
@@ -245,6 +252,9 @@ class LaneDispatcher:
     async def _launch(self, lane: str, plan: StepPlan) -> None:
         if lane != "verify":  # verify entries were marked when they were queued
             self.sched.begin_step(plan)
+        await self._launch_marked(lane, plan)
+
+    async def _launch_marked(self, lane: str, plan: StepPlan) -> None:
         start = self.clock()
         self._last_lane = lane
         self.launch_log.append(lane)
@@ -254,17 +264,36 @@ class LaneDispatcher:
         flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
         try:
             flight.pending = await self._launch_fn(lane, plan)
+        except RequestFailure as failure:  # some requests' own inputs: the rest go on
+            del self.in_flight[lane]
+            rest = self._isolate(plan, failure.request_ids)
+            if rest is not None and rest.seqs:
+                await self._launch_marked(lane, rest)
         except Exception:
             del self.in_flight[lane]
             self._fail(plan)
+
+    def _isolate(self, plan: StepPlan, request_ids: set[str]) -> StepPlan | None:
+        """Ends the failed requests with "error"; returns the step without them (None, after
+        failing the whole step, when none of them is in it)."""
+        failed = [e for e in plan.seqs if e.seq.request_id in request_ids]
+        if not failed:
+            self._fail(plan)
+            return None
+        logging.getLogger("verifypd").exception("requests %s failed", sorted(request_ids))
+        self.sched.abandon(StepPlan(plan.lane, failed))
+        self._end_requests(request_ids)
+        return StepPlan(plan.lane, [e for e in plan.seqs if e.seq.request_id not in request_ids])
 
     def _fail(self, plan: StepPlan) -> None:
         """A launch raised: end the affected requests with "error" instead of hanging."""
         logging.getLogger("verifypd").exception("lane step failed; ending its requests")
         self.sched.abandon(plan)  # its KV was never written: nothing may reach the cache
-        for rid in {s.seq.request_id for s in plan.seqs}:
-            for out in self.core.abort_request(rid):
-                out.finish_reason = "error"
+        self._end_requests({s.seq.request_id for s in plan.seqs})
+
+    def _end_requests(self, request_ids: set[str]) -> None:
+        for rid in request_ids:
+            for out in self.core.abort_request(rid, "error"):
                 self._deliver(out)
 
     def _report(self) -> None:

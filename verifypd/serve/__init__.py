@@ -2,7 +2,8 @@
 
 Public API (imported lazily, so that ``import verifypd.serve.metrics`` stays light):
 ``build_app``, ``attach_engine``, ``run_server`` (serve.app), ``serve_main``, ``add_serve_args``
-(serve.cli) and ``PrometheusObserver`` (serve.metrics).
+(serve.cli), ``ServeLimits`` (serve.limits), ``OpenAIAppRunner`` (serve.transport) and
+``PrometheusObserver`` (serve.metrics).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ _EXPORTS = {
     "run_server": "verifypd.serve.app",
     "serve_main": "verifypd.serve.cli",
     "add_serve_args": "verifypd.serve.cli",
+    "ServeLimits": "verifypd.serve.limits",
+    "OpenAIAppRunner": "verifypd.serve.transport",
     "PrometheusObserver": "verifypd.serve.metrics",
 }
 __all__ = list(_EXPORTS)

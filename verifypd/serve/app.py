@@ -21,9 +21,11 @@ from aiohttp import web
 from verifypd.serve.dashboard import add_dashboard, refresh_engine_gauges
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
 from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
+from verifypd.serve.limits import ServeLimits, body_size_middleware
 from verifypd.serve.metrics import PrometheusObserver
 from verifypd.serve.openai_api import STATE_KEY, create_chat_completion, create_completion
 from verifypd.serve.state import RETRY_AFTER_DRAINING_S, ServerState
+from verifypd.serve.transport import OpenAIAppRunner
 from verifypd.types import Observer
 
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("verifypd.serve")
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
-MAX_BODY_BYTES = 32 << 20
 EngineFactory = Callable[["EngineConfig", Observer], Any]
 
 
@@ -43,18 +44,28 @@ def build_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     observer: PrometheusObserver | None = None,
+    limits: ServeLimits | None = None,
 ) -> web.Application:
     """The OpenAI-compatible app around a started ``AsyncEngine``.
 
     ``engine=None`` builds an app in the "starting" phase (/health 503) that becomes ready on
     ``attach_engine``. Metrics come from ``observer``, else the engine's own
-    PrometheusObserver, else a new one that is installed as ``engine.observer``.
+    PrometheusObserver, else a new one that is installed as ``engine.observer``. ``limits``
+    bound what one request may send and take (``ServeLimits()`` when None).
     """
     name = served_model_name or getattr(engine, "model_name", None) or "verifypd"
     observer = observer or _engine_observer(engine, name)
-    state = ServerState(max_queue, observer, served_model_name, api_key)
-    middlewares = [error_middleware] + ([_auth_middleware(api_key)] if api_key else [])
-    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+    limits = limits or ServeLimits()
+    state = ServerState(max_queue, observer, served_model_name, api_key, limits)
+    middlewares = [error_middleware, body_size_middleware(limits.max_request_bytes)]
+    middlewares += [_auth_middleware(api_key)] if api_key else []
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=limits.max_request_bytes,
+        # A connection must deliver a request's headers within the read timeout (aiohttp arms
+        # its keep-alive timer from the connection's start); a refused body is not drained.
+        handler_args={"keepalive_timeout": limits.request_read_timeout_s, "lingering_time": 0},
+    )
     app[STATE_KEY] = state
     _add_routes(app, state)
     if engine is not None:
@@ -90,12 +101,14 @@ def _add_routes(app: web.Application, state: ServerState) -> None:
 
 
 def _auth_middleware(api_key: str) -> Any:
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
-        if request.path.startswith("/v1/") and not hmac.compare_digest(given, expected):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        is_bearer = scheme.lower() == "bearer"  # HTTP auth schemes are case-insensitive
+        is_valid = hmac.compare_digest(given.strip().encode(), expected) and is_bearer
+        if request.path.startswith("/v1/") and not is_valid:
             raise unauthorized()
         return await handler(request)
 
@@ -190,6 +203,7 @@ def run_server(
     api_key: str | None = None,
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
     engine_factory: EngineFactory | None = None,
+    limits: ServeLimits | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT, then drain; returns the process exit code.
 
@@ -198,8 +212,9 @@ def run_server(
     it). On the first signal it drains (see ``lifecycle.drain``); a second signal aborts.
     """
     server = _serve(
-        config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory
-    )
+        config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory,
+        limits,
+    )  # fmt: skip
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
@@ -216,13 +231,14 @@ async def _serve(
     api_key: str | None,
     drain_timeout: float,
     engine_factory: EngineFactory | None,
+    limits: ServeLimits | None,
 ) -> int:
     observer = PrometheusObserver(served_model_name or _provisional_name(config.model))
     app = build_app(
         None, max_queue=max_queue, served_model_name=served_model_name, api_key=api_key,
-        observer=observer,
+        observer=observer, limits=limits,
     )  # fmt: skip
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    runner = OpenAIAppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

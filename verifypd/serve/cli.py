@@ -8,6 +8,7 @@ import sys
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
+from verifypd.serve.limits import ServeLimits
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -50,9 +51,43 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add("--served-model-name", default=None, help="model id in the API (default: the model's)")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    add_limit_args(parser)
     add("--seed", type=int, default=0)
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+# flag, ServeLimits field, type, help (docs/api.md, "What the server refuses")
+LIMIT_FLAGS = (
+    ("--max-request-bytes", "max_request_bytes", int,
+     "largest request body; a larger Content-Length gets 413 before the body is read"),
+    ("--request-read-timeout", "request_read_timeout_s", float,
+     "seconds a client has to send the headers, and then the body (slow clients)"),
+    ("--max-prompt-chars", "max_prompt_chars", int,
+     "longest prompt text, checked before tokenizing (default: 32 x context length)"),
+    ("--max-n", "max_n", int, "largest n and best_of"),
+    ("--max-priority", "max_priority", int,
+     "allowed priorities: -N..N (default 0: clients cannot outrank each other)"),
+)  # fmt: skip
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """What one request may send and take."""
+    defaults = ServeLimits()
+    for flag, name, kind, text in LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
+    parser.add_argument(
+        "--max-request-kv-share",
+        type=float,
+        default=SchedulerConfig.max_request_kv_share,
+        help="the most of the KV pool one request may need (n x (prompt + max_tokens))",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServeLimits:
+    """Build the ServeLimits; raises ValueError on bad values."""
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in LIMIT_FLAGS}
+    return ServeLimits(**values)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -69,7 +104,11 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         lane_mode=args.lane_mode,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_kv_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            max_request_kv_share=args.max_request_kv_share,
+        ),
         spec=spec,
     )
 
@@ -83,6 +122,7 @@ def serve_main(args: argparse.Namespace) -> int:
     )
     try:
         config = config_from_args(args)
+        limits = limits_from_args(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be >= 1")
     except ValueError as exc:
@@ -96,4 +136,5 @@ def serve_main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         api_key=args.api_key,
         drain_timeout=args.drain_timeout,
+        limits=limits,
     )

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
+from verifypd.serve.limits import check_request, read_body
 from verifypd.serve.protocol import (
     OutputCollector,
     ResponseMeta,
@@ -58,8 +59,9 @@ MAX_INLINE_ENCODE_CHARS = 32_768
 async def create_completion(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.check_accepting()
-    body = parse_request(CompletionRequest, await request.read())
+    body = parse_request(CompletionRequest, await _read(request, state))
     state.check_model(body.model)
+    check_before_tokenizing(state, body)
     prompt = completion_prompt(body)
     tokenizer = state.engine.tokenizer
     ids = prompt if isinstance(prompt, list) else await encode(tokenizer, prompt, True)
@@ -73,17 +75,38 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     state.check_accepting()
-    body = parse_request(ChatCompletionRequest, await request.read())
+    body = parse_request(ChatCompletionRequest, await _read(request, state))
     state.check_model(body.model)
+    check_before_tokenizing(state, body)
     tools = chat_tool_plan(body)
     constraint = output_constraint(body, tools)
     ids = await encode_chat(state.engine.tokenizer, chat_messages(body), tools)
-    limit = state.engine.max_model_len
-    max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages")
+    limit = _context_limit(state.engine, body.n or 1, body.requested_max_tokens)
+    which = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages", which)
     parsed = tools if tools.renders_tools else None
     meta = ResponseMeta.new("chat", state.model_name, body.include_usage, parsed)
     params = to_sampling_params(body, max_tokens, constraint)
     return await generate_response(request, state, meta, ids, params, body.is_stream)
+
+
+async def _read(request: web.Request, state: ServerState) -> bytes:
+    return await read_body(request, state.limits.request_read_timeout_s)
+
+
+def check_before_tokenizing(state: ServerState, body: Any) -> None:
+    """The server's limits (400) and the admission bound (429): nothing tokenized yet."""
+    engine = state.engine
+    check_request(body, state.limits, getattr(engine, "vocab_size", None), engine.max_model_len)
+    state.check_capacity()
+
+
+def _context_limit(engine: Any, n: int, requested: int | None) -> int:
+    """What a default max_tokens fills up to: the context, or each choice's share of the
+    KV pool when the engine bounds it (``max_choice_len``)."""
+    if requested is not None or not hasattr(engine, "max_choice_len"):
+        return engine.max_model_len
+    return engine.max_choice_len(n)
 
 
 async def encode_chat(
@@ -114,9 +137,20 @@ async def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[in
 
 
 def resolve_max_tokens(
-    num_prompt: int, requested: int | None, max_model_len: int, param: str
+    num_prompt: int,
+    requested: int | None,
+    max_model_len: int,
+    param: str,
+    max_tokens_param: str = "max_tokens",
 ) -> int:
-    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit."""
+    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit
+    (naming ``max_tokens_param`` when max_tokens alone cannot, else the prompt's ``param``)."""
+    if requested is not None and requested >= max_model_len:
+        raise invalid_request(
+            f"{max_tokens_param}={requested} leaves no room for a prompt in this model's "
+            f"maximum context length (max_model_len) of {max_model_len} tokens.",
+            max_tokens_param,
+        )
     if num_prompt == 0:
         raise invalid_request(f"'{param}' must not be empty", param)
     if num_prompt >= max_model_len:

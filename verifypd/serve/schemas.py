@@ -18,7 +18,6 @@ from verifypd.serve.structured import StructuredFields, structured_output
 from verifypd.serve.tools import ToolChoice, ToolDef, ToolPlan, tool_plan
 from verifypd.types import ParamError, SamplingParams, StructuredOutput
 
-MAX_N = 16
 MAX_STOP = 4
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -35,7 +34,10 @@ FIELD_HINTS = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    # No NaN/Infinity (JSON has neither; a lenient parser would let them past the bounds).
+    model_config = ConfigDict(
+        strict=True, extra="ignore", populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class StreamOptions(_Strict):
@@ -58,13 +60,13 @@ class _SamplingFields(StructuredFields):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    n: int | None = Field(default=None, ge=1)  # at most ServeLimits.max_n (serve/limits.py)
     stop: Annotated[str, Field(min_length=1)] | StopList | None = None
     stop_token_ids: list[TokenId] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    priority: int | None = None  # verifypd extension: higher is admitted first
+    priority: int | None = None  # verifypd extension: higher first; ServeLimits.max_priority
     ignore_eos: bool | None = None
     user: str | None = None  # accepted and ignored
     logit_bias: Any = None

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from verifypd.serve.errors import model_not_found, overloaded, unavailable
+from verifypd.serve.limits import ServeLimits
 
 if TYPE_CHECKING:
     from verifypd.serve.metrics import PrometheusObserver
@@ -36,6 +37,7 @@ class ServerState:
         observer: PrometheusObserver,
         served_model_name: str | None = None,
         api_key: str | None = None,
+        limits: ServeLimits | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError("max_queue must be >= 1")
@@ -43,6 +45,7 @@ class ServerState:
         self.observer = observer
         self.served_model_name = served_model_name
         self.api_key = api_key
+        self.limits = limits or ServeLimits()
         self.engine: Any = None
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
@@ -82,11 +85,16 @@ class ServerState:
         if requested is not None and requested not in names:
             raise model_not_found(requested, self.model_name)
 
+    def check_capacity(self) -> None:
+        """429 when the admission bound is reached (checked before tokenizing, and again at
+        admission)."""
+        if len(self.inflight) >= self.max_queue:
+            raise overloaded(self.max_queue, RETRY_AFTER_FULL_S)
+
     def admit(self, request_id: str) -> None:
         """Count a request against the bound, or raise 429."""
         self.check_accepting()
-        if len(self.inflight) >= self.max_queue:
-            raise overloaded(self.max_queue, RETRY_AFTER_FULL_S)
+        self.check_capacity()
         self.inflight[request_id] = time.monotonic()
         self._idle.clear()
 

@@ -1,0 +1,125 @@
+"""An OpenAI-completions HTTP front with the engine interface of ``loadgen.run_load``: the same
+open-loop trace drives ``verifypd serve``, ``vllm serve`` or any OpenAI-compatible server.
+
+Each request is a streaming ``/v1/completions`` call with token-id prompts (``prompt: [ids]``),
+greedy or sampled, ``ignore_eos``, ``stream_options.include_usage``. A delta is one SSE chunk
+that carries output; its token count is ``len(choices[0].token_ids)`` where the server sends
+token ids (vLLM with ``return_token_ids``), else 1. Tokens the chunks did not account for
+(detokenizers hold back incomplete text, so chunks can merge) are added to the last delta from
+the usage count, so TPOT and throughput use the server's own token count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from verifypd.types import SamplingParams
+
+
+@dataclass
+class HttpDelta:
+    new_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+class HttpEngine:
+    """``generate(request_id, prompt_ids, params)`` over HTTP, yielding ``HttpDelta``s."""
+
+    def __init__(self, base_url: str, model: str, extra: dict[str, Any] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.extra = dict(extra or {})  # server-specific body fields (vLLM: return_token_ids)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> HttpEngine:
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        self.session = aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def body(self, prompt: list[int], params: SamplingParams) -> dict[str, Any]:
+        body = {
+            "model": self.model, "prompt": prompt, "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "ignore_eos": params.ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}, **self.extra,
+        }  # fmt: skip
+        if params.seed is not None and params.temperature > 0:
+            body["seed"] = params.seed
+        return body
+
+    async def generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[HttpDelta]:
+        assert self.session is not None, "use HttpEngine as an async context manager"
+        url = f"{self.base_url}/v1/completions"
+        seen, finish = 0, None
+        async with self.session.post(url, json=self.body(prompt, params)) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+            async for chunk in sse_events(resp):
+                usage = chunk.get("usage")
+                for choice in chunk.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    n = len(choice.get("token_ids") or []) or (1 if choice.get("text") else 0)
+                    if n:
+                        seen += n
+                        yield HttpDelta([0] * n)
+                if usage and usage.get("completion_tokens") is not None:
+                    missing = int(usage["completion_tokens"]) - seen
+                    yield HttpDelta([0] * max(0, missing), True, finish or "length")
+                    return
+        yield HttpDelta([], True, finish or "length")
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an SSE stream, up to ``data: [DONE]``."""
+    async for raw in resp.content:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+async def served_model(base_url: str) -> str:
+    """The first model id of ``GET /v1/models``."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base_url.rstrip('/')}/v1/models") as resp:
+            return (await resp.json())["data"][0]["id"]
+
+
+async def wait_ready(base_url: str, timeout_s: float, proc: Any = None) -> None:
+    """Poll ``GET /health`` until 200; fail early if ``proc`` (a Popen) exits."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+            try:
+                async with session.get(f"{base_url.rstrip('/')}/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await _sleep(0.5)
+    raise TimeoutError(f"{base_url} not ready after {timeout_s:.0f} s")
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)

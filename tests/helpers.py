@@ -1,0 +1,173 @@
+"""Helpers shared by every test package (importable as ``helpers``: tests/conftest.py puts this
+folder on ``sys.path``). Fixtures built on them live in tests/conftest.py.
+
+- tiny engines: ``tiny_config`` / ``tiny_draft_spec`` (``dummy:tiny`` on CPU, fp32);
+- SSE: ``parse_sse`` (a whole body) and ``read_event`` (the next event of an open stream);
+- servers in a subprocess: ``start_server_process`` / ``verifypd_serve_command`` /
+  ``ServerProcess`` (the real ``verifypd serve``), ``smollm_server`` (the embedded model);
+- ``bounded``: fail an async test that runs too long instead of hanging;
+- ``load_bench``: import a script from bench/ as a module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.util
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from verifypd.config import EngineConfig, SpecConfig
+
+REPO = Path(__file__).resolve().parents[1]
+READY_RE = re.compile(r"^verifypd serving (?P<model>\S+) at (?P<url>http://\S+)$")
+
+
+# -- tiny engines ----------------------------------------------------------------------------
+
+
+def tiny_config(**overrides: Any) -> EngineConfig:
+    """``EngineConfig`` of the ``dummy:tiny`` model on CPU; keyword arguments override fields."""
+    return EngineConfig(**{"model": "dummy:tiny", "device": "cpu", **overrides})
+
+
+def tiny_draft_spec(**overrides: Any) -> SpecConfig:
+    """Draft-model speculation with ``dummy:tiny`` drafting for itself (every draft accepted
+    unless the test perturbs the drafter), at a fixed draft length (no controller)."""
+    return SpecConfig(
+        **{"method": "draft", "draft_model": "dummy:tiny", "controller": False, **overrides}
+    )
+
+
+# -- async tests and SSE -----------------------------------------------------------------------
+
+
+def bounded(seconds: float) -> Callable:
+    """Decorator: fail an async test that runs longer than ``seconds`` instead of hanging."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.wait_for(fn(*args, **kwargs), seconds)
+
+        return run
+
+    return wrap
+
+
+def parse_sse(body: str) -> list[Any]:
+    """SSE body -> list of decoded ``data:`` payloads (``"[DONE]"`` kept as the string)."""
+    events = []
+    for block in body.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), f"not an SSE data event: {block!r}"
+        data = block[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def read_event(resp: Any) -> bytes:
+    """The next raw SSE event (``b"data: ...\\n\\n"``) of an open aiohttp response."""
+    return await resp.content.readuntil(b"\n\n")
+
+
+# -- servers in a subprocess -----------------------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    url: str = ""
+    model: str = ""
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Send ``sig`` and wait for the exit code (kill after ``timeout``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server_process(cmd: list[str], timeout: float = 120.0, **popen: Any) -> ServerProcess:
+    """Launch ``cmd`` and wait for ``verifypd serving MODEL at URL`` on its stdout."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, **popen
+    )
+    server = ServerProcess(proc)
+    ready = threading.Event()
+    threading.Thread(target=_read_lines, args=(proc.stdout, server, ready), daemon=True).start()
+    threading.Thread(target=_read_lines, args=(proc.stderr, server, None), daemon=True).start()
+    _wait_ready(server, ready, timeout)
+    return server
+
+
+def _read_lines(stream: Any, server: ServerProcess, ready: threading.Event | None) -> None:
+    sink = server.stderr if ready is None else server.stdout
+    for line in stream:
+        sink.append(line.rstrip("\n"))
+        match = READY_RE.match(sink[-1]) if ready is not None else None
+        if match:
+            server.url, server.model = match["url"], match["model"]
+            ready.set()
+
+
+def _wait_ready(server: ServerProcess, ready: threading.Event, timeout: float) -> None:
+    deadline = timeout
+    while not ready.wait(0.1):
+        deadline -= 0.1
+        if server.proc.poll() is not None or deadline <= 0:
+            server.proc.kill()
+            server.proc.wait()
+            log = "\n".join(server.stdout + server.stderr)
+            raise RuntimeError(f"server did not become ready (rc={server.proc.returncode}):\n{log}")
+
+
+def verifypd_serve_command(*args: str) -> list[str]:
+    """``python -m verifypd serve --port 0 ARGS`` (the real engine; port printed when ready)."""
+    return [sys.executable, "-m", "verifypd", "serve", "--port", "0", *args]
+
+
+def smollm_server(*args: str, timeout: float = 180.0) -> ServerProcess:
+    """The real server on the embedded SmolLM2-135M on CPU, with extra ``verifypd serve`` args."""
+    cmd = verifypd_serve_command("--model", "default", "--device", "cpu", *args)
+    return start_server_process(cmd, timeout=timeout)
+
+
+# -- bench scripts ---------------------------------------------------------------------------
+
+
+def load_bench(name: str) -> ModuleType:
+    """Import ``bench/NAME.py`` as module ``bench_NAME`` (bench/ itself goes on ``sys.path`` for
+    the scripts' shared imports)."""
+    bench = REPO / "bench"
+    if sys.path[0] != str(bench):  # first, so that bench/kernels.py wins over tests/kernels
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", bench / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while decorating
+    spec.loader.exec_module(module)
+    return module

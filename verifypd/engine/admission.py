@@ -1,0 +1,74 @@
+"""What the engine refuses up front: input that can never be served, and requests whose worst
+case would take more than their share of the KV pool (``max_request_kv_share``).
+
+A request's worst case is every one of its ``n`` choices at full length (prompt + max_tokens),
+plus room for the longest draft when speculating; the drafter's pool has as many blocks as the
+target's, so one bound covers both. Under preemption a request beyond its share would evict
+everyone else and starve them; beyond the whole pool it could never finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verifypd.types import ParamError, SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    kv_share: float  # of ``num_blocks`` one request may need
+    draft_slack: int = 0  # slots reserved past the last token for drafts (max_draft_len)
+
+    @property
+    def max_request_blocks(self) -> int:
+        return max(1, int(self.kv_share * self.num_blocks))
+
+    def request_blocks(self, num_prompt: int, max_tokens: int, n: int) -> int:
+        """Worst-case KV blocks of a request (each choice at full length, drafts included)."""
+        return n * -(-(num_prompt + max_tokens + self.draft_slack) // self.block_size)
+
+    def max_choice_len(self, n: int = 1) -> int:
+        """The longest prompt + max_tokens each of ``n`` choices may have: the context length
+        and the request's share of the pool (``request_blocks``' inverse)."""
+        share_len = self.max_request_blocks // n * self.block_size - self.draft_slack
+        return max(0, min(self.max_model_len, share_len))
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ParamError (naming the field) for a request that must not enter the engine."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ParamError("prompt", "prompt must contain at least one token")
+        _check_token_ids("prompt", prompt_token_ids, self.vocab_size)
+        _check_token_ids("stop_token_ids", params.stop_token_ids, self.vocab_size)
+        if params.top_k > self.vocab_size:
+            vocab = self.vocab_size
+            raise ParamError("top_k", f"top_k must be -1, 0 or in [1, {vocab}] (the vocabulary)")
+        if n + params.max_tokens > self.max_model_len:
+            raise ParamError(
+                "max_tokens" if n < self.max_model_len else "prompt",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
+                f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+            )
+        self._check_kv_need(n, params)
+
+    def _check_kv_need(self, num_prompt: int, params: SamplingParams) -> None:
+        need = self.request_blocks(num_prompt, params.max_tokens, params.n)
+        total, limit = self.num_blocks, self.max_request_blocks
+        if need > limit:
+            what = "exceeds the whole KV cache" if need > total else "exceeds its share"
+            raise ParamError(
+                "max_tokens",
+                f"n ({params.n}) x (prompt ({num_prompt}) + max_tokens ({params.max_tokens})) "
+                f"needs {need} KV blocks, which {what}: one request may hold at most {limit} of "
+                f"the {total} blocks (max_request_kv_share). Lower max_tokens or n.",
+            )
+
+
+def _check_token_ids(param: str, token_ids: list[int], vocab_size: int) -> None:
+    if any(not 0 <= t < vocab_size for t in token_ids):
+        raise ParamError(param, f"{param} must hold token ids in [0, {vocab_size})")
