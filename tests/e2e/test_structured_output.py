@@ -18,9 +18,9 @@ from verifypd.types import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.slow
 
-NUM_SCHEMAS = 20
-MAX_TOKENS = 48
-NUM_KV_BLOCKS = 320  # 24 sequences of < 200 tokens, 16-token blocks
+NUM_SCHEMAS = 12
+MAX_TOKENS = 40
+NUM_KV_BLOCKS = 240  # 16 sequences of < 200 tokens, 16-token blocks
 SPECS = {
     "off": SpecConfig(),
     "ngram": SpecConfig(method="ngram"),
