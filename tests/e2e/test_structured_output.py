@@ -18,9 +18,9 @@ from verifypd.types import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.slow
 
-NUM_SCHEMAS = 12
-MAX_TOKENS = 40
-NUM_KV_BLOCKS = 240  # 16 sequences of < 200 tokens, 16-token blocks
+NUM_SCHEMAS = 6
+MAX_TOKENS = 32
+NUM_KV_BLOCKS = 160  # 10 sequences of < 200 tokens, 16-token blocks
 SPECS = {
     "off": SpecConfig(),
     "ngram": SpecConfig(method="ngram"),
@@ -34,7 +34,7 @@ def _leaf() -> st.SearchStrategy[dict]:
     """Bounded leaves: every string, number and list has a length cap, so the grammar forces
     the output to end within ``MAX_TOKENS``."""
     return st.one_of(
-        st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 6)),
+        st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 4)),
         st.builds(
             lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
             st.integers(-20, 20),
