@@ -12,6 +12,20 @@ import time
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output, compiled by ``engine.grammar`` (xgrammar).
+
+    ``kind``: ``json`` (``spec`` is a JSON schema as JSON text), ``json_object`` (any JSON
+    object), ``regex``, ``choice`` (``spec`` is a JSON list of strings) or ``grammar`` (EBNF).
+    ``param`` is the request field it came from, named in the 400 when it does not compile.
+    """
+
+    kind: str
+    spec: str = ""
+    param: str = "structured_outputs"
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings (OpenAI-compatible names)."""
@@ -44,6 +58,7 @@ class SamplingParams:
     # None = off.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None  # grammar-constrained output
 
     def __post_init__(self) -> None:
         if self.top_k == -1:

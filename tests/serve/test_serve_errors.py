@@ -49,7 +49,10 @@ CHAT_BAD = [
     ("min_tokens", 10**9),  # above max_tokens (the rest of the context)
     ("logprobs", 1), ("top_logprobs", 2), ("top_logprobs", 21), ("top_logprobs", -1),
     ("tools", [{"type": "function"}]),
-    ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
+    ("tool_choice", "required"), ("response_format", {"type": "xml"}),
+    ("response_format", {"type": "json_schema"}),
+    ("structured_outputs", {"regex": "a", "choice": ["b"]}),
+    ("tool_choice", {"type": "function", "function": {"name": "nope"}}), ("guided_choice", []),
 ]  # fmt: skip
 CASES = [("/v1/completions", f, v) for f, v in COMMON_BAD + COMPLETION_BAD] + [
     ("/v1/chat/completions", f, v) for f, v in COMMON_BAD + CHAT_BAD

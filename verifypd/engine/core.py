@@ -18,6 +18,7 @@ from verifypd.controller import build_controller
 from verifypd.engine.admission import RequestLimits
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
+from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
 from verifypd.engine.runner import ModelRunner, PendingStep
@@ -110,6 +111,10 @@ class EngineCore:
         self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
         self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
         self.runner.logits_processor.eos_token_ids = frozenset(self.eos_token_ids)
+        self.grammars = GrammarTable(
+            GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        )
+        self.runner.grammars = self.grammars
         self.spec = SpecDecoder(config.spec, self._drafter())
         self.use_cuda_graphs = (
             config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
@@ -224,10 +229,13 @@ class EngineCore:
             raise ParamError(None, f"duplicate request id {request_id!r}")
         self.validate(prompt_token_ids, params)
         resolve_bad_words(params, self.tokenizer)
+        grammar = self.grammars.compile(params.structured)  # ParamError when it is invalid
         now = time.monotonic()
         states = []
         for i in range(params.n):
             seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)
+            if grammar is not None:
+                self.grammars.add(seq, grammar)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
             stop = StopChecker(params.stop, params.include_stop_str_in_output)
             states.append(SeqOutputState(seq, detok, stop))
@@ -250,6 +258,7 @@ class EngineCore:
                 outputs.append(self._delta(st, "", finished=True))
                 self._report_finished(st.seq)
             self.spec.forget(st.seq)
+            self.grammars.forget(st.seq.seq_id)
             self.controller.remove_request(st.seq.seq_id)
         return outputs
 
@@ -465,6 +474,7 @@ class EngineCore:
 
     def _forget(self, seq: Sequence) -> None:
         self.spec.forget(seq)
+        self.grammars.forget(seq.seq_id)
         self.controller.remove_request(seq.seq_id)
         states = self.requests.get(seq.request_id)
         # Not seq.status: choices that finished in this same step still need their last delta.

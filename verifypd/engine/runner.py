@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
+from verifypd.engine.grammar import GrammarTable, apply_token_bitmask, fill_step_masks, read_drafts
 from verifypd.engine.logits_pipeline import LogitsProcessor
 from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
 from verifypd.engine.model import DecoderLM
@@ -110,6 +111,7 @@ class ModelRunner:
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)
         # Penalties, biases, bans between the logits and the sampler (the engine sets EOS).
         self.logits_processor = LogitsProcessor(device)
+        self.grammars: GrammarTable | None = None  # structured output (engine.grammar)
 
     def capture_graphs(self, query_len: int, max_batch: int, max_len: int) -> None:
         """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode)."""
@@ -247,8 +249,10 @@ class ModelRunner:
         deferred = any(s.draft_ids_device is not None for s in plan.seqs)
         span = Span(self.is_cuda) if deferred else None  # the GPU reaches it after the drafts
         inputs = self.prepare(plan)
+        drafts = read_drafts(self.grammars, plan.seqs)  # before the forward is enqueued
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
-        logits, logprobs = self._logits_and_logprobs(plan, inputs, verify_flat)
+        logits, logprobs = self._logits_and_logprobs(plan, inputs, verify_flat)  # raw log-probs
+        logits = self.process_logits(plan, inputs, logits, drafts)  # grammar masks, draft cuts
         pieces: list[torch.Tensor] = []
         layout: list = [("none",)] * len(plan.seqs)
         n_plain = len(inputs.sample_rows)
@@ -316,6 +320,26 @@ class ModelRunner:
         if len(rows) == full.shape[0]:
             return full  # rows are always in order: the plan's seqs, then their positions
         return full.index_select(0, self._to_device(rows, torch.int64))
+
+    def process_logits(
+        self, plan: StepPlan, inputs: StepInputs, logits: torch.Tensor, drafts: dict
+    ) -> torch.Tensor:
+        """The logits processors, in order, over the step's sampled rows (plain rows, then each
+        verify's 1 + L rows), after the forward is enqueued so their host work overlaps it:
+        the grammar mask (structured output) comes last, so nothing after it can give a
+        disallowed token probability again."""
+        if self.grammars is not None:
+            logits = self._grammar_mask(plan, inputs, logits, drafts)
+        return logits
+
+    def _grammar_mask(self, plan, inputs: StepInputs, logits: torch.Tensor, drafts: dict):
+        rows = [(plan.seqs[i], 1) for i in inputs.sample_seqs]
+        rows += [(plan.seqs[i], len(r)) for i, r in zip(inputs.verify_seqs, inputs.verify_rows,
+                                                        strict=True)]  # fmt: skip
+        bitmask = fill_step_masks(self.grammars, rows, drafts)
+        if bitmask is None:
+            return logits
+        return apply_token_bitmask(logits, self._to_device(bitmask.numpy(), torch.int32))
 
     def _pack(self, plan: StepPlan, pieces: list[torch.Tensor], layout: list) -> PendingStep:
         if not pieces:

@@ -31,6 +31,9 @@ from verifypd.serve.protocol import (
     finish_chunk,
     full_response,
     role_chunk,
+    text_chunk,
+    tool_call_chunk,
+    tool_finish_reason,
     usage_chunk,
 )
 from verifypd.serve.schemas import (
@@ -38,12 +41,20 @@ from verifypd.serve.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_messages,
+    chat_tool_plan,
     completion_prompts,
+    output_constraint,
     parse_request,
     to_sampling_params,
 )
 from verifypd.serve.sse import SSEStream
 from verifypd.serve.state import Phase, ServerState
+from verifypd.serve.tools import (
+    ToolPlan,
+    render_without_tool_support,
+    template_knows_tools,
+    tools_for_template,
+)
 from verifypd.types import ParamError, RequestOutput, SamplingParams
 
 logger = logging.getLogger("verifypd.serve")
@@ -68,7 +79,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     check_logprobs_limit(body.logprobs, max_logprobs(state.engine), "logprobs")
     extras = completion_extras(body, tokenizer, prompts, texts, echo_only)
     meta = ResponseMeta.new("completion", state.model_name, body.include_usage, extras)
-    params = to_sampling_params(body, requested)
+    params = to_sampling_params(body, requested, output_constraint(body, None))
     return await generate_response(request, state, meta, prompts, params, body.is_stream)
 
 
@@ -78,14 +89,17 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = parse_request(ChatCompletionRequest, await _read(request, state))
     state.check_model(body.model)
     check_before_tokenizing(state, body)
-    ids = await encode_chat(state.engine.tokenizer, chat_messages(body))
+    tools = chat_tool_plan(body)
+    constraint = output_constraint(body, tools)
+    ids = await encode_chat(state.engine.tokenizer, chat_messages(body), tools)
     limit = _context_limit(state.engine, body.n or 1, body.requested_max_tokens)
     which = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     max_tokens = resolve_max_tokens(len(ids), body.requested_max_tokens, limit, "messages", which)
     check_logprobs_limit(body.top_logprobs, max_logprobs(state.engine), "top_logprobs")
     extras = chat_extras(body, state.engine.tokenizer)
-    meta = ResponseMeta.new("chat", state.model_name, body.include_usage, extras)
-    params = to_sampling_params(body, max_tokens)
+    parsed = tools if tools.renders_tools else None
+    meta = ResponseMeta.new("chat", state.model_name, body.include_usage, extras, parsed)
+    params = to_sampling_params(body, max_tokens, constraint)
     return await generate_response(request, state, meta, [ids], params, body.is_stream)
 
 
@@ -108,10 +122,20 @@ def _context_limit(engine: Any, n: int, requested: int | None) -> int:
     return engine.max_choice_len(n)
 
 
-async def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Render the chat template (with the assistant generation prompt) and tokenize it."""
+async def encode_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPlan | None = None
+) -> list[int]:
+    """Render the chat template (with the assistant generation prompt) and tokenize it. Tools
+    and tool calls go through the template when it knows them, else into the messages
+    (``serve.tools.render_without_tool_support``)."""
+    tool_dicts = tools_for_template(tools) if tools is not None else None
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    if template_knows_tools(tokenizer):
+        kwargs["tools"] = tool_dicts
+    else:
+        messages = render_without_tool_support(messages, tool_dicts)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, **kwargs)
     except Exception as exc:  # template errors (e.g. role order) are the client's input
         raise invalid_request(f"Could not apply the chat template: {exc}", "messages") from None
     return await encode(tokenizer, text, False)
@@ -304,15 +328,31 @@ async def _stream_events(
     sent: list[int | None] = [None] * collected.n  # characters sent per choice
     while out is not None:
         collected.add(out)
-        chunk = delta_chunk(meta, out, sent[out.index])
-        if chunk is not None:
-            await sse.send(chunk)
-            sent[out.index] = (sent[out.index] or 0) + len(chunk["choices"][0].get("text", ""))
+        if meta.tools is None:  # a request with tools is sent when its choice ends
+            chunk = delta_chunk(meta, out, sent[out.index])
+            if chunk is not None:
+                await sse.send(chunk)
+                sent[out.index] = (sent[out.index] or 0) + len(chunk["choices"][0].get("text", ""))
         if out.finished and out.finish_reason in FAILED_REASONS:
             return _failure(state, out.finish_reason)
         if out.finished:
-            await sse.send(finish_chunk(meta, out.index, out.finish_reason or "stop"))
+            await _send_finish(sse, meta, collected, out.index, out.finish_reason or "stop")
         out = await _next(outputs)
     if not collected.all_finished:  # the engine ended the iterator early
         return _failure(state, "abort")
     return None
+
+
+async def _send_finish(
+    sse: SSEStream, meta: ResponseMeta, collected: OutputCollector, index: int, reason: str
+) -> None:
+    """A choice's closing chunk; with tools, its parsed output first (the text of a request
+    with tools is held back until it ends, then sent as tool calls or as content)."""
+    if meta.tools is not None:
+        content, calls = meta.tools.parse(collected.text(index))
+        if calls:
+            await sse.send(tool_call_chunk(meta, index, calls))
+        elif content:
+            await sse.send(text_chunk(meta, index, content))
+        reason = tool_finish_reason(reason, calls)
+    await sse.send(finish_chunk(meta, index, reason))

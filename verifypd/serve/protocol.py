@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from verifypd.serve.logprobs import ChoiceExtras, ChoiceLogprobs
 from verifypd.types import RequestOutput
@@ -32,13 +32,19 @@ class ResponseMeta:
     created: int = 0
     include_usage: bool = False
     extras: ChoiceExtras | None = field(default=None, compare=False)  # echo, log-probs
+    tools: Any = None  # a ``serve.tools.ToolPlan`` whose output is parsed for tool calls
 
     @classmethod
     def new(
-        cls, kind: Kind, model: str, include_usage: bool = False, extras: ChoiceExtras | None = None
+        cls,
+        kind: Kind,
+        model: str,
+        include_usage: bool = False,
+        extras: ChoiceExtras | None = None,
+        tools: Any = None,
     ) -> ResponseMeta:
         rid = f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}"
-        return cls(kind, model, rid, int(time.time()), include_usage, extras)
+        return cls(kind, model, rid, int(time.time()), include_usage, extras, tools)
 
     def head(self, chunk: bool) -> dict:
         obj = (CHUNK_OBJECTS if chunk else OBJECTS)[self.kind]
@@ -146,6 +152,18 @@ def role_chunk(meta: ResponseMeta, index: int) -> dict:
     return _chunk(meta, [_chat_choice(index, {"role": "assistant", "content": ""}, None)])
 
 
+def tool_call_chunk(meta: ResponseMeta, index: int, calls: list[dict]) -> dict:
+    """Chat only: one choice's tool calls as one ``delta.tool_calls`` chunk (each call whole,
+    with its ``index`` among the choice's calls)."""
+    delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+    return _chunk(meta, [_chat_choice(index, delta, None)])
+
+
+def tool_finish_reason(reason: str, calls: list[dict]) -> str:
+    """``tool_calls`` when the output was complete tool calls, else the engine's reason."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 def usage_chunk(meta: ResponseMeta, usage: dict) -> dict:
     return {**meta.head(chunk=True), "choices": [], "usage": usage}
 
@@ -162,7 +180,11 @@ def _full_choice(meta: ResponseMeta, index: int, collected: OutputCollector) -> 
     if meta.kind == "chat":
         if extras is not None:
             logprobs = extras.chat_logprobs(collected.logprobs[index].logprobs)
-        message = {"role": "assistant", "content": text}
+        message: dict = {"role": "assistant", "content": text}
+        if meta.tools is not None:
+            content, calls = meta.tools.parse(text)
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            reason = tool_finish_reason(reason, calls)
         return _chat_choice(index, message, reason, logprobs, key="message")
     if extras is not None:
         text = extras.completion_text(index, text, first=True)

@@ -2,18 +2,21 @@
 
 Validation is strict (no "1" -> 1 coercion): a wrong type or an out-of-range value is a 400
 whose ``param`` names the field. Unknown fields are ignored; known OpenAI features that
-verifypd does not implement (logprobs, tools, ...) are accepted only at their default values
+verifypd does not implement (legacy `functions`, ...) are accepted only at their defaults
 and rejected with a 400 otherwise, never silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verifypd.serve.errors import APIError, invalid_request
-from verifypd.types import ParamError, SamplingParams
+from verifypd.serve.structured import StructuredFields, structured_output
+from verifypd.serve.tools import ToolChoice, ToolDef, ToolPlan, tool_plan
+from verifypd.types import ParamError, SamplingParams, StructuredOutput
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs
@@ -42,7 +45,7 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(StructuredFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     # Fields that are only accepted at one of these (default) values.
@@ -103,31 +106,40 @@ class ContentPart(_Strict):
     text: str | None = None
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallMessage(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool results
 
 
 class ChatCompletionRequest(_SamplingFields):
     UNSUPPORTED: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SamplingFields.UNSUPPORTED,
-        "tools": (None, []),
-        "tool_choice": (None, "none", "auto"),
         "functions": (None, []),
         "function_call": (None, "none", "auto"),
-        "response_format": (None, {"type": "text"}),
     }
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     parallel_tool_calls: bool | None = None  # accepted and ignored
 
     @property
@@ -221,9 +233,49 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
     return prompts
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
-    """Messages as plain {role, content} dicts for ``tokenizer.apply_chat_template``."""
-    return [{"role": _template_role(m.role), "content": _message_text(m)} for m in request.messages]
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as {role, content} dicts for ``tokenizer.apply_chat_template`` (with
+    ``tool_calls``, ``tool_call_id`` and ``name`` where given, in the shape HF templates read:
+    arguments as a dict)."""
+    return [_template_message(m) for m in request.messages]
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": _template_role(m.role), "content": _message_text(m)}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+            for c in m.tool_calls
+        ]  # fmt: skip
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None and m.role == "tool":
+        out["name"] = m.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def chat_tool_plan(request: ChatCompletionRequest) -> ToolPlan:
+    return tool_plan(request.tools, request.tool_choice)
+
+
+def output_constraint(request: _SamplingFields, tools: ToolPlan | None) -> StructuredOutput | None:
+    """The grammar of the request's output: a forced tool call's, or its structured output."""
+    structured = structured_output(request)
+    forced = tools.constraint() if tools is not None else None
+    if forced is not None and structured is not None:
+        raise invalid_request(
+            f"'{structured.param}' cannot be combined with tool_choice '{tools.mode}'",
+            structured.param,
+        )
+    return forced or structured
 
 
 def _template_role(role: str) -> str:
@@ -243,7 +295,9 @@ def _message_text(message: ChatMessage) -> str:
     return "".join(part.text or "" for part in message.content)
 
 
-def to_sampling_params(request: _SamplingFields, max_tokens: int) -> SamplingParams:
+def to_sampling_params(
+    request: _SamplingFields, max_tokens: int, structured: StructuredOutput | None = None
+) -> SamplingParams:
     """Build engine SamplingParams; a ParamError from its own checks becomes a 400."""
     stop = (
         request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
@@ -261,6 +315,7 @@ def to_sampling_params(request: _SamplingFields, max_tokens: int) -> SamplingPar
         "priority": request.priority or 0,
         **_sampling_controls(request),
         **_logprob_kwargs(request),
+        "structured": structured,
     }
     try:
         return SamplingParams(**kwargs)
