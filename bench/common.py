@@ -48,6 +48,7 @@ TOPICS = {
     "profile_spec": "profile",
     "timeline": "profile",
     "peer_vllm": "peer",
+    "api_cost": "api",
 }
 
 

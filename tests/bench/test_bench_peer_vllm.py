@@ -80,3 +80,20 @@ def test_ratio_rows_direction() -> None:
     assert rows["mixed in-process 2 req/s ttft p99"]["advantage"] == pytest.approx(0.5)
     assert rows["mixed in-process 2 req/s goodput"]["advantage"] == pytest.approx(0.5)
     assert rows["decode batch 64"]["advantage"] is None  # missing on both sides
+
+
+def test_api_cost_variants_run(tmp_path: Path) -> None:
+    """bench/api_cost.py: every variant (log-probs, a regex grammar over the word-level
+    tokenizer it writes, both) runs through the lanes and yields a positive step time."""
+    import api_cost
+
+    argv = ["--device", "cpu", "--model", "dummy:tiny", "--batches", "1", "2", "--lens", "2",
+            "5", "--prompt-len", "8", "--repeats", "1", "--max-model-len", "256",
+            "--out", str(tmp_path)]  # fmt: skip
+    data = api_cost.main(argv)
+    variants = data["result"]["variants"]
+    assert set(variants) == set(api_cost.VARIANTS)
+    for name, rows in variants.items():
+        assert isinstance(rows, list), f"{name}: {rows}"
+        assert [r["batch"] for r in rows] == [1, 2] and all(r["step_ms"] > 0 for r in rows)
+    assert data["result"]["engine"]["model"] == "dummy:tiny"

@@ -78,7 +78,12 @@ class EngineCore:
         use_triton = config.use_triton if config.use_triton is not None else self._is_cuda
         self.ops = get_ops(use_triton)
         self.loaded: LoadedModel = load_model(
-            config.model, self.device, self.dtype, self.ops, seed=config.seed
+            config.model,
+            self.device,
+            self.dtype,
+            self.ops,
+            seed=config.seed,
+            tokenizer=config.tokenizer,
         )
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
