@@ -49,6 +49,7 @@ TOPICS = {
     "timeline": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
+    "grammar_mask": "api",
 }
 
 

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=csv_list, default=["1", "32"])
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=None, help="output folder (default: bench/results/api/)")
     args = p.parse_args(argv)
     device = resolve_device(args.device)
     tok = load_tokenizer("default")
