@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from verifypd.config import (
     ModelConfig,
     SchedulerConfig,
     SpecConfig,
+    env_overrides,
 )
 from verifypd.types import Observer, SamplingParams
 
@@ -60,7 +62,7 @@ def engine_config(
             max_model_len=_cap_model_len(model, max_model_len),
         ),
         spec=spec or SpecConfig(),
-        **engine_kw,
+        **{**env_overrides(os.environ), **engine_kw},  # old A/B variables still work
     )
 
 
@@ -118,6 +120,8 @@ def engine_info(llm: Any) -> dict[str, Any]:
         "graph_batch_sizes": list(getattr(graphs, "sizes", []) or []) or None,
         "front": "AsyncEngine (lane dispatcher)" if isinstance(llm, AsyncLLM) else "LLM.generate",
         "lane_mode": cfg.lane_mode,
+        "lane_streams": list(cfg.lane_streams),
+        "emit_after_launch": cfg.emit_after_launch,
         "spec": {k: getattr(cfg.spec, k) for k in cfg.spec.__dataclass_fields__},
         "max_num_seqs": cfg.scheduler.max_num_seqs,
         "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from pathlib import Path
 
-from verifypd.config import EngineConfig, SpecConfig
+from verifypd.config import EngineConfig, SpecConfig, env_overrides
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     spec = SpecConfig(method=args.spec, draft_model=args.draft_model)
     return EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed, spec=spec
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        spec=spec,
+        **env_overrides(os.environ),
     )
 
 

@@ -7,6 +7,7 @@ kernels, samplers) take plain values.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -210,6 +211,24 @@ class SpecConfig:
             raise ValueError("synthetic_acceptance must be in [0, 1]")
 
 
+LANES = ("decode", "prefill", "verify")
+# Environment variables that older A/B scripts set; only entry points map them (env_overrides).
+ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
+ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none) and
+    ``VERIFYPD_EMIT_AFTER_LAUNCH`` ("0" = off), for the CLI and benchmarks to pass on."""
+    out: dict[str, Any] = {}
+    if ENV_LANE_STREAMS in environ:
+        names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
+        out["lane_streams"] = tuple(n for n in names if n and n != "0")
+    if ENV_EMIT_AFTER_LAUNCH in environ:
+        out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
+    return out
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "default"  # default | PATH (HF dir or .gguf) | dummy:PRESET
@@ -224,8 +243,14 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_logprobs: int = 20  # the most top log-probs a request may ask for (per token)
+    # The lanes that get a CUDA stream of their own (DESIGN.md: all three); () = none.
+    lane_streams: tuple[str, ...] = LANES
+    # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
+    emit_after_launch: bool = True
 
     def __post_init__(self) -> None:
+        if set(self.lane_streams) - set(LANES):
+            raise ValueError(f"lane_streams must be a subset of {LANES}, got {self.lane_streams}")
         if self.max_logprobs < 0:
             raise ValueError("max_logprobs must be >= 0")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

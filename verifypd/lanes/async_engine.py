@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,7 +41,7 @@ class AsyncEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = None if self.core.device.type == "cuda" else ThreadPoolExecutor(1)
-        self.streams = LaneStreams(self.core.device)
+        self.streams = LaneStreams(self.core.device, config.lane_streams)
         self.dispatcher = LaneDispatcher(
             self.core,
             self._launch,
@@ -51,9 +50,8 @@ class AsyncEngine:
             single_lane=config.lane_mode == "single",
             lane_context=self.streams.context,
             # A GPU launch only enqueues: make a landed step's deltas after the next launch.
-            # VERIFYPD_EMIT_AFTER_LAUNCH=0 turns that off (A/B runs).
-            emit_after_launch=self._executor is None
-            and os.environ.get("VERIFYPD_EMIT_AFTER_LAUNCH", "1") != "0",
+            # EngineConfig.emit_after_launch=False turns that off (A/B runs).
+            emit_after_launch=self._executor is None and config.emit_after_launch,
         )
 
     # ------------------------------------------------------------------ lifecycle

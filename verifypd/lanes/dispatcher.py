@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,14 +64,15 @@ def choose_lane(
 class LaneStreams:
     """One CUDA stream per lane, created with the lane's priority; no-ops on CPU."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(
+        self, device: torch.device, wanted: tuple[str, ...] = ("decode", "prefill", "verify")
+    ) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
-        # VERIFYPD_LANE_STREAMS: the lanes that get their own stream (comma list; "0" = none).
-        # Default: all three (DESIGN.md). An earlier measurement that had verify on its own
-        # stream 2.7x slower was made while steps still compiled Triton variants mid-run; with
-        # that fixed (H200, dummy Qwen2.5-7B + 0.5B drafter, bench/diag_spec.py) the verify
-        # stream was 6-10 % faster than the current stream at batch 1 and 8.
-        wanted = os.environ.get("VERIFYPD_LANE_STREAMS", "decode,prefill,verify").split(",")
+        # ``wanted`` (EngineConfig.lane_streams): the lanes that get their own stream; default
+        # all three (DESIGN.md). An earlier measurement that had verify on its own stream 2.7x
+        # slower was made while steps still compiled Triton variants mid-run; with that fixed
+        # (H200, dummy Qwen2.5-7B + 0.5B drafter) the verify stream was 6-10 % faster than the
+        # current stream at batch 1 and 8.
         if device.type == "cuda":
             highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
             prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}

@@ -8,7 +8,13 @@ import logging
 import os
 import sys
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    SpecConfig,
+    env_overrides,
+)
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
 from verifypd.serve.cors import CorsConfig, parse_list
 from verifypd.serve.limits import ServeLimits
@@ -158,6 +164,7 @@ def config_from_args(
         ),
         spec=spec,
         max_logprobs=args.max_logprobs,
+        **env_overrides(os.environ),
     )
 
 

@@ -1,0 +1,44 @@
+"""The two lane switches are config fields; only entry points map the old environment
+variables onto them (``config.env_overrides``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from verifypd.config import EngineConfig, env_overrides
+
+PACKAGE = Path(__file__).resolve().parents[1] / "verifypd"
+
+
+def test_env_overrides_maps_the_old_variables() -> None:
+    assert env_overrides({}) == {}
+    assert env_overrides({"VERIFYPD_LANE_STREAMS": "decode, verify"}) == {
+        "lane_streams": ("decode", "verify")
+    }
+    assert env_overrides({"VERIFYPD_LANE_STREAMS": "0"}) == {"lane_streams": ()}
+    assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "0"}) == {"emit_after_launch": False}
+    assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "1"}) == {"emit_after_launch": True}
+
+
+def test_lane_streams_are_validated() -> None:
+    assert EngineConfig().lane_streams == ("decode", "prefill", "verify")
+    with pytest.raises(ValueError, match="lane_streams"):
+        EngineConfig(lane_streams=("decode", "draft"))
+
+
+def test_no_behaviour_is_read_from_the_environment_inside_the_package() -> None:
+    """Only the entry points (config, CLI) may look at os.environ / getenv; thread counts,
+    cache directories and the Triton interpreter switch are not behaviour."""
+    allowed = {"config.py", "__main__.py", "serve/cli.py"}
+    harmless = ("OMP_NUM_THREADS", "_CACHE", "TRITON_INTERPRET")
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"os\.environ|getenv", line) and rel not in allowed:
+                if not any(h in line for h in harmless):
+                    offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, offenders
