@@ -196,6 +196,10 @@ class SpecConfig:
     # Benchmark only: draws the accepted count from a truncated geometric with this alpha.
     synthetic_acceptance: float | None = None
     controller: bool = True  # False: fixed L = initial_draft_len
+    # With the controller on: "goodput" decides per step for the whole batch who speculates,
+    # with what L and whether the verify is fused into the decode step, from measured costs
+    # and a per-request latency guard; "feedback" is the older per-request feedback loop.
+    policy: Literal["goodput", "feedback"] = "goodput"
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
@@ -209,6 +213,8 @@ class SpecConfig:
             raise ValueError("need 0 <= initial_draft_len <= max_draft_len <= 16")
         if self.synthetic_acceptance is not None and not 0 <= self.synthetic_acceptance <= 1:
             raise ValueError("synthetic_acceptance must be in [0, 1]")
+        if self.policy not in ("goodput", "feedback"):
+            raise ValueError(f"spec policy must be goodput|feedback, got {self.policy!r}")
 
 
 LANES = ("decode", "prefill", "verify")
