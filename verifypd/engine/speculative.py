@@ -343,6 +343,32 @@ class DraftModelProposer:
             return None
         return view
 
+    @torch.inference_mode()
+    def follow(self, items: list[tuple[Sequence, int]]) -> int:
+        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
+        computes the drafter's KV of ``seq``'s tokens up to ``end`` in one forward without
+        logits, so the request's first speculative round starts steady instead of feeding
+        its whole context inside a decode step. Returns the tokens fed."""
+        views = []
+        for seq, end in items:
+            view = self.views.get(seq.seq_id)
+            if view is None:
+                view = self.views[seq.seq_id] = DraftView(seq)
+            if view.num_computed_tokens >= end or not self.kv.allocate(view.block_table, end):
+                continue
+            view.token_ids = self._drafter_ids(seq.token_ids[:end])
+            views.append(view)
+        if not views:
+            return 0
+        self._follow_last_work()
+        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+        self.runner.forward(self.runner.prepare(StepPlan("draft", entries)), [])
+        for v in views:
+            v.num_computed_tokens = v.num_tokens
+        self._record_work()
+        self._graph_ready = False
+        return sum(e.num_new_tokens for e in entries)
+
     def _drafter_ids(self, token_ids: list[int]) -> list[int]:
         """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""
         v = self.vocab_size
