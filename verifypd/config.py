@@ -208,6 +208,11 @@ class SpecConfig:
     # with what L and whether the verify is fused into the decode step, from measured costs
     # and a per-request latency guard; "feedback" is the older per-request feedback loop.
     policy: Literal["goodput", "feedback"] = "goodput"
+    # The drafter computes its KV of each prompt chunk behind the target's prefill (goodput
+    # policy, while it expects to speculate). Off by default: on an H100 with a 0.5B drafter
+    # the eager drafter forward added ~20 ms of host time to every prefill step and doubled
+    # the decode tail; drafters catch up in rate-limited catch-up rounds instead.
+    follow_prefill: bool = False
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None

@@ -199,19 +199,22 @@ def test_a_probe_that_finds_acceptance_resets_the_backoff():
     assert policy._probe_interval == 8
 
 
-def test_far_behind_drafters_are_not_drafted_for():
-    """A drafter that would feed a long context inside the decode step is not drafted for (it
-    catches up behind prefill chunks instead, ``EngineCore.follow_prefill``)."""
-    policy = _policy(max_catch_up=64)
-    ids = _add(policy, 2)
+def test_far_behind_drafters_catch_up_only_in_rate_limited_rounds():
+    """A drafter that must feed a long context (a request fresh from its prefill) is drafted
+    for only in a catch-up round, at most one every ``catch_up_every_steps`` steps, whose
+    one-off cost is left out of the guard (so rare a spike stays out of the p99)."""
+    policy = _policy(max_catch_up=64, catch_up_every_steps=10)
+    ids = _add(policy, 3)
     for i in ids:
         _teach(policy, i, 0.9)
-    assert policy.decide([SeqView(0, 1)]).draft_lens[0] > 0
+    assert policy.decide([SeqView(0, 1)]).draft_lens[0] > 0  # steady: any step
     d = policy.decide([SeqView(1, 500)])
-    assert d.draft_lens[1] == 0 and d.reason == "no_candidates"
-    # With a request that cannot speculate in the batch, a step with drafts would make its
-    # token slower than plain decoding: the guard keeps the whole batch plain.
-    assert policy.decide([SeqView(0, 1), SeqView(1, 500)]).reason == "no_gain"
+    assert d.reason == "catch_up" and d.draft_lens[1] > 0
+    reasons = [policy.decide([SeqView(2, 500)]).reason for _ in range(10)]
+    assert reasons == ["no_candidates"] * 9 + ["catch_up"]
+    # Between rounds, a far-behind request is a plain row: a step with drafts would make its
+    # token slower than plain decoding, so the guard keeps the whole batch plain.
+    assert policy.decide([SeqView(0, 1), SeqView(2, 500)]).reason == "no_gain"
 
 
 def test_a_request_at_its_last_token_rides_along_outside_the_guard():
@@ -308,10 +311,16 @@ def test_cost_levels_follow_observations_and_share_target_contention():
     costs = BatchCostModel(Shape())
     base_decode, base_verify = costs.decode(8), costs.verify(8, 5)
     costs.observe("decode", 2 * Shape().target_time(8, 1), 8, 8)  # twice as slow as measured
-    assert costs.decode(8) == pytest.approx(2 * base_decode)
-    assert costs.verify(8, 5) == pytest.approx(2 * base_verify)  # the same contention
-    costs.observe("mixed", 2 * 1.5 * Shape().target_time(8, 2), 8, 16)
-    assert costs.level["mixed"] == pytest.approx(1.5)
+    assert costs.decode(8) == pytest.approx(1.2 * base_decode)  # one step moves it by w = 0.2
+    costs.observe("decode", 1000.0, 8, 8)  # an outlier moves it by at most w * 3
+    assert costs.level["target"] == pytest.approx(1.2 + 0.2 * (4.0 - 1.2))
+    for _ in range(60):
+        costs.observe("decode", 2 * Shape().target_time(8, 1), 8, 8)
+    assert costs.decode(8) == pytest.approx(2 * base_decode, rel=1e-3)
+    assert costs.verify(8, 5) == pytest.approx(2 * base_verify, rel=1e-3)  # same contention
+    for _ in range(60):
+        costs.observe("mixed", 2 * 1.5 * Shape().target_time(8, 2), 8, 16)
+    assert costs.level["mixed"] == pytest.approx(1.5, rel=1e-3)
     for _ in range(60):  # converges back once steps are fast again
         costs.observe("decode", Shape().target_time(8, 1), 8, 8)
     assert costs.decode(8) == pytest.approx(base_decode, rel=1e-3)
@@ -325,5 +334,6 @@ def test_prefill_tokens_within_a_target():
     assert costs.prefill(n) <= 0.02 < costs.prefill(n + 1)
     assert costs.prefill_tokens_within(10.0, 256, 8192) == 8192
     assert costs.prefill_tokens_within(1e-6, 256, 8192) == 256  # never below the floor
-    costs.observe("prefill", 2 * Shape().prefill_time(2048), 1, 2048)
+    for _ in range(60):
+        costs.observe("prefill", 2 * Shape().prefill_time(2048), 1, 2048)
     assert costs.prefill_tokens_within(0.02, 256, 8192) < n

@@ -35,8 +35,11 @@ class MemoryBound:
         return 1e-3 + 1e-4 * tokens
 
 
-def _engine(mixed_level: float = 1.0, useless_drafter: bool = False, **cfg) -> AsyncEngine:
-    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3, initial_draft_len=3)
+def _engine(
+    mixed_level: float = 1.0, useless_drafter: bool = False, follow: bool = False, **cfg
+) -> AsyncEngine:
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
+                           initial_draft_len=3, follow_prefill=follow)  # fmt: skip
     engine = AsyncEngine(tiny_config(spec=spec, **cfg))
     costs = engine.core.costs
     costs.shape = MemoryBound()
@@ -104,7 +107,7 @@ async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(refere
 
 
 async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(reference):
-    engine = _engine()
+    engine = _engine(follow=True)
     drafter = engine.core.spec.drafter
     fed, catch_ups = [], []
     follow, propose = drafter.follow, drafter.propose
@@ -124,7 +127,7 @@ async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(refere
 
 
 async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(reference):
-    engine = _engine(useless_drafter=True)
+    engine = _engine(useless_drafter=True, follow=True)
     policy, drafter = engine.core.controller, engine.core.spec.drafter
     policy.population._accepted._value = 0.0  # as after many rejected verifies
     fed = []
@@ -142,7 +145,8 @@ def test_prefill_budget_follows_the_step_target():
     core.costs.shape = MemoryBound()
     # 1 ms + 0.1 ms per token: 90 tokens fit in 10 ms
     assert core.prefill_budget() == 90
-    core.costs.observe("prefill", 2 * MemoryBound().prefill_time(90), 1, 90)  # twice as slow
+    for _ in range(80):  # steps twice as slow as the shape says
+        core.costs.observe("prefill", 2 * MemoryBound().prefill_time(90), 1, 90)
     assert core.prefill_budget() == 40
     plain = AsyncEngine(tiny_config()).core
     assert plain.prefill_budget() == plain.config.scheduler.max_num_batched_tokens
@@ -163,3 +167,39 @@ async def test_prefill_chunks_stay_within_the_budget(reference):
     )
     assert await _run(engine) == reference
     assert sizes and max(sizes) <= budget and max(len(p) for p in PROMPTS) > budget
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(temperature):
+    """A fused step whose plain rows (here: requests that may not speculate) are padded to the
+    verify width, as the runner does where a graph exists for it, gives every request the
+    tokens it gets unpadded, sampled ones included (their row is read before the padding)."""
+    sampled = SamplingParams(max_tokens=16, temperature=temperature, seed=3, ignore_eos=True)
+    rider = SamplingParams(max_tokens=16, temperature=temperature, seed=4, ignore_eos=True,
+                           speculate=False)  # fmt: skip
+
+    async def run(pad: bool):
+        engine = _engine(mixed_level=1.0)
+        policy = engine.core.controller
+        policy.goodput = type(policy.goodput)(latency_slack=5.0, padded_fused=True)
+        policy.population._accepted._value = 0.97
+        runner = engine.core.runner
+        runner.always_pad_verify = pad
+        widths = []
+        width_of = runner._verify_width
+        runner._verify_width = lambda plan: widths.append(width_of(plan)) or widths[-1]
+
+        async def one(rid, prompt, p):
+            return [t async for o in engine.generate(rid, prompt, p) for t in o.new_token_ids]
+
+        jobs = [one(f"r{i}", pr, (sampled, rider)[i % 2]) for i, pr in enumerate(PROMPTS)]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*jobs), 120), widths, policy
+        finally:
+            engine.check_integrity()
+            await engine.stop()
+
+    padded, widths, policy = await run(True)
+    unpadded, _, _ = await run(False)
+    assert padded == unpadded
+    assert policy.num_fused > 0 and any(w > 0 for w in widths)  # plain rows were padded

@@ -137,11 +137,11 @@ class BatchCostModel:
         predicted = self._shape_time(kind, rows, tokens)
         if kind == "mixed":  # its level is relative to the target's
             predicted *= self.level["target"]
-        ratio = min(20.0, max(0.05, seconds / predicted))
+        # One outlier (a first step that warmed something up) moves a level by at most
+        # weight * 3: the shape was measured, the level only corrects it.
+        ratio = min(4.0, max(0.25, seconds / predicted))
         key = _LEVEL_OF[kind]
-        seen = any(self.num_observations[k] for k, v in _LEVEL_OF.items() if v == key)
-        w = self.weight if seen else 1.0  # the first observation sets the level
-        self.level[key] += w * (ratio - self.level[key])
+        self.level[key] += self.weight * (ratio - self.level[key])
         self.num_observations[kind] += 1
 
     def snapshot(self) -> dict[str, float]:

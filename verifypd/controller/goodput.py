@@ -68,6 +68,7 @@ REASONS = (
     "prefill_pressure",  # a prompt waited past prefill_wait_guard_s
     "batch_too_large",  # more rows than the verify graphs hold
     "probe",  # a probe of parked requests was drafted
+    "catch_up",  # a catch-up round: drafters far behind fed their context
 )
 
 
@@ -85,6 +86,13 @@ class GoodputConfig:
     prefill_wait_guard_s: float | None = None  # None: no prefill-pressure rule
     max_spec_rows: int | None = None  # None: no row limit (no verify graphs, e.g. CPU)
     alpha_bucket: float = 0.05  # α̂ within one bucket enter the speculating set together
+    # Plain rows of a fused step are padded to the verify width (one graph replay, the
+    # engine's runner with CUDA graphs); False: a fused step with plain rows runs eager.
+    padded_fused: bool = False
+    # A drafter further behind than max_catch_up (a request fresh from its prefill) catches
+    # up in a catch-up round: at most one every this many steps (a spike that rare stays
+    # out of the p99), its one-off cost left out of the latency guard.
+    catch_up_every_steps: int = 128
 
     def __post_init__(self) -> None:
         checks = [
@@ -96,6 +104,7 @@ class GoodputConfig:
             (0.0 < self.population_weight <= 1.0, "population_weight in (0, 1]"),
             (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
             (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
+            (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -144,6 +153,7 @@ class _Candidate:
     behind: int
     tokens_left: int
     probe: bool = False
+    far: bool = False  # its drafter catches up beyond max_catch_up (a catch-up round)
     last: bool = False  # its last token: drafts are cut, and the guard does not apply
 
 
@@ -170,6 +180,7 @@ class GoodputPolicy(DraftController):
         self._probe_interval = self.goodput.probe_min_steps
         self._next_probe = self.goodput.probe_min_steps
         self._probed: set[int] = set()  # seq ids drafted in the last probe, not yet verified
+        self._next_catch_up = 0
 
     # ------------------------------------------------------------------ requests, learning
     def add_request(
@@ -246,6 +257,9 @@ class GoodputPolicy(DraftController):
             self._probed |= probes
             self._next_probe = self.num_steps + self._probe_interval
         reason = "probe" if probes and len(probes) == len(chosen) else "speculate"
+        if any(c.far for c in chosen):
+            self._next_catch_up = self.num_steps + g.catch_up_every_steps
+            reason = "catch_up"
         return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
 
     def _blocking_rule(self, rows: int, load: LoadSignals) -> str | None:
@@ -268,10 +282,12 @@ class GoodputPolicy(DraftController):
         g = self.goodput
         parked = self.population.value < g.accept_floor
         probing = parked and self.num_steps >= self._next_probe and not self._probed
+        catching_up = self.num_steps >= self._next_catch_up
         out = []
         for v in batch:
             st = self._requests.get(v.seq_id)
-            if st is None or not st.speculate or v.drafter_behind > g.max_catch_up:
+            far = v.drafter_behind > g.max_catch_up
+            if st is None or not st.speculate or (far and not catching_up):
                 continue
             if v.tokens_left < 2:  # its last token: it rides along, outside the guard
                 out.append(_Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
@@ -283,7 +299,7 @@ class GoodputPolicy(DraftController):
                 out.append(_Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
                                       probe=True))  # fmt: skip
                 continue
-            out.append(_Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left))
+            out.append(_Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left, far=far))
         if all(c.last for c in out):
             return []
         out.sort(key=lambda c: (c.last, -c.alpha, c.seq_id))
@@ -297,17 +313,20 @@ class GoodputPolicy(DraftController):
         for L in range(1, self.config.max_draft_len + 1):
             gains = [min(expected_tokens(c.alpha, L), c.tokens_left) for c in cands]
             cum_gain = _prefix(gains)
-            cum_behind = _prefix([max(0, c.behind - 2) for c in cands])
+            steady = _prefix([0 if c.far else max(0, c.behind - 2) for c in cands])
+            far = _prefix([c.behind if c.far else 0 for c in cands])
             least = _prefix_min(
                 [math.inf if c.last else e for c, e in zip(cands, gains, strict=True)]
             )
             for k in ends:
-                draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(cum_behind[k]))
+                one_off = self.costs.catch_up(int(far[k]))  # outside the guard
+                draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(steady[k]))
                 tokens = rows - k + cum_gain[k]
                 worst = 1.0 if k < rows else least[k - 1]  # plain rows wait a whole step
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     if step_s > limit * worst:
                         continue
+                    step_s += one_off
                     value = tokens / step_s
                     if best is None or value > best.value:
                         best = _Plan(value, step_s, tokens, k, L, fused)
@@ -316,7 +335,8 @@ class GoodputPolicy(DraftController):
     def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
         """(fused, seconds) of one round: the fused step and the separate decode + verify."""
         c = self.costs
-        fwd = c.verify(rows, 1 + L) if k == rows else c.mixed(rows, rows + k * L)
+        uniform = k == rows or self.goodput.padded_fused
+        fwd = c.verify(rows, 1 + L) if uniform else c.mixed(rows, rows + k * L)
         separate = draft_s + c.decode(rows - k) + c.verify(k, 1 + L)
         return [(True, draft_s + fwd), (False, separate)]
 

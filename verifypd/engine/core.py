@@ -186,6 +186,7 @@ class EngineCore:
         return GoodputConfig(
             prefill_wait_guard_s=self.config.scheduler.ttft_budget_s / 2,
             max_spec_rows=min(self.config.scheduler.max_num_seqs, 64) if graphs else None,
+            padded_fused=graphs,
         )
 
     def _drafter(self) -> DraftModelProposer | None:
@@ -325,7 +326,7 @@ class EngineCore:
         catches up only if the policy drafts for them later. Host state: on the loop thread."""
         drafter = self.spec.drafter
         expects = getattr(self.controller, "expects_speculation", None)
-        if drafter is None or expects is None:
+        if drafter is None or expects is None or not self.config.spec.follow_prefill:
             return
         items = [
             (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
@@ -393,11 +394,15 @@ class EngineCore:
         for seq in self.scheduler.running:
             seq.draft_len = decisions.get(seq.seq_id, 0)
             self.observer.draft_length(seq.draft_len)
-        # Every speculating seq reserves slots for the longest L, so a verify batch can be
-        # padded to one uniform length and replay a CUDA graph.
+        # Every decoding seq reserves slots for the longest L, so a verify batch (and the
+        # plain rows of a decode step fused with it) can be padded to one uniform length and
+        # replay a CUDA graph.
         spec = [s for s in self.scheduler.running if self.spec.wants(s)]
         longest = max((s.draft_len for s in spec), default=0)
-        return {s.seq_id: longest for s in spec}
+        if not longest:
+            return {}
+        decoding = [s for s in self.scheduler.running if s.status is SeqStatus.DECODING]
+        return {s.seq_id: longest for s in decoding}
 
     def _decide_batch(self) -> dict[int, int]:
         """The goodput policy's decision for this step's decode batch."""

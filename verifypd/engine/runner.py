@@ -146,12 +146,13 @@ class ModelRunner:
             seq_lens.append(end)
             if not s.samples:
                 continue
+            first = qsl[-1] - len(toks) + s.num_new_tokens - 1  # the row of its last real token
             if s.draft_token_ids:
                 verify_seqs.append(i)
-                verify_rows.append(list(range(qsl[-1] - len(toks) + s.num_new_tokens - 1, qsl[-1])))
-            else:
+                verify_rows.append(list(range(first, qsl[-1])))
+            else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
                 sample_seqs.append(i)
-                sample_rows.append(qsl[-1] - 1)
+                sample_rows.append(first)
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, on_device, sample_rows,
                             sample_seqs, verify_seqs, verify_rows)  # fmt: skip
 
@@ -195,16 +196,20 @@ class ModelRunner:
     def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
         start = s.seq.num_computed_tokens
         toks = s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
-        if s.draft_token_ids and len(s.draft_token_ids) < pad_to:
+        if pad_to and len(s.draft_token_ids) < pad_to:
             toks += [0] * (pad_to - len(s.draft_token_ids))  # never accepted: num_drafts says
         return start, toks
 
     def _verify_width(self, plan: StepPlan) -> int:
-        """Pads every verify entry to the longest L when a graph exists for it and every
-        padded seq has its slots reserved; 0 = no padding."""
+        """Pads every verify entry to the longest L, and every plain decode entry of a step
+        that also verifies (its one token's logits are read before the padding, so it samples
+        exactly as unpadded), when a graph exists for that width and every padded seq has its
+        slots reserved: the step replays one graph instead of running eager; 0 = no padding."""
         lens = {len(s.draft_token_ids) for s in plan.seqs}
-        if 0 in lens or len(lens) < 2:
+        if len(lens) < 2:
             return 0
+        if 0 in lens and not all(s.draft_token_ids or _is_decode(s) for s in plan.seqs):
+            return 0  # prompt chunks are never padded
         width = max(lens)
         bs = self.block_size
         reserved = all(
@@ -448,6 +453,11 @@ def _build_sampling(seqs, positions: list[int], device) -> SamplingTensors:
         positions=positions,
         device=device,
     )
+
+
+def _is_decode(s: ScheduledSeq) -> bool:
+    """One new token at the end of a decoding sequence."""
+    return s.num_new_tokens == 1 and s.seq.num_computed_tokens + 1 == s.seq.num_tokens
 
 
 def _fails(seq, position: int) -> bool:

@@ -36,7 +36,10 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "controller_draft_length": (Histogram, "Draft length L chosen", None, DRAFT_BUCKETS),
     "controller_drafter_temperature": (Gauge, "Drafter temperature", None, None),
     "spec_policy_decisions": (
-        Counter, "Speculation policy decisions (one per decode step), by reason", "decision", None
+        Counter,
+        "Speculation policy decisions (one per decode step), by reason",
+        "decision",
+        None,
     ),
     "spec_draft_tokens": (Counter, "Draft tokens proposed", None, None),
     "spec_accepted_tokens": (Counter, "Draft tokens accepted", None, None),
