@@ -86,6 +86,7 @@ class Mode:
     speculate: bool
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
+    policy: str | None = None  # SpecConfig.policy; None: its default
 
 
 MODES = {
@@ -97,8 +98,12 @@ MODES = {
     "single-off": Mode("single", False),
     "three-fixed-unchained": Mode("three", True, chain_drafts=False),
     "three-ctrl-unchained": Mode("three", True, True, chain_drafts=False),
+    # The sweep's names (issue 14): single-fixed and three-fixed as above.
+    "off": Mode("three", False),
+    "policy": Mode("three", True, True, policy="goodput"),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
+SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
 SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decode_s",
                  "verify_queue_depth", "pressure")  # fmt: skip
 
@@ -106,7 +111,13 @@ SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decod
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_spec_args(p, acceptance=0.7)
-    p.add_argument("--modes", type=csv_list, default=DEFAULT_MODES, help=",".join(MODES))
+    p.add_argument(
+        "--modes",
+        type=csv_list,
+        default=None,
+        help=f"{','.join(MODES)} (default {DEFAULT_MODES}; --sweep: {SWEEP_MODES})",
+    )
+    add_sweep_args(p)
     p.add_argument("--num-requests", type=int, default=80)
     p.add_argument("--duration", type=float, default=0.0, help="arrivals stop here; 0 = off")
     p.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals, requests/s")
@@ -126,6 +137,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--snapshot-interval", type=float, default=0.25, help="controller sampling s")
     add_common_args(p)
     args = p.parse_args(argv)
+    args.modes = args.modes or (SWEEP_MODES if args.sweep else DEFAULT_MODES)
+    if args.sweep:
+        args.tag = args.tag or "sweep"
+        if not (args.num_kv_blocks or args.http):
+            p.error("--sweep needs --num-kv-blocks (the same KV pool in every mode)")
     if set(args.modes) - set(MODES):
         p.error(f"--modes: choose from {list(MODES)}")
     longest = max(args.short_prompt_len[1] + args.short_output_len[1],
@@ -133,6 +149,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.max_model_len and longest > args.max_model_len:
         p.error(f"prompt + output up to {longest} tokens > --max-model-len {args.max_model_len}")
     return args
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep (issue 14): --sweep, see bench/sweep.py")
+    g.add_argument("--sweep", action="store_true", help="rates x profiles x temperatures")
+    g.add_argument("--rates", type=csv_floats, default=[2.0, 5.0, 8.0, 11.0, 14.0])
+    g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
+    g.add_argument("--temperatures", type=csv_floats, default=[0.0, 0.7])
+    g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
+    g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
+    g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
+    g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
+    g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
+    g.add_argument(
+        "--http-alpha",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--http: send each request's alpha as synthetic_acceptance",
+    )
+
+
+def csv_floats(text: str) -> list[float]:
+    return [float(x) for x in csv_list(text)]
 
 
 # ----------------------------------------------------------------------------- load
@@ -239,6 +278,8 @@ def mode_config(args, name: str) -> EngineConfig:
     spec = SpecConfig(method="off")
     if mode.speculate:
         spec = synthetic_spec(args, mode.controller, mode.chain_drafts)
+        if mode.policy is not None:
+            spec = dataclasses.replace(spec, policy=mode.policy)
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
         max_num_seqs=args.max_num_seqs,
@@ -382,15 +423,20 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = start_run(SCRIPT, argv, parse_args, METHOD)
     args, report = run.args, run.report
-    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
     vocab = prompt_vocab(args)
     mix = mix_of(args)
-    requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
     warmup = make_requests(mix, vocab, args.seed + 1, args.warmup_requests, None, prefix="warm")
     for i, w in enumerate(warmup):
         w.max_tokens = min(w.max_tokens, 16)
         if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
             w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
+    if args.sweep:
+        from mixed_sweep import run_sweep
+
+        report["synthetic_acceptance"] = synthetic_note(args, per_request=True)
+        return run_sweep(run, mix, vocab, warmup, sys.modules[__name__])
+    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
+    requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
     report["workload"] = workload_summary(requests)
     itl: dict[str, list[float]] = {}
     for name in args.modes:  # saved after every mode: a killed run keeps what it measured
