@@ -112,6 +112,19 @@ def trace_fingerprint(submitted: list[tuple[str, float, list[int], int, float]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def plan_trace(plan: SweepPlan, rate: float, profile: str):
+    """(requests, their alphas, the fingerprint) of the (rate, profile) trace."""
+    reqs = plan.requests(rate)
+    alphas = plan.alphas(rate, profile, len(reqs))
+    submitted = [(r.request_id, r.arrival_s, r.prompt, r.max_tokens, a)
+                 for r, a in zip(reqs, alphas, strict=True)]  # fmt: skip
+    return reqs, alphas, trace_fingerprint(submitted)
+
+
+def plan_fingerprint(plan: SweepPlan, rate: float, profile: str) -> str:
+    return plan_trace(plan, rate, profile)[2]
+
+
 async def _sample(snapshot: Callable[[], dict[str, Any]], out: list, t0: float, every: float):
     while True:
         snap = snapshot()
@@ -137,10 +150,7 @@ async def run_trace(
     """Replays the (rate, profile) trace at ``temperature``; per request its profile alpha goes
     out as ``synthetic_acceptance`` when ``send_alpha`` (engines in synthetic mode). Returns the
     traces, the start time, the fingerprint of the submitted trace and the sampled snapshots."""
-    reqs = plan.requests(rate)
-    alphas = plan.alphas(rate, profile, len(reqs))
-    submitted = [(r.request_id, r.arrival_s, r.prompt, r.max_tokens, a)
-                 for r, a in zip(reqs, alphas, strict=True)]  # fmt: skip
+    reqs, alphas, fingerprint = plan_trace(plan, rate, profile)
 
     def params_of(i: int, req: Request) -> SamplingParams:
         return request_params(plan, req, i, temperature, alphas[i] if send_alpha else None)
@@ -156,7 +166,7 @@ async def run_trace(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     return {"traces": traces, "t_start": t_start, "samples": samples,
-            "fingerprint": trace_fingerprint(submitted), "alphas": alphas}  # fmt: skip
+            "fingerprint": fingerprint, "alphas": alphas}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- one row

@@ -185,3 +185,51 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     assert (tmp_path / "merged-hetero-t0.0.png").is_file()
     none = report.ahead_of_vllm(ours["sweep"], [])
     assert none["verdict"] == "N/A"
+
+
+def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
+    """peer_vllm.py sweep (here through verifypd without speculation: the vLLM path differs
+    only in its front) replays the plan of a mixed.py sweep JSON with its engine sizes."""
+    sweep = load_bench("sweep")
+    plan = sweep.SweepPlan(
+        mix=sweep.Mix((4, 12), (2, 4), (20, 30), (2, 3), 0.25), vocab=256, seed=1,
+        rates=(30.0, 60.0), profiles=("uniform-0.6", "hetero"), temperatures=(0.0, 0.7),
+        num_requests=3, run_seconds=0.0, drain_timeout=30.0, slo_ttft_ms=500.0,
+        slo_tpot_ms=50.0,
+    )  # fmt: skip
+    ours = {
+        "sweep_config": plan.to_dict(),
+        "params": {
+            "model": "dummy:tiny",
+            "num_kv_blocks": 96,
+            "max_num_seqs": 4,
+            "max_model_len": 128,
+            "max_num_batched_tokens": 256,
+        },
+    }
+    src = tmp_path / "ours.json"
+    src.write_text(json.dumps(ours))
+    data = load_bench("peer_vllm").main(
+        [
+            "sweep",
+            "--engine",
+            "verifypd",
+            "--device",
+            "cpu",
+            "--from",
+            str(src),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert data["device"] == "cpu" and data["git_commit"]
+    assert data["engine_info"]["num_kv_blocks"] == 96 and data["engine_info"]["max_num_seqs"] == 4
+    rows = data["sweep"]
+    assert len(rows) == 2 * 2 * 2 and {r["mode"] for r in rows} == {"verifypd-off"}
+    for r in rows:
+        assert r["trace_fingerprint"] == sweep.plan_fingerprint(
+            plan, r["rate"], r["acceptance_profile"]
+        )
+        assert r["num_finished"] == 3
+        assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
+    assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
