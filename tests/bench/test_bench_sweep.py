@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_bench
+from helpers import load_bench, start_server_process, verifypd_serve_command
 
 from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import SamplingParams
 
 ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", "itl_p99_ms",
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
@@ -233,3 +234,30 @@ def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
         assert r["num_finished"] == 3
         assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
     assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
+
+
+def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
+    """mixed.py --sweep --http against a real ``verifypd serve --synthetic-acceptance``: rows in
+    the sweep format under --mode-label, each request's alpha sent as a body field (a server
+    in synthetic mode accepts it; the same replay without it is refused request by request)."""
+    cmd = verifypd_serve_command(
+        "--model", "dummy:tiny", "--draft-model", "dummy:tiny", "--device", "cpu",
+        "--num-kv-blocks", "256", "--max-model-len", "256", "--synthetic-acceptance", "0.5",
+    )  # fmt: skip
+    argv = [a for a in SWEEP_TINY if a not in ("--num-kv-blocks", "256")]
+    argv[argv.index("off,policy")] = "off"  # one mode label; --modes does not apply
+    with start_server_process(cmd, timeout=120) as server:
+        data = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label", "policy",
+                                         "--out", str(tmp_path)])  # fmt: skip
+        server.stop()
+    rows = data["sweep"]
+    assert len(rows) == 2 * 2 and {r["mode"] for r in rows} == {"policy"}
+    for r in rows:
+        assert ROW_KEYS - {"num_drafted", "num_accepted"} <= set(r)
+        assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
+    assert data["sweep_engines"]["policy"]["send_alpha"] is True
+    http = load_bench("http_load").HttpEngine("http://x", "m")
+    sent = http.body([1, 2], SamplingParams(max_tokens=2, synthetic_acceptance=0.6))
+    assert sent["synthetic_acceptance"] == 0.6
+    assert "synthetic_acceptance" not in http.body([1, 2], SamplingParams(max_tokens=2))
+    assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
