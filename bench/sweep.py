@@ -74,7 +74,7 @@ class SweepPlan:
     def run_estimate_s(self, rate: float) -> float:
         """Arrivals (the shorter of the count and the time bound) plus a few seconds of drain."""
         span = self.num_requests / rate
-        return (min(span, self.run_seconds) if self.run_seconds else span) + 5.0
+        return (min(span, self.run_seconds) if self.run_seconds else span) + 4.0
 
     def estimate_s(self, num_engines: int, build_s: float = 60.0, warmup_s: float = 15.0):
         per_engine = build_s + warmup_s + sum(self.run_estimate_s(r) for r, _, _ in self.runs())

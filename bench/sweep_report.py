@@ -3,7 +3,10 @@ against rate per acceptance profile and temperature, one line per mode; the poli
 over time), and the merge of a verifypd sweep JSON (bench/mixed.py --sweep) with the sweeps of
 the same traces over HTTP (mixed.py --sweep --http) and through vLLM (peer_vllm.py sweep).
 
-    python bench/sweep_report.py OURS.json [--vllm VLLM.json] [--http HTTP.json ...] [--out DIR]
+    python bench/sweep_report.py OURS.json [OURS2.json ...] [--vllm VLLM.json] \
+        [--http HTTP.json ...] [--out MERGED.json]
+
+Several OURS files of one plan (one mode per run, to fit a device time limit) are joined.
 
 The merged JSON holds every row, the criteria of bench/sweep.py over the in-process rows, and
 "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file.
@@ -25,6 +28,7 @@ from sweep import criteria, criteria_lines  # noqa: E402
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
           ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
 TIMELINE_KEYS = ("mean_draft_len", "fused_fraction", "lane")
+TIMELINE_WORDS = ("fused", "lane", "draft_len")  # other snapshot keys of the policy's choices
 
 
 # ----------------------------------------------------------------------------- table
@@ -128,7 +132,8 @@ def plot_timeline(path: Path, timeline: list[dict[str, Any]]) -> Path | None:
     """The policy's decisions over time (snapshot keys in TIMELINE_KEYS that it has), one
     panel per key, one line per (rate, profile, temperature)."""
     plt = _plt()
-    present = [k for k in TIMELINE_KEYS if any(k in s for t in timeline for s in t["samples"])]
+    keys = dict.fromkeys(k for t in timeline for s in t["samples"] for k in s)
+    present = [k for k in keys if k in TIMELINE_KEYS or any(w in k for w in TIMELINE_WORDS)]
     if plt is None or not present:
         return None
     fig, axes = plt.subplots(len(present), 1, figsize=(11, 3.2 * len(present)), squeeze=False)
@@ -157,6 +162,22 @@ def plot_all(png: Path, rows: list[dict[str, Any]], timeline: list[dict[str, Any
 
 
 # ----------------------------------------------------------------------------- merge
+def join_ours(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``mixed.py --sweep`` JSONs of one plan (e.g. one mode per run, to fit a time
+    limit) as one: their rows and policy timelines together; a different plan is an error."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.get("sweep_config") != first.get("sweep_config"):
+            raise ValueError(f"different sweep plans: {p.get('command')} vs {first.get('command')}")
+    commits = sorted({p.get("git_commit") for p in parts}, key=str)
+    return {
+        **first, "git_commit": commits[0] if len(commits) == 1 else commits,
+        "command": [p.get("command") for p in parts] if len(parts) > 1 else first.get("command"),
+        "sweep": [r for p in parts for r in p["sweep"]],
+        "policy_timeline": [t for p in parts for t in p.get("policy_timeline", [])],
+    }  # fmt: skip
+
+
 def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str, Any]]):
     """One report: our rows, the HTTP rows, the vLLM rows, our criteria and, per vLLM file,
     the ahead-of-vLLM criterion (against the in-process policy rows, and the HTTP rows labelled
@@ -166,7 +187,8 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
         "device": ours.get("device"), "git_commit": ours.get("git_commit"),
         "sources": {"verifypd": ours.get("command"), "vllm": [v.get("command") for v in vllm],
                     "http": [h.get("command") for h in http]},
-        "sweep_config": ours.get("sweep_config"), "criteria": criteria(rows),
+        "sweep_config": ours.get("sweep_config"), "slo": ours.get("slo"),
+        "criteria": criteria(rows), "policy_timeline": ours.get("policy_timeline", []),
     }  # fmt: skip
     http_rows = [dict(r, mode=f"http:{r['mode']}") for h in http for r in h["sweep"]]
     vllm_rows = [r for v in vllm for r in v["sweep"]]
@@ -188,18 +210,18 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("ours", help="bench/mixed.py --sweep JSON")
+    p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
     p.add_argument("--vllm", nargs="*", default=[], help="peer_vllm.py sweep JSONs")
     p.add_argument("--http", nargs="*", default=[], help="mixed.py --sweep --http JSONs")
     p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
     args = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
-    merged = merge(load(args.ours), [load(f) for f in args.vllm], [load(f) for f in args.http])
-    out = Path(args.out) if args.out else Path(args.ours).with_name(
-        Path(args.ours).stem + "-merged.json"
-    )  # fmt: skip
+    ours = join_ours([load(f) for f in args.ours])
+    merged = merge(ours, [load(f) for f in args.vllm], [load(f) for f in args.http])
+    first = Path(args.ours[0])
+    out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
     write_json(out, merged)
-    plot_rates(out.with_suffix(".png"), merged["sweep"])
+    plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))
     print(f"wrote {out}")

@@ -167,13 +167,16 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     }
     http = {"command": "python bench/mixed.py --sweep --http",
             "sweep": [_row("policy", 2, ttft=80.0, itl=19.0, tpot=9.0)]}  # fmt: skip
+    off = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "off"]}  # one mode per run
+    pol = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "policy"]}
     paths = []
-    for name, data in (("ours", ours), ("vllm", vllm), ("http", http)):
+    for name, data in (("off", off), ("pol", pol), ("vllm", vllm), ("http", http)):
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(data))
     out = tmp_path / "merged.json"
-    merged = report.main([str(paths[0]), "--vllm", str(paths[1]), "--http", str(paths[2]),
-                          "--out", str(out)])  # fmt: skip
+    merged = report.main([str(paths[0]), str(paths[1]), "--vllm", str(paths[2]), "--http",
+                          str(paths[3]), "--out", str(out)])  # fmt: skip
+    assert len(merged["sweep"]) == 4 + 2 + 1
     assert json.loads(out.read_text())["device"] == "GPU" and merged["git_commit"] == "abc"
     assert {r["mode"] for r in merged["sweep"]} == {"off", "policy", "vllm", "http:policy"}
     ahead = merged["criteria"]["policy_ahead_of_vllm"]
@@ -186,6 +189,8 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     assert (tmp_path / "merged-hetero-t0.0.png").is_file()
     none = report.ahead_of_vllm(ours["sweep"], [])
     assert none["verdict"] == "N/A"
+    with pytest.raises(ValueError, match="different sweep plans"):
+        report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
 
 
 def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
