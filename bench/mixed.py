@@ -166,6 +166,13 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
     g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
     g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
+    g.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=0.0,
+        help="start no run that would end past this many s (its estimate); 0 = off",
+    )
+    g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
     g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
     g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
     g.add_argument(

@@ -48,11 +48,16 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
           f"{len(plan.temperatures)} temperatures); estimated wall time {est / 60:.1f} min "
           f"(builds ~60 s each, runs bounded by --run-seconds {args.run_seconds} / "
           f"--num-requests {args.num_requests})", flush=True)  # fmt: skip
+    report["estimate_s"] = est
+    if args.estimate_only:
+        return report
+    deadline = time.perf_counter() + args.max_wall_s if args.max_wall_s else None
+    report["skipped"] = []
     if args.http:
-        asyncio.run(http_sweep(run, plan, warmup))
+        asyncio.run(http_sweep(run, plan, warmup, deadline))
     else:
         for name in args.modes:
-            engine_sweep(run, plan, name, warmup, bench)
+            engine_sweep(run, plan, name, warmup, bench, deadline)
             release_memory()
     rows = report["sweep"]
     report["criteria"] = criteria(rows)
@@ -63,7 +68,9 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
     return report
 
 
-def engine_sweep(run, plan: SweepPlan, name: str, warmup: list, bench) -> None:
+def engine_sweep(
+    run, plan: SweepPlan, name: str, warmup: list, bench, deadline: float | None
+) -> None:
     """One mode: build, warm up (every temperature, unrecorded), then every run of the plan."""
     MODES, engine_error = bench.MODES, bench.engine_error  # noqa: N806
 
@@ -85,6 +92,8 @@ def engine_sweep(run, plan: SweepPlan, name: str, warmup: list, bench) -> None:
         spec_on = core.spec.enabled
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
         for rate, profile, temp in plan.runs():
+            if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
+                continue
             recorder.reset()
             snapshot = core.controller.snapshot if MODES[name].controller else None
             try:
@@ -109,6 +118,17 @@ def engine_sweep(run, plan: SweepPlan, name: str, warmup: list, bench) -> None:
             record_run(run, row, res["samples"])
     finally:
         close_engine(llm)
+
+
+def out_of_time(run, deadline: float | None, estimate_s: float, key: tuple) -> bool:
+    """--max-wall-s: a run whose estimate would end past the deadline is skipped (and listed
+    under ``skipped``; the criteria then judge what ran). ``key``: (rate, profile, T, mode)."""
+    if deadline is None or time.perf_counter() + estimate_s <= deadline:
+        return False
+    names = ("rate", "acceptance_profile", "temperature", "mode")
+    run.report["skipped"].append(dict(zip(names, key, strict=True)))
+    progress(SCRIPT, f"sweep {key}", {"error": "skipped: out of --max-wall-s"})
+    return True
 
 
 def warm(loop, engine, warmup: list, temperatures) -> None:
@@ -146,7 +166,7 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
     run.save()
 
 
-async def http_sweep(run, plan: SweepPlan, warmup: list) -> None:
+async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None) -> None:
     """The same traces against the OpenAI server at ``--http``, one client (http_load)."""
     args = run.args
     model = await served_model(args.http)
@@ -156,6 +176,10 @@ async def http_sweep(run, plan: SweepPlan, warmup: list) -> None:
         for temp in plan.temperatures:
             await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
         for rate, profile, temp in plan.runs():
+            if out_of_time(
+                run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)
+            ):
+                continue
             try:
                 res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
                 row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
