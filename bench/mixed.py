@@ -79,6 +79,7 @@ from loadgen import (  # noqa: E402
     make_requests,
     run_load,
 )
+from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
 from verifypd.config import EngineConfig, SpecConfig  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
@@ -155,36 +156,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.max_model_len and longest > args.max_model_len:
         p.error(f"prompt + output up to {longest} tokens > --max-model-len {args.max_model_len}")
     return args
-
-
-def add_sweep_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sweep (issue 14): --sweep, see bench/sweep.py")
-    g.add_argument("--sweep", action="store_true", help="rates x profiles x temperatures")
-    g.add_argument("--rates", type=csv_floats, default=[2.0, 5.0, 8.0, 11.0, 14.0])
-    g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
-    g.add_argument("--temperatures", type=csv_floats, default=[0.0, 0.7])
-    g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
-    g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
-    g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
-    g.add_argument(
-        "--max-wall-s",
-        type=float,
-        default=0.0,
-        help="start no run that would end past this many s (its estimate); 0 = off",
-    )
-    g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
-    g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
-    g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
-    g.add_argument(
-        "--http-alpha",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="--http: send each request's alpha as synthetic_acceptance",
-    )
-
-
-def csv_floats(text: str) -> list[float]:
-    return [float(x) for x in csv_list(text)]
 
 
 # ----------------------------------------------------------------------------- load
@@ -444,8 +415,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
             w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
     if args.sweep:
-        from mixed_sweep import run_sweep
-
         report["synthetic_acceptance"] = synthetic_note(args, per_request=True)
         return run_sweep(run, mix, vocab, warmup, sys.modules[__name__])
     report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all

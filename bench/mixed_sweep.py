@@ -5,12 +5,13 @@ a running OpenAI server instead, rows labelled ``--mode-label``."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import time
 from typing import Any
 
-from common import error_record, progress, release_memory
+from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
 from http_load import HttpEngine, served_model
 from loadgen import run_load
@@ -18,6 +19,36 @@ from sweep import SweepPlan, criteria, criteria_lines, run_trace, summary_row
 from sweep_report import plot_all, table
 
 SCRIPT = "mixed"
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep (issue 14): --sweep, see bench/sweep.py")
+    g.add_argument("--sweep", action="store_true", help="rates x profiles x temperatures")
+    g.add_argument("--rates", type=csv_floats, default=[2.0, 5.0, 8.0, 11.0, 14.0])
+    g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
+    g.add_argument("--temperatures", type=csv_floats, default=[0.0, 0.7])
+    g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
+    g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
+    g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
+    g.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=0.0,
+        help="start no run that would end past this many s (its estimate); 0 = off",
+    )
+    g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
+    g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
+    g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
+    g.add_argument(
+        "--http-alpha",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--http: send each request's alpha as synthetic_acceptance",
+    )
+
+
+def csv_floats(text: str) -> list[float]:
+    return [float(x) for x in csv_list(text)]
 
 
 def plan_of(args, mix, vocab: int) -> SweepPlan:
