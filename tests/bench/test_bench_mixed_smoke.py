@@ -9,19 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from helpers import load_bench
 
 META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core box: one intra-op thread is ~100x faster than two."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def read_json(out: Path, script: str) -> dict:

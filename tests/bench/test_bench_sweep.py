@@ -9,7 +9,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import load_bench, start_server_process, verifypd_serve_command
 
 from verifypd.lanes.async_engine import AsyncEngine
@@ -28,12 +27,7 @@ SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-mo
               "--no-ceilings"]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
