@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -39,6 +40,12 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
     g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
     g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
+    g.add_argument(
+        "--http-extra",
+        type=json.loads,
+        default={},
+        help="--http: extra body fields, JSON (vLLM: '{\"return_token_ids\": true}')",
+    )
     g.add_argument(
         "--http-alpha",
         action=argparse.BooleanOptionalAction,
@@ -203,7 +210,7 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
     model = await served_model(args.http)
     run.report["sweep_engines"][args.mode_label] = {"http": args.http, "model": model,
                                                     "send_alpha": args.http_alpha}  # fmt: skip
-    async with HttpEngine(args.http, model) as engine:
+    async with HttpEngine(args.http, model, args.http_extra) as engine:
         for temp in plan.temperatures:
             await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
         for rate, profile, temp in plan.runs():

@@ -247,6 +247,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     argv[argv.index("off,policy")] = "off"  # one mode label; --modes does not apply
     with start_server_process(cmd, timeout=120) as server:
         data = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label", "policy",
+                                         "--http-extra", '{"user": "sweep"}',
                                          "--out", str(tmp_path)])  # fmt: skip
         server.stop()
     rows = data["sweep"]
