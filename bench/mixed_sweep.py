@@ -133,6 +133,7 @@ def engine_sweep(
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
             recorder.reset()
+            preemptions = core.scheduler.num_preemptions
             snapshot = core.controller.snapshot if MODES[name].controller else None
             try:
                 res = llm.loop.run_until_complete(run_trace(
@@ -148,6 +149,7 @@ def engine_sweep(
                     name,
                     **spec_columns(recorder),
                     engine_error=engine_error(llm.engine),
+                    num_preemptions=core.scheduler.num_preemptions - preemptions,
                 )
             except Exception as exc:  # noqa: BLE001 - record and go on
                 res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,

@@ -16,7 +16,7 @@ from verifypd.types import SamplingParams
 
 ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", "itl_p99_ms",
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
-            "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint"}  # fmt: skip
+            "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint", "num_preemptions"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
               "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,policy",
@@ -253,7 +253,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     rows = data["sweep"]
     assert len(rows) == 2 * 2 and {r["mode"] for r in rows} == {"policy"}
     for r in rows:
-        assert ROW_KEYS - {"num_drafted", "num_accepted"} <= set(r)
+        assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions"} <= set(r)
         assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
     assert data["sweep_engines"]["policy"]["send_alpha"] is True
     http = load_bench("http_load").HttpEngine("http://x", "m")
