@@ -16,7 +16,8 @@ from verifypd.types import SamplingParams
 
 ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", "itl_p99_ms",
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
-            "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint", "num_preemptions"}  # fmt: skip
+            "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint",
+            "num_preemptions"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
               "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,policy",
