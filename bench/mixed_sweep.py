@@ -132,6 +132,7 @@ def engine_sweep(
         for rate, profile, temp in plan.runs():
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
+            core.kv.reset_prefix_cache()  # a replayed trace must not hit the last run's cache
             recorder.reset()
             preemptions = core.scheduler.num_preemptions
             snapshot = core.controller.snapshot if MODES[name].controller else None

@@ -42,6 +42,7 @@ def run_sweep(args, device, peer) -> dict[str, Any]:
     args = sweep_args(args, ours)
     t0 = time.perf_counter()
     front, loop, close, info = _front(args, device, peer)
+    reset = _cache_reset(front, loop)
     out: dict[str, Any] = {"source": args.source, "sweep_config": plan.to_dict(),
                            "startup_s": time.perf_counter() - t0, "engine_info": info,
                            "sweep": []}  # fmt: skip
@@ -53,6 +54,7 @@ def run_sweep(args, device, peer) -> dict[str, Any]:
             loop.run_until_complete(run_load(front, warm, params, 120.0))
         for rate in plan.rates:
             for temp in plan.temperatures:
+                reset()  # a replayed trace must not hit the last run's prefix cache
                 out["sweep"] += _rows(loop, front, plan, rate, temp, mode)
                 print(f"[peer_vllm] sweep {mode} T={temp} {rate}/s: ttft_p99_ms="
                       f"{out['sweep'][-1].get('ttft_p99_ms')}", flush=True)  # fmt: skip
@@ -79,6 +81,15 @@ def _rows(loop, front, plan: SweepPlan, rate: float, temp: float, mode: str) -> 
 def _params(req, temperature: float, index: int) -> SamplingParams:
     return SamplingParams(max_tokens=req.max_tokens, temperature=temperature, seed=index,
                           ignore_eos=True)  # fmt: skip
+
+
+def _cache_reset(front, loop):
+    """Empties the front's prefix cache between runs (vLLM: ``AsyncLLM.reset_prefix_cache``;
+    verifypd: the KV manager's) while it is idle."""
+    engine = getattr(front, "engine", None)
+    if engine is not None and hasattr(engine, "reset_prefix_cache"):  # vLLM
+        return lambda: loop.run_until_complete(engine.reset_prefix_cache())
+    return front.core.kv.reset_prefix_cache
 
 
 def _front(args, device, peer) -> tuple[Any, asyncio.AbstractEventLoop, Any, dict[str, Any]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import load_bench, start_server_process, verifypd_serve_command
 
+from verifypd.kvcache.manager import KVCacheManager
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -41,7 +42,9 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         return inner(self, request_id, prompt, params)
 
     monkeypatch.setattr(AsyncEngine, "generate", generate)
+    resets = count_cache_resets(monkeypatch)
     load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path)])
+    assert resets == [0] * 8  # before every run, on an idle engine (no block in use)
     data = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
     assert data["device"] == "cpu" and data["git_commit"] and data["complete"] is True
     assert data["params"]["num_kv_blocks"] == 256 and data["slo"]["ttft_ms"] == 300.0
@@ -81,6 +84,20 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
     assert (tmp_path / "mixed-cpu-sweep-hetero-t0.0.png").is_file()
     assert (tmp_path / "mixed-cpu-sweep-policy.png").is_file()
+
+
+def count_cache_resets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the blocks in use at each prefix-cache reset (a replayed trace must not find
+    its prompts cached by the previous run)."""
+    calls: list[int] = []
+    inner = KVCacheManager.reset_prefix_cache
+
+    def reset(self):
+        inner(self)
+        calls.append(self.num_blocks - self.num_free_blocks)
+
+    monkeypatch.setattr(KVCacheManager, "reset_prefix_cache", reset)
+    return calls
 
 
 def _plan(sweep, **kw):
@@ -188,7 +205,9 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
         report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
 
 
-def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
+def test_peer_sweep_replays_the_same_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """peer_vllm.py sweep (here through verifypd without speculation: the vLLM path differs
     only in its front) replays the plan of a mixed.py sweep JSON with its engine sizes."""
     sweep = load_bench("sweep")
@@ -210,6 +229,7 @@ def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
     }
     src = tmp_path / "ours.json"
     src.write_text(json.dumps(ours))
+    resets = count_cache_resets(monkeypatch)
     data = load_bench("peer_vllm").main(
         [
             "sweep",
@@ -234,6 +254,7 @@ def test_peer_sweep_replays_the_same_traces(tmp_path: Path) -> None:
         assert r["num_finished"] == 3
         assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
     assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
+    assert resets == [0] * 4  # every (rate, temperature) run starts with an empty cache
 
 
 def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
