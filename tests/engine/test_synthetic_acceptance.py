@@ -76,16 +76,19 @@ def test_a_batch_mixing_alphas_honours_each_request() -> None:
     spec = tiny_draft_spec(max_draft_len=3, initial_draft_len=3, synthetic_acceptance=1.0)
     llm = LLM(config=tiny_config(spec=spec, cache=CacheConfig(num_blocks=128), seed=0))
     totals = _accepted_by_request(llm)
-    prompts = [torch.arange(5 + 2 * i).tolist() for i in range(4)]
-    alphas = [1.0, 0.0, None, 0.0]  # None: the engine's global 1.0
-    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, seed=i,
-                             synthetic_acceptance=a) for i, a in enumerate(alphas)]  # fmt: skip
+    prompts = [torch.arange(5 + 2 * i).tolist() for i in range(6)]
+    alphas = [1.0, 0.0, None, 0.0, 1.0, 0.0]  # None: the engine's global 1.0
+    temps = [0.0] * 4 + [0.8, 0.8]  # sampled rows too (the sweep runs both)
+    params = [SamplingParams(max_tokens=12, temperature=t, ignore_eos=True, seed=i,
+                             synthetic_acceptance=a)
+              for i, (a, t) in enumerate(zip(alphas, temps, strict=True))]  # fmt: skip
     outs = llm.generate(prompts, params)
     by_id = [totals[o.request_id] for o in outs]
     for (drafted, accepted), alpha in zip(by_id, alphas, strict=True):
         assert drafted > 0
         assert accepted == (0 if alpha == 0.0 else drafted), (alpha, drafted, accepted)
     # The drafter is the target itself: whatever is accepted, the output is plain greedy.
-    plain = llm.generate(prompts, [SamplingParams(max_tokens=12, temperature=0.0,
-                                                  ignore_eos=True)] * 4)  # fmt: skip
-    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    plain = llm.generate(prompts[:4], [SamplingParams(max_tokens=12, temperature=0.0,
+                                                      ignore_eos=True)] * 4)  # fmt: skip
+    assert [o.outputs[0].token_ids for o in outs[:4]] == [o.outputs[0].token_ids for o in plain]
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
