@@ -21,7 +21,7 @@ ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", 
             "num_preemptions"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
-              "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,policy",
+              "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,three-fixed,policy",
               "--short-prompt-len", "8", "16", "--short-output-len", "4", "8",
               "--long-prompt-len", "40", "64", "--long-output-len", "2", "4",
               "--long-fraction", "0.34", "--warmup-requests", "1", "--max-num-seqs", "8",
@@ -44,17 +44,18 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(AsyncEngine, "generate", generate)
     resets = count_cache_resets(monkeypatch)
     load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path)])
-    assert resets == [0] * 8  # before every run, on an idle engine (no block in use)
+    assert resets == [0] * 12  # before every run, on an idle engine (no block in use)
     data = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
     assert data["device"] == "cpu" and data["git_commit"] and data["complete"] is True
     assert data["params"]["num_kv_blocks"] == 256 and data["slo"]["ttft_ms"] == 300.0
     rows = data["sweep"]
     keys = {(r["rate"], r["acceptance_profile"], r["mode"]) for r in rows}
-    assert len(rows) == len(keys) == 2 * 2 * 2
+    assert len(rows) == len(keys) == 2 * 2 * 3
     for r in rows:
         assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
         assert r["num_finished"] == r["num_requests"] > 0 and r["ttft_p99_ms"] > 0
-        assert (r["num_drafted"] > 0) == (r["mode"] == "policy")
+        # Fixed L always drafts; the policy may decide that speculation does not pay here.
+        assert (r["num_drafted"] > 0) == (r["mode"] == "three-fixed") or r["mode"] == "policy"
     engines = {n: e["engine"] for n, e in data["sweep_engines"].items()}
     assert engines["off"]["num_kv_blocks"] == engines["policy"]["num_kv_blocks"] == 256
     assert (
@@ -66,9 +67,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     for r in rows:
         prints[(r["rate"], r["acceptance_profile"])].add(r["trace_fingerprint"])
     assert all(len(p) == 1 for p in prints.values()) and len(prints) == 4
-    off, policy = (seen[k] for k in seen)  # built one after the other
+    off, fixed, policy = (seen[k] for k in seen)  # built one after the other
     sent = lambda reqs: [r[:3] for r in reqs if r[0].startswith("req-")]  # noqa: E731
-    assert sent(off) == sent(policy) and len(sent(off)) == 2 * 2 * 4
+    assert sent(off) == sent(fixed) == sent(policy) and len(sent(off)) == 2 * 2 * 4
+    assert [r[3] for r in fixed] == [r[3] for r in policy]
     alphas = [r[3] for r in policy if r[0].startswith("req-")]
     assert all(a is None for r in off for a in [r[3]])  # off has no synthetic mode to send to
     plan = load_bench("sweep").SweepPlan.from_dict(data["sweep_config"])
@@ -266,7 +268,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
         "--num-kv-blocks", "256", "--max-model-len", "256", "--synthetic-acceptance", "0.5",
     )  # fmt: skip
     argv = [a for a in SWEEP_TINY if a not in ("--num-kv-blocks", "256")]
-    argv[argv.index("off,policy")] = "off"  # one mode label; --modes does not apply
+    argv[argv.index("off,three-fixed,policy")] = "off"  # one mode label; --modes does not apply
     with start_server_process(cmd, timeout=120) as server:
         data = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label", "policy",
                                          "--http-extra", '{"user": "sweep"}',
@@ -287,7 +289,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
 
 def test_max_wall_skips_runs_that_would_overrun(tmp_path: Path) -> None:
     argv = [*SWEEP_TINY, "--out", str(tmp_path), "--max-wall-s", "5", "--run-seconds", "0"]
-    argv[argv.index("off,policy")] = "off"
+    argv[argv.index("off,three-fixed,policy")] = "off"
     argv[argv.index("20,40")] = "20,0.5"  # 4 requests at 0.5/s: estimated 12 s, over 5 s
     data = load_bench("mixed").main(argv)
     assert {r["rate"] for r in data["sweep"]} == {20.0} and len(data["sweep"]) == 2
