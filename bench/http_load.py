@@ -57,6 +57,8 @@ class HttpEngine:
         }  # fmt: skip
         if params.seed is not None and params.temperature > 0:
             body["seed"] = params.seed
+        if params.synthetic_acceptance is not None:  # verifypd in synthetic mode (benchmarks)
+            body["synthetic_acceptance"] = params.synthetic_acceptance
         return body
 
     async def generate(

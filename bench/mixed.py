@@ -10,9 +10,15 @@ dummy:qwen2.5-7b, drafter dummy:qwen2.5-0.5b. Per request: TTFT (arrival -> firs
 (gap between successive deltas / tokens in the delta, one sample per token), TPOT, e2e.
 
 SYNTHETIC ACCEPTANCE: dummy weights accept almost nothing, so the accepted count of every verify
-is drawn from a truncated geometric with alpha = --acceptance. The engine's knob
-(``SpecConfig.synthetic_acceptance``) is global: every request has the same alpha (per-request
-alpha is not wired). The draft and verify forwards are real.
+is drawn from a truncated geometric with alpha = --acceptance for every request; with --sweep
+each request carries its profile's alpha (``SamplingParams.synthetic_acceptance``). The draft
+and verify forwards are real.
+
+--sweep (issue 14; bench/mixed_sweep.py, bench/sweep.py, bench/sweep_report.py, told in
+docs/performance.md "The rate sweep"): --rates x --profiles x --temperatures against each of
+--modes (default off, single-fixed, three-fixed, policy), each engine built once, the same KV
+pool (--num-kv-blocks) and traces in every mode; --http URL replays the same traces against a
+running OpenAI server instead.
 
 Modes (--modes): three-ctrl (three lanes + controller, L_max = --draft-len), three-fixed (three
 lanes, fixed L), single-fixed (fused single lane, fixed L), three-off (three lanes, no
@@ -73,6 +79,7 @@ from loadgen import (  # noqa: E402
     make_requests,
     run_load,
 )
+from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
 from verifypd.config import EngineConfig, SpecConfig  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
@@ -86,6 +93,7 @@ class Mode:
     speculate: bool
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
+    policy: str | None = None  # SpecConfig.policy; None: its default
 
 
 MODES = {
@@ -97,8 +105,12 @@ MODES = {
     "single-off": Mode("single", False),
     "three-fixed-unchained": Mode("three", True, chain_drafts=False),
     "three-ctrl-unchained": Mode("three", True, True, chain_drafts=False),
+    # The sweep's names (issue 14): single-fixed and three-fixed as above.
+    "off": Mode("three", False),
+    "policy": Mode("three", True, True, policy="goodput"),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
+SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
 SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decode_s",
                  "verify_queue_depth", "pressure")  # fmt: skip
 
@@ -106,7 +118,13 @@ SNAPSHOT_KEYS = ("num_requests", "mean_draft_len", "mean_acceptance", "p95_decod
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_spec_args(p, acceptance=0.7)
-    p.add_argument("--modes", type=csv_list, default=DEFAULT_MODES, help=",".join(MODES))
+    p.add_argument(
+        "--modes",
+        type=csv_list,
+        default=None,
+        help=f"{','.join(MODES)} (default {DEFAULT_MODES}; --sweep: {SWEEP_MODES})",
+    )
+    add_sweep_args(p)
     p.add_argument("--num-requests", type=int, default=80)
     p.add_argument("--duration", type=float, default=0.0, help="arrivals stop here; 0 = off")
     p.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals, requests/s")
@@ -126,6 +144,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--snapshot-interval", type=float, default=0.25, help="controller sampling s")
     add_common_args(p)
     args = p.parse_args(argv)
+    args.modes = args.modes or (SWEEP_MODES if args.sweep else DEFAULT_MODES)
+    if args.sweep:
+        args.tag = args.tag or "sweep"
+        if not (args.num_kv_blocks or args.http):
+            p.error("--sweep needs --num-kv-blocks (the same KV pool in every mode)")
     if set(args.modes) - set(MODES):
         p.error(f"--modes: choose from {list(MODES)}")
     longest = max(args.short_prompt_len[1] + args.short_output_len[1],
@@ -239,6 +262,8 @@ def mode_config(args, name: str) -> EngineConfig:
     spec = SpecConfig(method="off")
     if mode.speculate:
         spec = synthetic_spec(args, mode.controller, mode.chain_drafts)
+        if mode.policy is not None:
+            spec = dataclasses.replace(spec, policy=mode.policy)
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
         max_num_seqs=args.max_num_seqs,
@@ -382,15 +407,18 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = start_run(SCRIPT, argv, parse_args, METHOD)
     args, report = run.args, run.report
-    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
     vocab = prompt_vocab(args)
     mix = mix_of(args)
-    requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
     warmup = make_requests(mix, vocab, args.seed + 1, args.warmup_requests, None, prefix="warm")
     for i, w in enumerate(warmup):
         w.max_tokens = min(w.max_tokens, 16)
         if i % 2 == 0:  # Triton specializes ints divisible by 16: compile those variants now
             w.prompt = w.prompt[: max(16, len(w.prompt) // 16 * 16)]
+    if args.sweep:
+        report["synthetic_acceptance"] = synthetic_note(args, per_request=True)
+        return run_sweep(run, mix, vocab, warmup, sys.modules[__name__])
+    report["synthetic_acceptance"] = synthetic_note(args, per_request=False)  # one alpha for all
+    requests = make_requests(mix, vocab, args.seed, args.num_requests, args.rate, args.duration)
     report["workload"] = workload_summary(requests)
     itl: dict[str, list[float]] = {}
     for name in args.modes:  # saved after every mode: a killed run keeps what it measured

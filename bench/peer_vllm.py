@@ -27,6 +27,8 @@ Steps (each writes ``peer_vllm-<device>-<engine>-<part>.json`` under --out):
     python bench/peer_vllm.py run --engine vllm --parts decode,offline,mixed   # vLLM installed
     python bench/peer_vllm.py http --engine verifypd      # then --engine vllm
     python bench/peer_vllm.py combine FILES...            # one JSON, the ratio table, a PNG
+    python bench/peer_vllm.py sweep --engine vllm --from MIXED_SWEEP.json  # issue 14's sweep
+                              # (bench/peer_sweep.py; merge with bench/sweep_report.py)
 CPU smoke test of the verifypd side:
     python bench/peer_vllm.py run --engine verifypd --device cpu --model dummy:tiny \
         --parts decode --batches 1 2 --decode-lens 4 8 --prompt-len 8
@@ -79,7 +81,13 @@ MIXES = {
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("step", choices=["run", "http", "combine"])
+    p.add_argument("step", choices=["run", "http", "combine", "sweep"])
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        help="sweep: the bench/mixed.py --sweep JSON whose traces to replay",
+    )
     p.add_argument("files", nargs="*", help="combine: the part JSON files")
     p.add_argument("--engine", choices=["verifypd", "vllm"], default="verifypd")
     p.add_argument("--parts", type=csv_list, default=list(PARTS[:3]))
@@ -110,6 +118,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if set(args.parts) - set(PARTS):
         p.error(f"--parts: choose from {PARTS}")
+    if args.step == "sweep" and not args.source:
+        p.error("sweep needs --from OURS.json (a bench/mixed.py --sweep result)")
     return args
 
 
@@ -643,6 +653,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"wrote {path}" + (f" and {png}" if png else ""))
         return data
     meta = metadata(SCRIPT, argv, vars(args), device)
+    if args.step == "sweep":
+        from peer_sweep import run_sweep
+
+        data = {**meta, "engine": args.engine, **run_sweep(args, device, sys.modules[__name__])}
+        tag = "-".join([args.engine, "sweep", args.tag]).strip("-")
+        path = write_json(result_path(args.out, SCRIPT, device, "json", tag), data)
+        print(f"wrote {path}")
+        return data
     if args.step == "http":
         result = run_http(args)
     elif args.engine == "vllm":

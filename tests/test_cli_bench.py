@@ -27,7 +27,13 @@ def test_unknown_bench_lists_the_benchmarks(tmp_path: Path, monkeypatch, capsys)
     assert "unknown benchmark 'no-such-bench'" in err
     listed = err.split("choose one of:")[1].strip().split(", ")
     assert {"latency", "spec", "mixed", "offline", "kernels"} <= set(listed)
-    assert not {"common", "harness", "loadgen", "hf_batch", "http_load"} & set(
-        listed
-    )  # libraries, not benches
+    assert not {
+        "common",
+        "harness",
+        "loadgen",
+        "hf_batch",
+        "http_load",
+        "sweep",
+        "peer_sweep",
+    } & set(listed)  # libraries, not benches
     assert all((bench_dir() / f"{name}.py").is_file() for name in listed)

@@ -59,6 +59,10 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured: StructuredOutput | None = None  # grammar-constrained output
+    # Benchmark only: this request's synthetic acceptance alpha (each draft accepted with this
+    # probability until the first rejection) instead of the engine's global
+    # ``SpecConfig.synthetic_acceptance``; refused by an engine that is not in synthetic mode.
+    synthetic_acceptance: float | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -85,6 +89,11 @@ class SamplingParams:
                 self.prompt_logprobs is None or self.prompt_logprobs >= 0,
                 "prompt_logprobs",
                 "must be >= 0",
+            ),
+            (
+                self.synthetic_acceptance is None or 0 <= self.synthetic_acceptance <= 1,
+                "synthetic_acceptance",
+                "must be in [0, 1]",
             ),
         ]
         for ok, name, msg in checks:

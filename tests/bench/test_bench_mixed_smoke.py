@@ -9,19 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from helpers import load_bench
 
 META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core box: one intra-op thread is ~100x faster than two."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def read_json(out: Path, script: str) -> dict:
@@ -99,7 +92,10 @@ def test_mixed(tmp_path: Path) -> None:
         if name == "three-off":
             assert r["spec"] is None and r["controller"] is None
             continue
-        assert 0 < r["spec"]["acceptance_rate"] < 1 and r["spec"]["mean_drafts_per_verify"] > 0
+        if name.endswith("-fixed"):  # fixed L drafts every step: alpha 0.7 shows
+            assert 0 < r["spec"]["acceptance_rate"] < 1 and r["spec"]["mean_drafts_per_verify"] > 0
+        else:  # the goodput policy may draft a handful of tokens on CPU (or none)
+            assert r["spec"]["acceptance_rate"] is None or 0 <= r["spec"]["acceptance_rate"] <= 1
         assert r["controller"]["final"]["num_steps"] > 0
         assert r["controller"]["num_snapshots"] > 0
         proposals = r["spec"]["slowest_proposals"]

@@ -222,7 +222,7 @@ def test_deterministic_and_batch_independent():
 def test_synthetic_num_accepted_is_truncated_geometric():
     S = NUM_ROWS
     for alpha, L in [(0.0, 4), (0.3, 4), (0.6, 2), (0.8, 6), (0.95, 3), (1.0, 5)]:
-        got = torch.tensor(synthetic_num_accepted(alpha, [L] * S, list(range(S)), [17] * S))
+        got = torch.tensor(synthetic_num_accepted([alpha] * S, [L] * S, list(range(S)), [17] * S))
         assert (got >= 0).all() and (got <= L).all()
         # P(n) = alpha^n (1 - alpha) for n < L, P(L) = alpha^L.
         pmf = torch.tensor([alpha**n * (1 - alpha) for n in range(L)] + [alpha**L])
@@ -232,8 +232,8 @@ def test_synthetic_num_accepted_is_truncated_geometric():
         print(f"synthetic alpha={alpha} L={L}: mean err {err:.4f} (5 sd = {5 * sd:.4f})")
         assert err <= 5 * sd + 1e-9
         assert_matches(torch.bincount(got, minlength=L + 1), pmf, 0.02, f"synthetic {alpha}")
-    assert synthetic_num_accepted(1.0, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [3, 0, 7]
-    assert synthetic_num_accepted(0.0, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [0, 0, 0]
+    assert synthetic_num_accepted([1.0] * 3, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [3, 0, 7]
+    assert synthetic_num_accepted([0.0] * 3, [3, 0, 7], [0, 1, 2], [0, 0, 0]) == [0, 0, 0]
 
 
 def test_host_uniforms_are_the_device_uniforms_bit_for_bit():

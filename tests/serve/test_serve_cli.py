@@ -50,6 +50,11 @@ def test_all_options_reach_the_config() -> None:
     assert config_from_args(parse("--spec", "ngram")).spec.controller
     fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec
     assert (fixed.initial_draft_len, fixed.max_draft_len, fixed.controller) == (3, 3, False)
+    assert config_from_args(args).spec.synthetic_acceptance is None
+    synthetic = parse("--draft-model", "dummy:tiny", "--synthetic-acceptance", "0.7")
+    assert config_from_args(synthetic).spec.synthetic_acceptance == 0.7
+    with pytest.raises(ValueError, match="synthetic_acceptance"):
+        config_from_args(parse("--draft-model", "dummy:tiny", "--synthetic-acceptance", "2"))
 
 
 def test_limit_flags_reach_the_limits_and_the_config() -> None:

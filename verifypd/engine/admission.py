@@ -70,6 +70,17 @@ class RequestLimits:
             )
 
 
+def check_synthetic_acceptance(params: SamplingParams, engine_alpha: float | None) -> None:
+    """A per-request synthetic alpha (benchmark only) needs an engine in synthetic mode
+    (``SpecConfig.synthetic_acceptance`` set): elsewhere it would silently do nothing."""
+    if params.synthetic_acceptance is not None and engine_alpha is None:
+        raise ParamError(
+            "synthetic_acceptance",
+            "synthetic_acceptance is a benchmark-only field: this server does not run with "
+            "synthetic acceptance (start it with --synthetic-acceptance)",
+        )
+
+
 def _check_token_ids(param: str, token_ids: list[int], vocab_size: int) -> None:
     if any(not 0 <= t < vocab_size for t in token_ids):
         raise ParamError(param, f"{param} must hold token ids in [0, {vocab_size})")

@@ -22,7 +22,7 @@ from verifypd.controller import (
     SeqView,
     build_policy,
 )
-from verifypd.engine.admission import RequestLimits
+from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
@@ -244,6 +244,7 @@ class EngineCore:
         share of the KV pool): ``admission.RequestLimits``."""
         self.limits.validate(prompt_token_ids, params)
         check_num_logprobs(params, self.config.max_logprobs)
+        check_synthetic_acceptance(params, self.config.spec.synthetic_acceptance)
 
     def max_choice_len(self, n: int = 1) -> int:
         """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""

@@ -131,17 +131,18 @@ def rejection_sample(
 
 
 def synthetic_num_accepted(
-    alpha: float, num_drafts: list[int], seeds: list[int], positions: list[int]
+    alphas: list[float], num_drafts: list[int], seeds: list[int], positions: list[int]
 ) -> list[int]:
     """Benchmark only: accepted counts drawn as min(G, L_b) with G geometric,
-    P(G >= n) = alpha^n (each draft accepted with prob alpha until the first rejection).
+    P(G >= n) = alpha_b^n (each draft accepted with prob alpha_b until the first rejection);
+    one alpha per row (a request's own ``SamplingParams.synthetic_acceptance`` or the engine's).
 
     Inverse CDF: G = floor(log u / log alpha), so P(G >= n) = P(u <= alpha^n) = alpha^n. Drawn
     on the host from the seeds and positions (``uniform_host``), so the benchmark's stand-in
     for acceptance adds no GPU work to the verify that a real greedy verify does not have.
     """
     out = []
-    for n, seed, pos in zip(num_drafts, seeds, positions, strict=True):
+    for alpha, n, seed, pos in zip(alphas, num_drafts, seeds, positions, strict=True):
         if alpha >= 1.0 or n == 0:
             out.append(n if alpha >= 1.0 else 0)
             continue

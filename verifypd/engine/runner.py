@@ -392,7 +392,7 @@ class ModelRunner:
         synthetic = []  # benchmark only: accepted counts drawn on the host
         if self.synthetic_acceptance is not None:
             synthetic = synthetic_num_accepted(
-                self.synthetic_acceptance, num_drafts, seeds_host, positions_host
+                self._synthetic_alphas(seqs), num_drafts, seeds_host, positions_host
             )
         small = self._to_device(  # one upload: draft rows [B * L], then [B] vectors
             draft_rows + num_drafts + seeds_host + positions_host + synthetic, torch.int64
@@ -412,6 +412,11 @@ class ModelRunner:
         target = processed_probs(rows.view(-1, rows.shape[-1]), t).view(rows.shape)
         draft_probs = self._draft_probs(scheds, width, target, drafts)
         return rejection_sample(target, draft_probs, drafts, num_drafts_t, seeds, positions)
+
+    def _synthetic_alphas(self, seqs) -> list[float]:
+        """Each row's synthetic alpha: its request's own, else the engine's global one."""
+        alpha = self.synthetic_acceptance
+        return [a if (a := s.params.synthetic_acceptance) is not None else alpha for s in seqs]
 
     @staticmethod
     def _verify_rows(logits: torch.Tensor, num_drafts: list[int], width: int) -> torch.Tensor:

@@ -45,6 +45,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="fixed draft length L (turns the controller off); default: the controller picks L",
     )
+    add(
+        "--synthetic-acceptance",
+        type=float,
+        default=None,
+        metavar="A",
+        help="benchmark only: accepted draft counts drawn with acceptance A in [0, 1] (real "
+        "draft and verify forwards); requests may then set their own synthetic_acceptance",
+    )
     add("--device", choices=("auto", "cpu", "cuda"), default="auto")
     add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     add("--host", default="127.0.0.1")
@@ -144,7 +152,12 @@ def config_from_args(
     fixed = {} if args.draft_len is None else {
         "max_draft_len": args.draft_len, "initial_draft_len": args.draft_len, "controller": False,
     }  # fmt: skip
-    spec = SpecConfig(method=method, draft_model=draft_model, **fixed)
+    spec = SpecConfig(
+        method=method,
+        draft_model=draft_model,
+        synthetic_acceptance=args.synthetic_acceptance,
+        **fixed,
+    )
     cache = CacheConfig(
         block_size=args.block_size,
         num_blocks=args.num_kv_blocks,

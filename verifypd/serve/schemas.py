@@ -73,6 +73,9 @@ class _SamplingFields(StructuredFields):
     min_tokens: int | None = Field(default=None, ge=0)
     bad_words: list[str] | None = None
     include_stop_str_in_output: bool | None = None
+    # verifypd extension, benchmark only: this request's synthetic acceptance alpha (400 on a
+    # server not started with --synthetic-acceptance).
+    synthetic_acceptance: float | None = Field(default=None, ge=0, le=1)
 
     @property
     def is_stream(self) -> bool:
@@ -313,6 +316,7 @@ def to_sampling_params(
         "ignore_eos": bool(request.ignore_eos),
         "n": request.n or 1,
         "priority": request.priority or 0,
+        "synthetic_acceptance": request.synthetic_acceptance,
         **_sampling_controls(request),
         **_logprob_kwargs(request),
         "structured": structured,

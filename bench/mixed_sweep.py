@@ -1,0 +1,230 @@
+"""``bench/mixed.py --sweep``: the rate sweep of issue 14 (plan, rows and criteria in
+``sweep.py``, plots in ``sweep_report.py``). Each mode's engine is built once and runs every
+(rate, acceptance profile, temperature) of the plan; with ``--http URL`` the same traces go to
+a running OpenAI server instead, rows labelled ``--mode-label``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any
+
+from common import csv_list, error_record, progress, release_memory
+from harness import attach_recorder, build_engine, close_engine, engine_info
+from http_load import HttpEngine, served_model
+from loadgen import run_load
+from sweep import SweepPlan, criteria, criteria_lines, run_trace, summary_row
+from sweep_report import plot_all, table
+
+SCRIPT = "mixed"
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep (issue 14): --sweep, see bench/sweep.py")
+    g.add_argument("--sweep", action="store_true", help="rates x profiles x temperatures")
+    g.add_argument("--rates", type=csv_floats, default=[2.0, 5.0, 8.0, 11.0, 14.0])
+    g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
+    g.add_argument("--temperatures", type=csv_floats, default=[0.0, 0.7])
+    g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
+    g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
+    g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
+    g.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=0.0,
+        help="start no run that would end past this many s (its estimate); 0 = off",
+    )
+    g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
+    g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
+    g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
+    g.add_argument(
+        "--http-extra",
+        type=json.loads,
+        default={},
+        help="--http: extra body fields, JSON (vLLM: '{\"return_token_ids\": true}')",
+    )
+    g.add_argument(
+        "--http-alpha",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--http: send each request's alpha as synthetic_acceptance",
+    )
+
+
+def csv_floats(text: str) -> list[float]:
+    return [float(x) for x in csv_list(text)]
+
+
+def plan_of(args, mix, vocab: int) -> SweepPlan:
+    return SweepPlan(
+        mix=mix, vocab=vocab, seed=args.seed, rates=tuple(args.rates),
+        profiles=tuple(args.profiles), temperatures=tuple(args.temperatures),
+        num_requests=args.num_requests, run_seconds=args.run_seconds,
+        drain_timeout=args.drain_timeout, slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    )  # fmt: skip
+
+
+def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
+    """The sweep into ``run.report`` (``bench``: the mixed.py module, its modes and engine
+    configs): ``sweep`` rows (saved after every run), the
+    ``policy_timeline``, the engines, ``criteria``; then the table, criteria and plots."""
+    args, report = run.args, run.report
+    plan = plan_of(args, mix, vocab)
+    report |= {"sweep_config": plan.to_dict(), "sweep": [], "policy_timeline": [],
+               "sweep_engines": {}}  # fmt: skip
+    report["slo"] = {"ttft_ms": plan.slo_ttft_ms, "tpot_ms": plan.slo_tpot_ms,
+                     "definition": "goodput (DistServe): finished requests/s with TTFT <= "
+                     "ttft_ms and TPOT <= tpot_ms, over first arrival -> last token"}  # fmt: skip
+    engines = 1 if args.http else len(args.modes)
+    est = plan.estimate_s(engines, build_s=0.0 if args.http else 60.0)
+    print(f"[{SCRIPT}] sweep: {engines} engine(s) x {len(plan.runs())} runs "
+          f"({len(plan.rates)} rates x {len(plan.profiles)} profiles x "
+          f"{len(plan.temperatures)} temperatures); estimated wall time {est / 60:.1f} min "
+          f"(builds ~60 s each, runs bounded by --run-seconds {args.run_seconds} / "
+          f"--num-requests {args.num_requests})", flush=True)  # fmt: skip
+    report["estimate_s"] = est
+    if args.estimate_only:
+        return report
+    deadline = time.perf_counter() + args.max_wall_s if args.max_wall_s else None
+    report["skipped"] = []
+    if args.http:
+        asyncio.run(http_sweep(run, plan, warmup, deadline))
+    else:
+        for name in args.modes:
+            engine_sweep(run, plan, name, warmup, bench, deadline)
+            release_memory()
+    rows = report["sweep"]
+    report["criteria"] = criteria(rows)
+    text = table(rows) + "\n\n" + "\n".join(criteria_lines(report["criteria"]))
+    text += (f"\nms; SLO TTFT <= {plan.slo_ttft_ms} ms and TPOT <= {plan.slo_tpot_ms} ms; "
+             f"synthetic acceptance per request (profiles {', '.join(plan.profiles)})")  # fmt: skip
+    run.finish(text, lambda png: plot_all(png, rows, report["policy_timeline"]))
+    return report
+
+
+def engine_sweep(
+    run, plan: SweepPlan, name: str, warmup: list, bench, deadline: float | None
+) -> None:
+    """One mode: build, warm up (every temperature, unrecorded), then every run of the plan."""
+    MODES, engine_error = bench.MODES, bench.engine_error  # noqa: N806
+
+    args, report = run.args, run.report
+    t0 = time.perf_counter()
+    try:
+        llm = build_engine(bench.mode_config(args, name), "async")
+    except Exception as exc:  # noqa: BLE001 - a mode that cannot start is a result
+        report["sweep_engines"][name] = error_record(exc)
+        progress(SCRIPT, f"sweep {name}", {"error": str(exc)})
+        return
+    try:
+        core = llm.core
+        report["sweep_engines"][name] = {
+            **dataclasses.asdict(MODES[name]), "build_s": time.perf_counter() - t0,
+            "engine": engine_info(llm), "vocab_guard": bench.guard_draft_vocab(core),
+        }  # fmt: skip
+        recorder = attach_recorder(llm, bench.LoadRecorder())
+        spec_on = core.spec.enabled
+        warm(llm.loop, llm.engine, warmup, plan.temperatures)
+        for rate, profile, temp in plan.runs():
+            if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
+                continue
+            core.kv.reset_prefix_cache()  # a replayed trace must not hit the last run's cache
+            recorder.reset()
+            preemptions = core.scheduler.num_preemptions
+            snapshot = core.controller.snapshot if MODES[name].controller else None
+            try:
+                res = llm.loop.run_until_complete(run_trace(
+                    llm.engine, plan, rate, profile, temp, send_alpha=spec_on,
+                    snapshot=snapshot, snapshot_every=args.snapshot_interval,
+                ))  # fmt: skip
+                row = summary_row(
+                    res,
+                    plan,
+                    rate,
+                    profile,
+                    temp,
+                    name,
+                    **spec_columns(recorder),
+                    engine_error=engine_error(llm.engine),
+                    num_preemptions=core.scheduler.num_preemptions - preemptions,
+                )
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,
+                                             "temperature": temp, "mode": name,
+                                             **error_record(exc)}  # fmt: skip
+            record_run(run, row, res["samples"])
+    finally:
+        close_engine(llm)
+
+
+def out_of_time(run, deadline: float | None, estimate_s: float, key: tuple) -> bool:
+    """--max-wall-s: a run whose estimate would end past the deadline is skipped (and listed
+    under ``skipped``; the criteria then judge what ran). ``key``: (rate, profile, T, mode)."""
+    if deadline is None or time.perf_counter() + estimate_s <= deadline:
+        return False
+    names = ("rate", "acceptance_profile", "temperature", "mode")
+    run.report["skipped"].append(dict(zip(names, key, strict=True)))
+    progress(SCRIPT, f"sweep {key}", {"error": "skipped: out of --max-wall-s"})
+    return True
+
+
+def warm(loop, engine, warmup: list, temperatures) -> None:
+    """Unrecorded warm-up requests at every temperature of the plan (kernels, graphs)."""
+    for temp in temperatures:
+        params_of = lambda i, r, t=temp: _warm_params(r, t, i)  # noqa: E731
+        loop.run_until_complete(run_load(engine, warmup, params_of, 120.0))
+
+
+def _warm_params(req, temperature: float, index: int):
+    from verifypd.types import SamplingParams
+
+    return SamplingParams(max_tokens=req.max_tokens, temperature=temperature, seed=index,
+                          ignore_eos=True)  # fmt: skip
+
+
+def spec_columns(recorder) -> dict[str, Any]:
+    spec = recorder.summary()["spec"] or {}
+    return {
+        "num_drafted": spec.get("num_drafted", 0),
+        "num_accepted": spec.get("num_accepted", 0),
+        "acceptance_rate": spec.get("acceptance_rate"),
+        "mean_draft_len_decided": recorder.spec_summary()["mean_draft_len_decided"],
+    }
+
+
+def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
+    report = run.report
+    report["sweep"].append(row)
+    if samples:
+        keys = ("rate", "acceptance_profile", "temperature", "mode")
+        report["policy_timeline"].append({**{k: row[k] for k in keys}, "samples": samples})
+    what = f"sweep {row['mode']} {row['acceptance_profile']} T={row['temperature']} {row['rate']}/s"
+    progress(SCRIPT, what, row, ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps"))
+    run.save()
+
+
+async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None) -> None:
+    """The same traces against the OpenAI server at ``--http``, one client (http_load)."""
+    args = run.args
+    model = await served_model(args.http)
+    run.report["sweep_engines"][args.mode_label] = {"http": args.http, "model": model,
+                                                    "send_alpha": args.http_alpha}  # fmt: skip
+    async with HttpEngine(args.http, model, args.http_extra) as engine:
+        for temp in plan.temperatures:
+            await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
+        for rate, profile, temp in plan.runs():
+            if out_of_time(
+                run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)
+            ):
+                continue
+            try:
+                res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
+                row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
+                       "mode": args.mode_label, **error_record(exc)}  # fmt: skip
+            record_run(run, row, [])

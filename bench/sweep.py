@@ -1,0 +1,326 @@
+"""The rate sweep of issue 14, engine-agnostic: the plan (rates, acceptance profiles,
+temperatures, the seeded traces), one run of a trace through any ``generate(request_id,
+prompt_ids, params)`` front (``AsyncEngine``, ``http_load.HttpEngine``, vLLM's ``AsyncLLM``
+behind ``peer_vllm.VllmFront``), the summary row of a run and the criteria over the rows.
+
+A trace depends on (seed, rate) only: every mode, profile and temperature at one rate replays
+the same prompts at the same arrival times. A profile's per-request alphas are drawn from
+(seed, rate, profile), so they too are identical in every mode (and every engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from loadgen import Mix, Request, latency_stats, load_stats, make_requests, run_load
+
+from verifypd.types import SamplingParams
+
+# Acceptance profiles: (alpha, share of requests).
+PROFILES: dict[str, tuple[tuple[float, float], ...]] = {
+    "uniform-0.8": ((0.8, 1.0),),
+    "uniform-0.6": ((0.6, 1.0),),
+    "hetero": ((0.9, 0.3), (0.6, 0.4), (0.2, 0.3)),
+}
+LATENCY_KEYS = ("ttft", "itl", "tpot", "e2e")
+PERCENTILES = ("p50", "p95", "p99")
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    mix: Mix
+    vocab: int  # prompt ids are below it
+    seed: int
+    rates: tuple[float, ...]
+    profiles: tuple[str, ...]
+    temperatures: tuple[float, ...]
+    num_requests: int  # per run, at most
+    run_seconds: float  # arrivals stop after this (0 = off)
+    drain_timeout: float  # s after the last arrival; then unfinished requests are aborted
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+
+    def __post_init__(self) -> None:
+        unknown = set(self.profiles) - set(PROFILES)
+        if unknown:
+            raise ValueError(f"unknown acceptance profiles {sorted(unknown)}: {list(PROFILES)}")
+
+    def requests(self, rate: float) -> list[Request]:
+        return make_requests(
+            self.mix, self.vocab, self.rate_seed(rate), self.num_requests, rate, self.run_seconds
+        )
+
+    def rate_seed(self, rate: float) -> int:
+        return self.seed * 7919 + int(round(rate * 1000))
+
+    def alphas(self, rate: float, profile: str, count: int) -> list[float]:
+        values, shares = zip(*PROFILES[profile], strict=True)
+        rng = np.random.default_rng([self.rate_seed(rate), zlib.crc32(profile.encode())])
+        return [float(values[i]) for i in rng.choice(len(values), size=count, p=shares)]
+
+    def runs(self) -> list[tuple[float, str, float]]:
+        """(rate, profile, temperature) in the order each engine runs them."""
+        return [(r, p, t) for r in self.rates for p in self.profiles for t in self.temperatures]
+
+    def run_estimate_s(self, rate: float) -> float:
+        """Arrivals (the shorter of the count and the time bound) plus a few seconds of drain."""
+        span = self.num_requests / rate
+        return (min(span, self.run_seconds) if self.run_seconds else span) + 4.0
+
+    def estimate_s(self, num_engines: int, build_s: float = 60.0, warmup_s: float = 15.0):
+        per_engine = build_s + warmup_s + sum(self.run_estimate_s(r) for r, _, _ in self.runs())
+        return num_engines * per_engine
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepPlan:
+        d = dict(d)
+        d["mix"] = Mix(*(tuple(v) if isinstance(v, list) else v for v in d["mix"].values()))
+        for key in ("rates", "profiles", "temperatures"):
+            d[key] = tuple(d[key])
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- one run
+def request_params(
+    plan: SweepPlan, req: Request, index: int, temperature: float, alpha: float | None
+) -> SamplingParams:
+    """Seeded per request (the synthetic draws and sampled tokens repeat in every mode)."""
+    return SamplingParams(
+        max_tokens=req.max_tokens,
+        temperature=temperature,
+        seed=plan.seed * 1_000_003 + index,
+        ignore_eos=True,
+        synthetic_acceptance=alpha,
+    )
+
+
+def trace_fingerprint(submitted: list[tuple[str, float, list[int], int, float]]) -> str:
+    """sha256 of what was submitted: (id, arrival s, prompt, max_tokens, the trace's alpha)."""
+    text = json.dumps([[rid, round(t, 9), p, n, a] for rid, t, p, n, a in submitted])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_trace(plan: SweepPlan, rate: float, profile: str):
+    """(requests, their alphas, the fingerprint) of the (rate, profile) trace."""
+    reqs = plan.requests(rate)
+    alphas = plan.alphas(rate, profile, len(reqs))
+    submitted = [(r.request_id, r.arrival_s, r.prompt, r.max_tokens, a)
+                 for r, a in zip(reqs, alphas, strict=True)]  # fmt: skip
+    return reqs, alphas, trace_fingerprint(submitted)
+
+
+def plan_fingerprint(plan: SweepPlan, rate: float, profile: str) -> str:
+    return plan_trace(plan, rate, profile)[2]
+
+
+async def _sample(snapshot: Callable[[], dict[str, Any]], out: list, t0: float, every: float):
+    while True:
+        snap = snapshot()
+        out.append({"t_s": time.perf_counter() - t0, **_scalars(snap)})
+        await asyncio.sleep(every)
+
+
+def _scalars(snap: dict[str, Any]) -> dict[str, Any]:
+    ok = (int, float, str, bool, type(None))
+    return {k: v for k, v in snap.items() if isinstance(v, ok)}
+
+
+async def run_trace(
+    engine: Any,
+    plan: SweepPlan,
+    rate: float,
+    profile: str,
+    temperature: float,
+    send_alpha: bool,
+    snapshot: Callable[[], dict[str, Any]] | None = None,
+    snapshot_every: float = 0.25,
+) -> dict[str, Any]:
+    """Replays the (rate, profile) trace at ``temperature``; per request its profile alpha goes
+    out as ``synthetic_acceptance`` when ``send_alpha`` (engines in synthetic mode). Returns the
+    traces, the start time, the fingerprint of the submitted trace and the sampled snapshots."""
+    reqs, alphas, fingerprint = plan_trace(plan, rate, profile)
+
+    def params_of(i: int, req: Request) -> SamplingParams:
+        return request_params(plan, req, i, temperature, alphas[i] if send_alpha else None)
+
+    samples: list[dict[str, Any]] = []
+    task = None
+    if snapshot is not None:
+        task = asyncio.create_task(_sample(snapshot, samples, time.perf_counter(), snapshot_every))
+    try:
+        traces, t_start = await run_load(engine, reqs, params_of, plan.drain_timeout)
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return {"traces": traces, "t_start": t_start, "samples": samples,
+            "fingerprint": fingerprint, "alphas": alphas}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- one row
+def goodput(traces: list, span_s: float | None, plan: SweepPlan) -> tuple[float | None, int]:
+    """DistServe's goodput: finished requests/s meeting TTFT <= X and TPOT <= Y (a one-token
+    output has no TPOT and meets that half)."""
+    met = [t for t in traces if t.finish_reason in ("length", "stop") and t.ttft_s is not None
+           and t.ttft_s * 1e3 <= plan.slo_ttft_ms
+           and (t.tpot_s is None or t.tpot_s * 1e3 <= plan.slo_tpot_ms)]  # fmt: skip
+    return (len(met) / span_s if span_s else None), len(met)
+
+
+def summary_row(
+    result: dict[str, Any], plan: SweepPlan, rate: float, profile: str, temperature: float,
+    mode: str, **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    traces = result["traces"]
+    lat, load = latency_stats(traces), load_stats(traces, result["t_start"])
+    row: dict[str, Any] = {"rate": rate, "acceptance_profile": profile,
+                           "temperature": temperature, "mode": mode}  # fmt: skip
+    for key in LATENCY_KEYS:
+        for p in PERCENTILES:
+            row[f"{key}_{p}_ms"] = lat[f"{key}_ms"][p]
+    good, num_met = goodput(traces, load["span_s"], plan)
+    n = load["num_requests"]
+    row |= {
+        "goodput_rps": good,
+        "slo_attainment": num_met / n if n else None,
+        "output_tok_s": load["output_tok_s"],
+        "num_requests": n,
+        "num_finished": load["num_finished"],
+        "num_unfinished": load["num_unfinished"],
+        "num_errors": load["num_errors"],
+        "span_s": load["span_s"],
+        "trace_fingerprint": result["fingerprint"],
+        "mean_alpha": float(np.mean(result["alphas"])) if result["alphas"] else None,
+        **extra,
+    }
+    return row
+
+
+# ----------------------------------------------------------------------------- criteria
+LOWER_BETTER = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, dict[str, Any]]]:
+    out: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        key = (r["acceptance_profile"], r["temperature"], r["rate"])
+        out.setdefault(key, {})[r["mode"]] = r
+    return out
+
+
+def _verdict(checks: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
+    if not checks:
+        return {"verdict": "N/A", "reason": reason or "no rows to judge", "checks": []}
+    misses = [c for c in checks if not c["ok"]]
+    return {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
+            "num_misses": len(misses), "checks": checks}  # fmt: skip
+
+
+def within_best(rows: list[dict[str, Any]], policy: str = "policy", tol: float = 0.05):
+    """At every (profile, temperature, rate): policy's p99s within ``tol`` of the best other
+    mode's (lower is better) and its goodput at least (1 - tol) of the best other's."""
+    checks = []
+    for (profile, temp, rate), modes in sorted(_groups(rows).items()):
+        if policy not in modes or len(modes) < 2:
+            continue
+        ours = modes[policy]
+        others = {m: r for m, r in modes.items() if m != policy}
+        for metric in (*LOWER_BETTER, "goodput_rps"):
+            vals = {m: r.get(metric) for m, r in others.items() if r.get(metric) is not None}
+            if not vals:
+                continue
+            higher = metric == "goodput_rps"
+            best_mode = (max if higher else min)(vals, key=vals.get)
+            best, mine = vals[best_mode], ours.get(metric)
+            if mine is None:
+                ok, ratio = False, None
+            elif higher:
+                ok, ratio = mine >= (1 - tol) * best, (mine / best if best else None)
+            else:
+                ok, ratio = mine <= (1 + tol) * best, (mine / best if best else None)
+            checks.append({"acceptance_profile": profile, "temperature": temp, "rate": rate,
+                           "metric": metric, "policy": mine, "best_other": best,
+                           "best_mode": best_mode, "ratio": ratio, "ok": bool(ok)})  # fmt: skip
+    return _verdict(checks, f"needs mode {policy!r} and another mode")
+
+
+def hetero_goodput_gain(rows: list[dict[str, Any]], policy: str = "policy", gain: float = 0.15):
+    """With ``hetero``: per temperature, is there a rate where policy's goodput beats every
+    other mode's by ``gain``? One check per temperature (its best rate)."""
+    checks = []
+    by_temp: dict[float, list[dict[str, Any]]] = {}
+    for (profile, temp, rate), modes in sorted(_groups(rows).items()):
+        if profile != "hetero" or policy not in modes or len(modes) < 2:
+            continue
+        mine = modes[policy].get("goodput_rps") or 0.0
+        best_mode, best = max(((m, r.get("goodput_rps") or 0.0) for m, r in modes.items()
+                               if m != policy), key=lambda x: x[1])  # fmt: skip
+        g = mine / best - 1 if best else (float("inf") if mine else 0.0)
+        by_temp.setdefault(temp, []).append({"rate": rate, "policy": mine, "best_other": best,
+                                             "best_mode": best_mode, "gain": g})  # fmt: skip
+    for temp, cands in sorted(by_temp.items()):
+        top = max(cands, key=lambda c: c["gain"])
+        checks.append({"temperature": temp, **top, "ok": top["gain"] >= gain, "per_rate": cands})
+    return _verdict(checks, f"needs the hetero profile with {policy!r} and another mode")
+
+
+def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: float = 1.5):
+    """At the lightest rate, policy's TPOT p50 at least ``factor`` x faster than ``off``; the
+    verdict is on ``hetero`` (the issue's target), other profiles are listed (``judged``)."""
+    checks = []
+    groups = _groups(rows)
+    lightest = min((k[2] for k in groups), default=None)
+    for (profile, temp, rate), modes in sorted(groups.items()):
+        if rate != lightest or policy not in modes or "off" not in modes:
+            continue
+        mine, off = modes[policy].get("tpot_p50_ms"), modes["off"].get("tpot_p50_ms")
+        speedup = off / mine if mine and off else None
+        checks.append({"acceptance_profile": profile, "temperature": temp, "rate": rate,
+                       "policy_tpot_p50_ms": mine, "off_tpot_p50_ms": off, "speedup": speedup,
+                       "judged": profile == "hetero",
+                       "ok": speedup is not None and speedup >= factor})  # fmt: skip
+    judged = [c for c in checks if c["judged"]]
+    out = _verdict(judged, f"needs the hetero profile with {policy!r} and 'off'")
+    out["all_profiles"] = checks
+    return out
+
+
+def criteria(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "policy_within_5pct_of_best": within_best(rows),
+        "hetero_goodput_gain_15pct": hetero_goodput_gain(rows),
+        "light_load_tpot_p50_1p5x_off": light_load_tpot(rows),
+    }
+
+
+def criteria_lines(block: dict[str, Any]) -> list[str]:
+    """One headline per criterion, then every miss with its numbers (never hidden)."""
+    lines = []
+    for name, c in block.items():
+        head = f"{c['verdict']:4} {name}"
+        if c["verdict"] == "N/A":
+            lines.append(f"{head}: {c['reason']}")
+            continue
+        lines.append(f"{head}: {c['num_checks'] - c['num_misses']}/{c['num_checks']} checks ok")
+        for chk in c["checks"]:
+            if not chk["ok"] or name != "policy_within_5pct_of_best":
+                shown = {k: v for k, v in chk.items() if k not in ("per_rate", "ok", "judged")}
+                mark = "ok  " if chk["ok"] else "MISS"
+                lines.append(f"  {mark} " + ", ".join(f"{k}={_fmt(v)}" for k, v in shown.items()))
+    return lines
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

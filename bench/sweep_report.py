@@ -1,0 +1,232 @@
+"""Report of the rate sweep (issue 14): the table, the plots (p99 ITL, p99 TTFT and goodput
+against rate per acceptance profile and temperature, one line per mode; the policy's decisions
+over time), and the merge of a verifypd sweep JSON (bench/mixed.py --sweep) with the sweeps of
+the same traces over HTTP (mixed.py --sweep --http) and through vLLM (peer_vllm.py sweep).
+
+    python bench/sweep_report.py OURS.json [OURS2.json ...] [--vllm VLLM.json] \
+        [--http HTTP.json ...] [--out MERGED.json]
+
+Several OURS files of one plan (one mode per run, to fit a device time limit) are joined.
+
+The merged JSON holds every row, the criteria of bench/sweep.py over the in-process rows, and
+"policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from common import format_table, write_json  # noqa: E402
+from sweep import criteria, criteria_lines  # noqa: E402
+
+PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
+          ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
+TIMELINE_KEYS = ("mean_draft_len", "fused_fraction", "lane")
+TIMELINE_WORDS = ("fused", "lane", "draft_len")  # other snapshot keys of the policy's choices
+
+
+# ----------------------------------------------------------------------------- table
+HEADERS = ["profile", "temp", "rate", "mode", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50",
+           "p99", "goodput", "tok/s", "accept", "done"]  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    order = sorted(rows, key=lambda r: (r["acceptance_profile"], r["temperature"], r["rate"]))
+    cells = [[r["acceptance_profile"], r["temperature"], r["rate"], r["mode"],
+              r.get("ttft_p50_ms"), r.get("ttft_p99_ms"), r.get("itl_p50_ms"),
+              r.get("itl_p99_ms"), r.get("tpot_p50_ms"), r.get("tpot_p99_ms"),
+              r.get("goodput_rps"), r.get("output_tok_s"), r.get("acceptance_rate"),
+              f"{r.get('num_finished')}/{r.get('num_requests')}"] for r in order]  # fmt: skip
+    return format_table(HEADERS, cells)
+
+
+# ----------------------------------------------------------------------------- vLLM
+def ahead_of_vllm(rows: list[dict[str, Any]], vllm_rows: list[dict[str, Any]],
+                  policy: str = "policy") -> dict[str, Any]:  # fmt: skip
+    """Policy strictly lower than vLLM on TTFT, ITL and TPOT p99 at every rate (matched by
+    rate and temperature; vLLM runs without speculation, so one vLLM row serves every
+    acceptance profile of the same trace)."""
+    theirs = {(r["rate"], r["temperature"]): r for r in vllm_rows}
+    checks = []
+    for r in sorted(rows, key=lambda r: (r["acceptance_profile"], r["temperature"], r["rate"])):
+        v = theirs.get((r["rate"], r["temperature"]))
+        if r["mode"] != policy or v is None:
+            continue
+        chk: dict[str, Any] = {"acceptance_profile": r["acceptance_profile"],
+                               "temperature": r["temperature"], "rate": r["rate"]}  # fmt: skip
+        ok = True
+        for metric in ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms"):
+            mine, vl = r.get(metric), v.get(metric)
+            chk[metric] = {"policy": mine, "vllm": vl}
+            ok = ok and mine is not None and vl is not None and mine < vl
+        checks.append({**chk, "ok": ok})
+    if not checks:
+        return {"verdict": "N/A", "reason": "no policy row with a vLLM row at its rate",
+                "checks": []}  # fmt: skip
+    misses = sum(not c["ok"] for c in checks)
+    return {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
+            "num_misses": misses, "checks": checks}  # fmt: skip
+
+
+def vllm_lines(block: dict[str, Any], label: str) -> list[str]:
+    head = f"{block['verdict']:4} policy ahead of {label} on TTFT/ITL/TPOT p99 at every rate"
+    if block["verdict"] == "N/A":
+        return [f"{head}: {block['reason']}"]
+    lines = [f"{head}: {block['num_checks'] - block['num_misses']}/{block['num_checks']} ok"]
+    for c in block["checks"]:
+        nums = ", ".join(f"{m.split('_')[0]} {c[m]['policy']:.1f} vs {c[m]['vllm']:.1f}"
+                         if c[m]["policy"] is not None and c[m]["vllm"] is not None
+                         else f"{m} missing" for m in ("ttft_p99_ms", "itl_p99_ms",
+                                                        "tpot_p99_ms"))  # fmt: skip
+        lines.append(f"  {'ok  ' if c['ok'] else 'MISS'} {c['acceptance_profile']} "
+                     f"t={c['temperature']} rate={c['rate']}: {nums}")  # fmt: skip
+    return lines
+
+
+# ----------------------------------------------------------------------------- plots
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_rates(stem: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """One PNG per (profile, temperature): the PANELS against rate, one line per mode."""
+    plt = _plt()
+    if plt is None:
+        return []
+    paths = []
+    keys = sorted({(r["acceptance_profile"], r["temperature"]) for r in rows})
+    for profile, temp in keys:
+        sel = [r for r in rows if (r["acceptance_profile"], r["temperature"]) == (profile, temp)]
+        fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.3))
+        for mode in dict.fromkeys(r["mode"] for r in sel):
+            pts = sorted((r["rate"], r) for r in sel if r["mode"] == mode)
+            for ax, (key, _) in zip(axes, PANELS, strict=True):
+                xy = [(x, r.get(key)) for x, r in pts if r.get(key) is not None]
+                if xy:
+                    ax.plot(*zip(*xy, strict=True), marker="o", label=mode)
+        for ax, (_, title) in zip(axes, PANELS, strict=True):
+            ax.set(xlabel="arrival rate req/s", title=f"{title}: {profile}, T={temp}")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.stem}-{profile}-t{temp}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_timeline(path: Path, timeline: list[dict[str, Any]]) -> Path | None:
+    """The policy's decisions over time (snapshot keys in TIMELINE_KEYS that it has), one
+    panel per key, one line per (rate, profile, temperature)."""
+    plt = _plt()
+    keys = dict.fromkeys(k for t in timeline for s in t["samples"] for k in s)
+    present = [k for k in keys if k in TIMELINE_KEYS or any(w in k for w in TIMELINE_WORDS)]
+    if plt is None or not present:
+        return None
+    fig, axes = plt.subplots(len(present), 1, figsize=(11, 3.2 * len(present)), squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=True):
+        for t in timeline:
+            xy = [(s["t_s"], s[key]) for s in t["samples"] if s.get(key) is not None]
+            if xy:
+                label = f"{t['acceptance_profile']} T={t['temperature']} {t['rate']}/s"
+                ax.plot(*zip(*xy, strict=True), label=label, lw=0.8)
+        ax.set(xlabel="s since the run's start", ylabel=key, title=f"policy: {key} over time")
+        ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_all(png: Path, rows: list[dict[str, Any]], timeline: list[dict[str, Any]]):
+    """Every sweep plot next to ``png``'s stem; returns the first (for the run's summary)."""
+    paths = plot_rates(png, rows)
+    line = plot_timeline(png.with_name(f"{png.stem}-policy.png"), timeline)
+    paths += [line] if line else []
+    for p in paths:
+        print(f"plot {p}")
+    return paths[0] if paths else None
+
+
+# ----------------------------------------------------------------------------- merge
+def join_ours(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``mixed.py --sweep`` JSONs of one plan (e.g. one mode per run, to fit a time
+    limit) as one: their rows and policy timelines together; a different plan is an error."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.get("sweep_config") != first.get("sweep_config"):
+            raise ValueError(f"different sweep plans: {p.get('command')} vs {first.get('command')}")
+    commits = sorted({p.get("git_commit") for p in parts}, key=str)
+    return {
+        **first, "git_commit": commits[0] if len(commits) == 1 else commits,
+        "command": [p.get("command") for p in parts] if len(parts) > 1 else first.get("command"),
+        "sweep": [r for p in parts for r in p["sweep"]],
+        "policy_timeline": [t for p in parts for t in p.get("policy_timeline", [])],
+    }  # fmt: skip
+
+
+def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str, Any]]):
+    """One report: our rows, the HTTP rows, the vLLM rows, our criteria and, per vLLM file,
+    the ahead-of-vLLM criterion (against the in-process policy rows, and the HTTP rows labelled
+    ``policy`` when there are any)."""
+    rows = list(ours["sweep"])
+    out: dict[str, Any] = {
+        "device": ours.get("device"), "git_commit": ours.get("git_commit"),
+        "sources": {"verifypd": ours.get("command"), "vllm": [v.get("command") for v in vllm],
+                    "http": [h.get("command") for h in http]},
+        "sweep_config": ours.get("sweep_config"), "slo": ours.get("slo"),
+        "criteria": criteria(rows), "policy_timeline": ours.get("policy_timeline", []),
+    }  # fmt: skip
+    http_rows = [dict(r, mode=f"http:{r['mode']}") for h in http for r in h["sweep"]]
+    vllm_rows = [r for v in vllm for r in v["sweep"]]
+    out["sweep"] = rows + http_rows + vllm_rows
+    http_policy = [dict(r, mode="policy") for h in http for r in h["sweep"]
+                   if r["mode"] == "policy"]  # fmt: skip
+    out["criteria"]["policy_ahead_of_vllm"] = ahead_of_vllm(rows, vllm_rows)
+    out["criteria"]["http_policy_ahead_of_vllm"] = ahead_of_vllm(http_policy, vllm_rows)
+    return out
+
+
+def report_lines(merged: dict[str, Any]) -> list[str]:
+    crit = dict(merged["criteria"])
+    lines = criteria_lines({k: v for k, v in crit.items() if "vllm" not in k})
+    lines += vllm_lines(crit["policy_ahead_of_vllm"], "vLLM (in-process)")
+    lines += vllm_lines(crit["http_policy_ahead_of_vllm"], "vLLM (HTTP policy rows)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
+    p.add_argument("--vllm", nargs="*", default=[], help="peer_vllm.py sweep JSONs")
+    p.add_argument("--http", nargs="*", default=[], help="mixed.py --sweep --http JSONs")
+    p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
+    args = p.parse_args(argv)
+    load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
+    ours = join_ours([load(f) for f in args.ours])
+    merged = merge(ours, [load(f) for f in args.vllm], [load(f) for f in args.http])
+    first = Path(args.ours[0])
+    out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
+    write_json(out, merged)
+    plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
+    print(table(merged["sweep"]))
+    print("\n".join(report_lines(merged)))
+    print(f"wrote {out}")
+    return merged
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""The rate sweep of issue 14 (bench/mixed.py --sweep, bench/sweep.py, bench/sweep_report.py):
+a tiny sweep end to end on CPU (schema, identical traces in every mode, criteria), the plan's
+traces and profiles, and the criteria / vLLM merge on constructed rows (a miss shows MISS)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from helpers import load_bench, start_server_process, verifypd_serve_command
+
+from verifypd.kvcache.manager import KVCacheManager
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import SamplingParams
+
+ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", "itl_p99_ms",
+            "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
+            "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint",
+            "num_preemptions"}  # fmt: skip
+SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
+              "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
+              "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,three-fixed,policy",
+              "--short-prompt-len", "8", "16", "--short-output-len", "4", "8",
+              "--long-prompt-len", "40", "64", "--long-output-len", "2", "4",
+              "--long-fraction", "0.34", "--warmup-requests", "1", "--max-num-seqs", "8",
+              "--snapshot-interval", "0.005", "--num-kv-blocks", "256",
+              "--no-ceilings"]  # fmt: skip
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[int, list[tuple]] = defaultdict(list)  # engine -> what it was handed, in order
+    inner = AsyncEngine.generate
+
+    def generate(self, request_id, prompt, params):
+        seen[id(self)].append((request_id, tuple(prompt), params.max_tokens,
+                               params.synthetic_acceptance))  # fmt: skip
+        return inner(self, request_id, prompt, params)
+
+    monkeypatch.setattr(AsyncEngine, "generate", generate)
+    resets = count_cache_resets(monkeypatch)
+    load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path)])
+    assert resets == [0] * 12  # before every run, on an idle engine (no block in use)
+    data = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
+    assert data["device"] == "cpu" and data["git_commit"] and data["complete"] is True
+    assert data["params"]["num_kv_blocks"] == 256 and data["slo"]["ttft_ms"] == 300.0
+    rows = data["sweep"]
+    keys = {(r["rate"], r["acceptance_profile"], r["mode"]) for r in rows}
+    assert len(rows) == len(keys) == 2 * 2 * 3
+    for r in rows:
+        assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        assert r["num_finished"] == r["num_requests"] > 0 and r["ttft_p99_ms"] > 0
+        # Fixed L always drafts; the policy may decide that speculation does not pay here.
+        assert (r["num_drafted"] > 0) == (r["mode"] == "three-fixed") or r["mode"] == "policy"
+    engines = {n: e["engine"] for n, e in data["sweep_engines"].items()}
+    assert engines["off"]["num_kv_blocks"] == engines["policy"]["num_kv_blocks"] == 256
+    assert (
+        engines["policy"]["spec"]["policy"] == "goodput" and engines["policy"]["spec"]["controller"]
+    )
+    # Every mode got the identical trace: the same fingerprints (ids, arrivals, prompts,
+    # alphas) and, as handed to each engine after its warm-up, the same requests in order.
+    prints = defaultdict(set)
+    for r in rows:
+        prints[(r["rate"], r["acceptance_profile"])].add(r["trace_fingerprint"])
+    assert all(len(p) == 1 for p in prints.values()) and len(prints) == 4
+    off, fixed, policy = (seen[k] for k in seen)  # built one after the other
+    sent = lambda reqs: [r[:3] for r in reqs if r[0].startswith("req-")]  # noqa: E731
+    assert sent(off) == sent(fixed) == sent(policy) and len(sent(off)) == 2 * 2 * 4
+    assert [r[3] for r in fixed] == [r[3] for r in policy]
+    alphas = [r[3] for r in policy if r[0].startswith("req-")]
+    assert all(a is None for r in off for a in [r[3]])  # off has no synthetic mode to send to
+    plan = load_bench("sweep").SweepPlan.from_dict(data["sweep_config"])
+    want = [plan.alphas(rate, p, 4) for rate in (20.0, 40.0) for p in ("uniform-0.8", "hetero")]
+    assert alphas == [a for w in want for a in w] and want[0] == [0.8] * 4
+    assert len(set(want[1] + want[3])) > 1  # hetero: mixed alphas (the check above can fail)
+    crit = data["criteria"]
+    assert set(crit) == {"policy_within_5pct_of_best", "hetero_goodput_gain_15pct",
+                         "light_load_tpot_p50_1p5x_off"}  # fmt: skip
+    assert crit["policy_within_5pct_of_best"]["num_checks"] == 2 * 2 * 4
+    assert all(c["verdict"] in ("PASS", "MISS") for c in crit.values())
+    timeline = data["policy_timeline"]
+    assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
+    assert (tmp_path / "mixed-cpu-sweep-hetero-t0.0.png").is_file()
+    assert (tmp_path / "mixed-cpu-sweep-policy.png").is_file()
+
+
+def count_cache_resets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the blocks in use at each prefix-cache reset (a replayed trace must not find
+    its prompts cached by the previous run)."""
+    calls: list[int] = []
+    inner = KVCacheManager.reset_prefix_cache
+
+    def reset(self):
+        inner(self)
+        calls.append(self.num_blocks - self.num_free_blocks)
+
+    monkeypatch.setattr(KVCacheManager, "reset_prefix_cache", reset)
+    return calls
+
+
+def _plan(sweep, **kw):
+    mix = sweep.Mix((8, 16), (4, 8), (40, 64), (2, 4), 0.25)
+    base = dict(mix=mix, vocab=512, seed=3, rates=(5.0, 10.0), profiles=("hetero", "uniform-0.6"),
+                temperatures=(0.0,), num_requests=3000, run_seconds=0.0, drain_timeout=1.0,
+                slo_ttft_ms=100.0, slo_tpot_ms=10.0)  # fmt: skip
+    return sweep.SweepPlan(**{**base, **kw})
+
+
+def test_plan_traces_and_profiles() -> None:
+    sweep = load_bench("sweep")
+    plan = _plan(sweep)
+    again = sweep.SweepPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.to_dict() == plan.to_dict()  # (Mix: load_bench imports its own loadgen)
+    a, b = plan.requests(5.0), again.requests(5.0)
+    assert [(r.arrival_s, r.prompt) for r in a] == [(r.arrival_s, r.prompt) for r in b]
+    assert [r.prompt for r in plan.requests(10.0)] != [r.prompt for r in a]
+    hetero = plan.alphas(5.0, "hetero", 3000)
+    assert hetero == again.alphas(5.0, "hetero", 3000)
+    shares = {x: hetero.count(x) / 3000 for x in (0.9, 0.6, 0.2)}
+    assert abs(shares[0.9] - 0.3) < 0.04 and abs(shares[0.6] - 0.4) < 0.04
+    assert abs(shares[0.2] - 0.3) < 0.04 and sum(shares.values()) == 1
+    assert plan.alphas(5.0, "uniform-0.6", 5) == [0.6] * 5
+    bounded = _plan(sweep, run_seconds=2.0).requests(5.0)
+    assert 0 < len(bounded) < 30 and all(r.arrival_s <= 2.0 for r in bounded)
+    with pytest.raises(ValueError, match="profiles"):
+        _plan(sweep, profiles=("uniform-0.5",))
+
+
+def _row(mode, rate, profile="hetero", ttft=100.0, itl=20.0, tpot=10.0, good=5.0, p50=8.0):
+    return {"mode": mode, "rate": rate, "acceptance_profile": profile, "temperature": 0.0,
+            "ttft_p99_ms": ttft, "itl_p99_ms": itl, "tpot_p99_ms": tpot, "goodput_rps": good,
+            "tpot_p50_ms": p50}  # fmt: skip
+
+
+def test_criteria_on_constructed_rows() -> None:
+    sweep = load_bench("sweep")
+    rows = [_row("off", 2, p50=12.0), _row("three-fixed", 2, itl=18.0),
+            _row("policy", 2, itl=18.5, good=5.9, p50=7.0),
+            _row("off", 8, good=4.0), _row("three-fixed", 8, good=4.2),
+            _row("policy", 8, ttft=104.0, good=4.0)]  # fmt: skip
+    crit = sweep.criteria(rows)
+    within = crit["policy_within_5pct_of_best"]
+    assert within["verdict"] == "PASS" and within["num_checks"] == 8
+    gain = crit["hetero_goodput_gain_15pct"]  # 5.9 / 5.0 = +18 % at rate 2
+    assert gain["verdict"] == "PASS" and gain["checks"][0]["rate"] == 2
+    light = crit["light_load_tpot_p50_1p5x_off"]  # 12 / 7 = 1.71x
+    assert light["verdict"] == "PASS" and light["checks"][0]["speedup"] == pytest.approx(12 / 7)
+    rows[5]["itl_p99_ms"] = 21.1  # 5.5 % behind the best (20.0): a miss
+    rows[2]["goodput_rps"] = 5.7  # +14 % only
+    rows[0]["tpot_p50_ms"] = 10.0  # 1.43x only
+    crit = sweep.criteria(rows)
+    assert [c["verdict"] for c in crit.values()] == ["MISS"] * 3
+    (miss,) = [c for c in crit["policy_within_5pct_of_best"]["checks"] if not c["ok"]]
+    assert (miss["rate"], miss["metric"], miss["best_mode"]) == (8, "itl_p99_ms", "off")
+    lines = sweep.criteria_lines(crit)
+    assert sum(line.startswith("MISS") for line in lines) == 3
+    assert any("metric=itl_p99_ms" in line and "MISS" in line for line in lines)
+    assert sweep.criteria([_row("off", 2)])["hetero_goodput_gain_15pct"]["verdict"] == "N/A"
+
+
+def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
+    report = load_bench("sweep_report")
+    ours = {
+        "device": "GPU",
+        "git_commit": "abc",
+        "command": "python bench/mixed.py --sweep",
+        "sweep": [
+            _row("off", 2),
+            _row("policy", 2, ttft=90.0, itl=15.0, tpot=8.0),
+            _row("off", 8),
+            _row("policy", 8, ttft=120.0, itl=15.0, tpot=8.0),
+        ],
+    }
+    vllm = {
+        "command": "python bench/peer_vllm.py sweep",
+        "sweep": [_row("vllm", 2), _row("vllm", 8)],
+    }
+    http = {"command": "python bench/mixed.py --sweep --http",
+            "sweep": [_row("policy", 2, ttft=80.0, itl=19.0, tpot=9.0)]}  # fmt: skip
+    off = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "off"]}  # one mode per run
+    pol = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "policy"]}
+    paths = []
+    for name, data in (("off", off), ("pol", pol), ("vllm", vllm), ("http", http)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    out = tmp_path / "merged.json"
+    merged = report.main([str(paths[0]), str(paths[1]), "--vllm", str(paths[2]), "--http",
+                          str(paths[3]), "--out", str(out)])  # fmt: skip
+    assert len(merged["sweep"]) == 4 + 2 + 1
+    assert json.loads(out.read_text())["device"] == "GPU" and merged["git_commit"] == "abc"
+    assert {r["mode"] for r in merged["sweep"]} == {"off", "policy", "vllm", "http:policy"}
+    ahead = merged["criteria"]["policy_ahead_of_vllm"]
+    assert ahead["verdict"] == "MISS" and ahead["num_misses"] == 1  # TTFT 120 > 100 at 8/s
+    assert [c["ok"] for c in ahead["checks"]] == [True, False]
+    assert merged["criteria"]["http_policy_ahead_of_vllm"]["verdict"] == "PASS"
+    lines = report.report_lines(merged)
+    assert any(line.startswith("MISS policy ahead of vLLM (in-process)") for line in lines)
+    assert any("MISS hetero t=0.0 rate=8: ttft 120.0 vs 100.0" in line for line in lines)
+    assert (tmp_path / "merged-hetero-t0.0.png").is_file()
+    none = report.ahead_of_vllm(ours["sweep"], [])
+    assert none["verdict"] == "N/A"
+    with pytest.raises(ValueError, match="different sweep plans"):
+        report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
+
+
+def test_peer_sweep_replays_the_same_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """peer_vllm.py sweep (here through verifypd without speculation: the vLLM path differs
+    only in its front) replays the plan of a mixed.py sweep JSON with its engine sizes."""
+    sweep = load_bench("sweep")
+    plan = sweep.SweepPlan(
+        mix=sweep.Mix((4, 12), (2, 4), (20, 30), (2, 3), 0.25), vocab=256, seed=1,
+        rates=(30.0, 60.0), profiles=("uniform-0.6", "hetero"), temperatures=(0.0, 0.7),
+        num_requests=3, run_seconds=0.0, drain_timeout=30.0, slo_ttft_ms=500.0,
+        slo_tpot_ms=50.0,
+    )  # fmt: skip
+    ours = {
+        "sweep_config": plan.to_dict(),
+        "params": {
+            "model": "dummy:tiny",
+            "num_kv_blocks": 96,
+            "max_num_seqs": 4,
+            "max_model_len": 128,
+            "max_num_batched_tokens": 256,
+        },
+    }
+    src = tmp_path / "ours.json"
+    src.write_text(json.dumps(ours))
+    resets = count_cache_resets(monkeypatch)
+    data = load_bench("peer_vllm").main(
+        [
+            "sweep",
+            "--engine",
+            "verifypd",
+            "--device",
+            "cpu",
+            "--from",
+            str(src),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert data["device"] == "cpu" and data["git_commit"]
+    assert data["engine_info"]["num_kv_blocks"] == 96 and data["engine_info"]["max_num_seqs"] == 4
+    rows = data["sweep"]
+    assert len(rows) == 2 * 2 * 2 and {r["mode"] for r in rows} == {"verifypd-off"}
+    for r in rows:
+        assert r["trace_fingerprint"] == sweep.plan_fingerprint(
+            plan, r["rate"], r["acceptance_profile"]
+        )
+        assert r["num_finished"] == 3
+        assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
+    assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
+    assert resets == [0] * 4  # every (rate, temperature) run starts with an empty cache
+
+
+def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
+    """mixed.py --sweep --http against a real ``verifypd serve --synthetic-acceptance``: rows in
+    the sweep format under --mode-label, each request's alpha sent as a body field (a server
+    in synthetic mode accepts it; the same replay without it is refused request by request)."""
+    cmd = verifypd_serve_command(
+        "--model", "dummy:tiny", "--draft-model", "dummy:tiny", "--device", "cpu",
+        "--num-kv-blocks", "256", "--max-model-len", "256", "--synthetic-acceptance", "0.5",
+    )  # fmt: skip
+    argv = [a for a in SWEEP_TINY if a not in ("--num-kv-blocks", "256")]
+    argv[argv.index("off,three-fixed,policy")] = "off"  # one mode label; --modes does not apply
+    with start_server_process(cmd, timeout=120) as server:
+        data = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label", "policy",
+                                         "--http-extra", '{"user": "sweep"}',
+                                         "--out", str(tmp_path)])  # fmt: skip
+        server.stop()
+    rows = data["sweep"]
+    assert len(rows) == 2 * 2 and {r["mode"] for r in rows} == {"policy"}
+    for r in rows:
+        assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions"} <= set(r)
+        assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
+    assert data["sweep_engines"]["policy"]["send_alpha"] is True
+    http = load_bench("http_load").HttpEngine("http://x", "m")
+    sent = http.body([1, 2], SamplingParams(max_tokens=2, synthetic_acceptance=0.6))
+    assert sent["synthetic_acceptance"] == 0.6
+    assert "synthetic_acceptance" not in http.body([1, 2], SamplingParams(max_tokens=2))
+    assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
+
+
+def test_max_wall_skips_runs_that_would_overrun(tmp_path: Path) -> None:
+    argv = [*SWEEP_TINY, "--out", str(tmp_path), "--max-wall-s", "5", "--run-seconds", "0"]
+    argv[argv.index("off,three-fixed,policy")] = "off"
+    argv[argv.index("20,40")] = "20,0.5"  # 4 requests at 0.5/s: estimated 12 s, over 5 s
+    data = load_bench("mixed").main(argv)
+    assert {r["rate"] for r in data["sweep"]} == {20.0} and len(data["sweep"]) == 2
+    assert [(s["rate"], s["mode"]) for s in data["skipped"]] == [(0.5, "off")] * 2
+    assert data["estimate_s"] > 0
+    assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
