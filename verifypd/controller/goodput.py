@@ -90,9 +90,18 @@ class GoodputConfig:
     # engine's runner with CUDA graphs); False: a fused step with plain rows runs eager.
     padded_fused: bool = False
     # A drafter further behind than max_catch_up (a request fresh from its prefill) catches
-    # up in a catch-up round: at most one every this many steps (a spike that rare stays
-    # out of the p99), its one-off cost left out of the latency guard.
-    catch_up_every_steps: int = 128
+    # up in a catch-up round: at most one every this many steps (arrivals batch into one
+    # eager drafter forward), its one-off cost left out of the latency guard.
+    catch_up_every_steps: int = 8
+    # A first draft step that cannot replay its graph (some drafter more than two tokens
+    # behind: after a plain step, or a catch-up) runs eager: mostly host time.
+    eager_draft_s: float = 4e-3
+    # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
+    # many steps: an investment the following steps pay back.
+    amortize_steps: int = 8
+    # Hysteresis: after a speculating step, keep speculating unless the plan falls below
+    # plain decoding's tokens/s by this fraction (stopping makes the next resume eager).
+    keep_margin: float = 0.02
 
     def __post_init__(self) -> None:
         checks = [
@@ -105,6 +114,8 @@ class GoodputConfig:
             (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
             (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
             (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
+            (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
+            (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -245,7 +256,9 @@ class GoodputPolicy(DraftController):
         if not cands:
             return BatchDecision(off, False, "no_candidates")
         best = self._best_plan(len(batch), cands, t0)
-        if best is None or best.value <= (1.0 + g.gain_margin) * len(batch) / t0:
+        speculating = self.last is not None and self.last.draft_len > 0
+        bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
+        if best is None or best.value <= bar * len(batch) / t0:
             return BatchDecision(off, False, "no_gain", predicted_step_s=t0,
                                  predicted_tokens=float(len(batch)))  # fmt: skip
         chosen = cands[: best.k]
@@ -315,19 +328,20 @@ class GoodputPolicy(DraftController):
             cum_gain = _prefix(gains)
             steady = _prefix([0 if c.far else max(0, c.behind - 2) for c in cands])
             far = _prefix([c.behind if c.far else 0 for c in cands])
+            eager = _prefix([c.behind > 2 for c in cands])  # any such row: an eager first step
             least = _prefix_min(
                 [math.inf if c.last else e for c, e in zip(cands, gains, strict=True)]
             )
             for k in ends:
-                one_off = self.costs.catch_up(int(far[k]))  # outside the guard
+                one_off = self.costs.catch_up(int(far[k])) + (g.eager_draft_s if eager[k] else 0.0)
                 draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(steady[k]))
                 tokens = rows - k + cum_gain[k]
                 worst = 1.0 if k < rows else least[k - 1]  # plain rows wait a whole step
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     if step_s > limit * worst:
                         continue
+                    value = tokens / (step_s + one_off / g.amortize_steps)
                     step_s += one_off
-                    value = tokens / step_s
                     if best is None or value > best.value:
                         best = _Plan(value, step_s, tokens, k, L, fused)
         return best
@@ -360,6 +374,7 @@ class GoodputPolicy(DraftController):
                 "policy": "goodput",
                 "population_acceptance": self.population.value,
                 "decisions": dict(self.decisions),
+                **{f"decisions_{k}": v for k, v in self.decisions.items()},
                 "fused_fraction": self.num_fused / self.num_steps if self.num_steps else None,
                 "last_reason": d.reason if d else None,
                 "last_fused": d.fused if d else None,
