@@ -15,7 +15,9 @@ import torch
 
 from verifypd.config import EngineConfig, ModelConfig
 from verifypd.controller import build_controller
+from verifypd.costs import CostTable
 from verifypd.engine.admission import RequestLimits
+from verifypd.engine.calibrate import measure_costs
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
@@ -130,6 +132,7 @@ class EngineCore:
         self.spec = SpecDecoder(config.spec, self._drafter(draft))
         if self.use_cuda_graphs:
             self._capture_graphs()
+        self.cost_table: CostTable | None = self._calibrate()
         self.controller = build_controller(config.spec)
         chain = config.spec.chain_drafts
         self.chain_drafts = (self._is_cuda if chain is None else chain) and (
@@ -170,6 +173,15 @@ class EngineCore:
             drafter.runner.capture_graphs(1, max_batch, self.max_model_len)
             drafter.runner.capture_graphs(2, max_batch, self.max_model_len)
             drafter.warm_up_chain()
+
+    def _calibrate(self) -> CostTable | None:
+        """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
+        on = self.config.calibrate_costs
+        if not (self._is_cuda and self.spec.enabled if on is None else on):
+            return None
+        table = measure_costs(self)
+        logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
+        return table
 
     def _load_drafter(self) -> LoadedModel | None:
         spec = self.config.spec
