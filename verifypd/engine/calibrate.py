@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 PREFILL_TOKENS = (128, 512, 2048)
 MIXED_ROWS = (8, 32)
-VERIFY_GRAPH_BATCH = 64  # EngineCore._capture_graphs: larger verify batches run eagerly
+VERIFY_GRAPH_BATCH = 64  # without graphs; with them, each q's captured batch limit
 
 
 def row_grid(limit: int) -> list[int]:
@@ -172,7 +172,9 @@ def _target_points(core, scratch: ScratchKV, timer: PointTimer, widths: list[int
     max_seqs = core.config.scheduler.max_num_seqs
     out: dict[tuple[int, int], float] = {}
     for q in widths:
+        graphs = core.runner.graphs.get(q)
         limit = max_seqs if q == 1 else min(max_seqs, VERIFY_GRAPH_BATCH)
+        limit = graphs.max_batch if graphs is not None else limit
         for rows in row_grid(limit):
             seqs = scratch.rows(rows, q)
             if seqs is not None:
