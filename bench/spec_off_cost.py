@@ -249,6 +249,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in runs if r["server"] == name]
         servers[name] = {k: _mean([r[k] for r in mine]) for k in METRIC_KEYS}
         servers[name]["runs"] = [r["index"] for r in mine]
+        servers[name].update(_totals(mine))
         servers[name]["spread"] = {k: _spread([r[k] for r in mine]) for k in METRIC_KEYS}
     a, b = servers["no-drafter"], servers["drafter"]
     ratios = {k: _ratio(b[k], a[k]) for k in METRIC_KEYS}
@@ -262,6 +263,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     return {"servers": servers, "ratios": ratios, "verdicts": verdicts,
             "pass": all(v == "PASS" for v in verdicts.values())}  # fmt: skip
+
+
+def _totals(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Requests served and what speculation did, summed over a server's runs."""
+    out = {k: sum(r.get(k, 0) for r in runs) for k in ("num_requests", "num_finished")}
+    for k in ("drafted_tokens", "accepted_tokens", "draft_len_decisions", "draft_len_decisions_l0"):
+        out[k] = sum(r.get("spec", {}).get(k, 0) for r in runs)
+    return out
 
 
 def _mean(values: list[float | None]) -> float | None:

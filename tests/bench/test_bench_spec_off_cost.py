@@ -34,6 +34,8 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert any("drafter" in line for line in on["server_log"] if "sizing the KV" in line)
     assert "--draft-model" in on["command"] and "--draft-model" not in off["command"]
     servers = report["servers"]
+    assert servers["drafter"]["num_finished"] == servers["no-drafter"]["num_finished"] == 4
+    assert servers["no-drafter"]["drafted_tokens"] == 0
     ratio = servers["drafter"]["output_tok_s"] / servers["no-drafter"]["output_tok_s"]
     assert report["ratios"]["output_tok_s"] == pytest.approx(ratio)
     assert set(report["verdicts"]) == {"throughput", "ttft_p99", "itl_p99"}
