@@ -13,7 +13,9 @@ events on a GPU, wall time on the CPU):
 
 Rows attend to a context of ``context_len`` tokens. Scratch KV: the context's blocks are taken
 from the engine's KV manager (the drafter's, for the drafter) once and shared by every row
-(forks: read only), each row writes its own tail blocks; all are freed after each point.
+(forks: read only), each row writes its own tail blocks, freed after its point (the context's
+at the end). The host's share of a step (preparing and uploading its inputs) is inside each
+timing, as it is in the step times the lanes measure online.
 Expected on an H100 for a 7B target with a 0.5B drafter at default flags (9 decode points, 4 x 7
 verify points, 2 mixed, 3 prefill, 9 draft: ~50 points x 4 runs): about 2-2.5 s.
 """
