@@ -177,7 +177,9 @@ class EngineCore:
     def _calibrate(self) -> CostTable | None:
         """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
         on = self.config.calibrate_costs
-        if not (self._is_cuda and self.spec.enabled if on is None else on):
+        if on is None:
+            on = self._is_cuda and self.spec.enabled
+        if not on:
             return None
         table = measure_costs(self)
         logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
@@ -221,13 +223,13 @@ class EngineCore:
         """Both pools' block count (``engine.kv_sizing``); logged with the split."""
         cfg = self.config.cache
         # Never more than every running sequence at full length could use.
-        cap_seqs = self.config.scheduler.max_num_seqs
-        cap = cap_seqs * (self.max_model_len // self.block_size + 1)
+        max_seqs = self.config.scheduler.max_num_seqs
+        cap = max_seqs * (self.max_model_len // self.block_size + 1)
         budget = None
         if cfg.num_blocks is None:
             draft_headroom = 0
             if draft is not None and self.use_cuda_graphs:
-                draft_headroom = draft_graph_headroom(draft, cap_seqs, self.dtype)
+                draft_headroom = draft_graph_headroom(draft, max_seqs, self.dtype)
             budget = kv_budget(self.device, cfg, draft_headroom)
         sizing = size_kv(
             self.model_config, draft, self.block_size, self.dtype, budget, cap, cfg.num_blocks
