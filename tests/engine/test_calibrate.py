@@ -43,6 +43,10 @@ def test_calibration_times_the_grid_and_gives_the_blocks_back() -> None:
     values = [*table.target.values(), *table.prefill.values(), *table.draft.values()]
     assert all(v > 0 for v in values)
     assert table.mixed_draft_len == 2 and table.meta["repeats"] == 1
+    # no graphs on the CPU: every point ran eagerly, a warm-up and one timed run each
+    assert table.meta["target_graph_steps"] == table.meta["draft_graph_steps"] == 0
+    assert table.meta["target_eager_steps"] == 2 * (len(table.target) + len(table.prefill))
+    assert table.meta["draft_eager_steps"] == 2 * len(table.draft)
     assert _free(core) == before == (512, 512)
     core.check_integrity()
     core.spec.drafter.kv.check_integrity([])

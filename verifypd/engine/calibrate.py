@@ -141,8 +141,6 @@ def measure_costs(core: EngineCore, context_len: int = 512, repeats: int = 3) ->
     finally:
         scratch.free()
     draft = _draft_points(core, timer, ctx) if core.spec.drafter is not None else {}
-    for runner, saved in zip(runners, counters, strict=True):
-        _restore_counters(runner, saved)
     meta = {
         "repeats": repeats,
         "seconds": time.perf_counter() - t0,
@@ -150,6 +148,10 @@ def measure_costs(core: EngineCore, context_len: int = 512, repeats: int = 3) ->
         "cuda_graphs": bool(core.runner.graphs),
         "max_num_seqs": sched.max_num_seqs,
     }
+    for name, runner, saved in zip(("target", "draft"), runners, counters, strict=False):
+        meta[f"{name}_graph_steps"] = runner.num_graph_steps - saved[0]  # warm-ups included
+        meta[f"{name}_eager_steps"] = runner.num_eager_steps - saved[1]
+        _restore_counters(runner, saved)
     mixed_len = spec.max_draft_len if any(q == MIXED for _, q in target) else 0
     return CostTable(target, prefill, draft, scratch.context_len, mixed_len, meta)
 
