@@ -169,6 +169,10 @@ class SchedulerConfig:
     max_prefill_chunk: int = 2048  # one request's prefill chunk per step
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
+    # Sarathi-style bound: a prefill step's tokens are what the cost model predicts to run in
+    # this many seconds (at least min_prefill_budget); None: max_num_batched_tokens.
+    prefill_step_target_s: float | None = None
+    min_prefill_budget: int = 256
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
     max_request_kv_share: float = 0.5
@@ -180,6 +184,10 @@ class SchedulerConfig:
             raise ValueError("max_request_kv_share must be in (0, 1]")
         if self.max_prefill_chunk <= 0:
             raise ValueError("max_prefill_chunk must be positive")
+        if self.prefill_step_target_s is not None and self.prefill_step_target_s <= 0.0:
+            raise ValueError("prefill_step_target_s must be positive (or None)")
+        if self.min_prefill_budget <= 0:
+            raise ValueError("min_prefill_budget must be positive")
 
 
 SpecMethod = Literal["off", "ngram", "draft"]

@@ -56,6 +56,7 @@ def test_calibration_times_the_grid_and_gives_the_blocks_back() -> None:
 def test_the_config_knob_turns_it_on_and_the_engine_still_serves() -> None:
     core = EngineCore(_config(calibrate_costs=True))
     assert isinstance(core.cost_table, CostTable)
+    assert core.costs.shape is core.cost_table  # the speculation policy's cost model reads it
     assert core.cost_table.target_time(3, 1) > 0 and core.cost_table.draft_time(3) > 0
     assert _free(core) == (512, 512)
     from verifypd.types import SamplingParams

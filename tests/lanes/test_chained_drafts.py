@@ -21,8 +21,10 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
 
-def _engine(lane_mode: str, chain: bool, controller: bool = False, **kw) -> AsyncEngine:
-    spec = tiny_draft_spec(controller=controller, chain_drafts=chain)
+def _engine(
+    lane_mode: str, chain: bool, controller: bool = False, policy: str = "goodput", **kw
+) -> AsyncEngine:
+    spec = tiny_draft_spec(controller=controller, chain_drafts=chain, policy=policy)
     cfg = tiny_config(lane_mode=lane_mode, spec=spec, **kw)
     engine = AsyncEngine(cfg)
     _perturb_drafter(engine)
@@ -117,7 +119,7 @@ async def test_sampled_requests_are_not_chained():
 async def test_the_controller_learns_draft_costs_from_chains_not_from_adoptions(reference):
     """An adopting proposal drafts nothing (its drafts were made behind the verify, and timed
     there): only chains and proposals that drafted rows themselves report a drafting cost."""
-    engine = _engine("three", chain=True, controller=True)
+    engine = _engine("three", chain=True, controller=True, policy="feedback")
     drafter, controller = engine.core.spec.drafter, engine.core.controller
     counts = Counter()
     chain, propose, observe = drafter.chain, drafter.propose, controller.observe_step

@@ -1,11 +1,21 @@
-"""Acceptance-aware feedback controller (draft length and drafter temperature per request)
-and the signal trackers it reads. Pure Python: no torch, no engine, lanes or serve imports."""
+"""Speculation policies: the load-aware goodput policy (per step, for the batch), the older
+acceptance-aware feedback controller (per request), fixed L, and the signal trackers and cost
+models they read. Pure Python: no torch, no engine, lanes or serve imports."""
 
+from verifypd.controller.batch_costs import BatchCostModel
 from verifypd.controller.draft_controller import (
     ControllerConfig,
     DraftController,
     FixedController,
     build_controller,
+)
+from verifypd.controller.goodput import (
+    BatchDecision,
+    GoodputConfig,
+    GoodputPolicy,
+    LoadSignals,
+    SeqView,
+    build_policy,
 )
 from verifypd.controller.policy import expected_tokens
 from verifypd.controller.signals import (
@@ -18,6 +28,13 @@ from verifypd.controller.signals import (
 
 __all__ = [
     "AcceptanceEstimate",
+    "BatchCostModel",
+    "BatchDecision",
+    "GoodputConfig",
+    "GoodputPolicy",
+    "LoadSignals",
+    "SeqView",
+    "build_policy",
     "ControllerConfig",
     "DraftController",
     "Ewma",

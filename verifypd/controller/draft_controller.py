@@ -392,8 +392,9 @@ class FixedController(DraftController):
 def build_controller(
     spec: SpecConfig, clock: Callable[[], float] = time.monotonic, **overrides: Any
 ) -> DraftController:
-    """The engine's controller: ``DraftController`` when ``spec.controller`` is on, else a
-    ``FixedController`` at ``spec.initial_draft_len``."""
+    """The engine's controller: ``DraftController`` (the per-request feedback loop) when
+    ``spec.controller`` is on, else a ``FixedController`` at ``spec.initial_draft_len``. The
+    goodput policy is built by ``verifypd.controller.goodput.build_policy``."""
     config = ControllerConfig.from_spec(spec, **overrides)
     return DraftController(config, clock) if spec.controller else FixedController(config, clock)
 

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 import torch
 
 from verifypd.config import EngineConfig, ModelConfig
-from verifypd.controller import build_controller
+from verifypd.controller import (
+    BatchCostModel,
+    GoodputConfig,
+    GoodputPolicy,
+    LoadSignals,
+    SeqView,
+    build_policy,
+)
 from verifypd.costs import CostTable
 from verifypd.engine.admission import RequestLimits
 from verifypd.engine.calibrate import measure_costs
@@ -133,7 +140,11 @@ class EngineCore:
         if self.use_cuda_graphs:
             self._capture_graphs()
         self.cost_table: CostTable | None = self._calibrate()
-        self.controller = build_controller(config.spec)
+        # Step costs (shape from the start-up calibration when there is one, level learned
+        # online) for the speculation policy and the prefill chunk bound.
+        self.costs = BatchCostModel(self.cost_table)
+        self.controller = build_policy(config.spec, self.costs, self._goodput_config())
+        self.fused_verify = False  # the policy's last choice: verify inside the decode step
         chain = config.spec.chain_drafts
         self.chain_drafts = (self._is_cuda if chain is None else chain) and (
             self.spec.drafter is not None
@@ -184,6 +195,16 @@ class EngineCore:
         table = measure_costs(self)
         logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
         return table
+
+    def _goodput_config(self) -> GoodputConfig:
+        """The goodput policy's limits from the engine's: no speculation for more rows than the
+        verify graphs hold (an eager verify of a large batch costs more than it yields), and
+        none while a prompt has waited half its TTFT budget for its prefill."""
+        graphs = self.use_cuda_graphs and self.spec.enabled
+        return GoodputConfig(
+            prefill_wait_guard_s=self.config.scheduler.ttft_budget_s / 2,
+            max_spec_rows=min(self.config.scheduler.max_num_seqs, 64) if graphs else None,
+        )
 
     def _load_drafter(self) -> LoadedModel | None:
         spec = self.config.spec
@@ -312,10 +333,31 @@ class EngineCore:
         return self.finish_step(plan, token_ids)
 
     def launch(self, plan: StepPlan) -> PendingStep:
-        """Enqueues a step; behind a verify, the next round's drafting too (``chain_after``)."""
+        """Enqueues a step; behind a verify, the next round's drafting too (``chain_after``);
+        behind prompt chunks, the drafter's catch-up on them (``follow_prefill``)."""
         pending = self.runner.launch(plan)
         self.chain_after(plan, pending)
+        self.follow_prefill(plan)
         return pending
+
+    def follow_prefill(self, plan: StepPlan) -> None:
+        """The drafter computes its KV of the prompt chunks in ``plan`` (on the same stream,
+        behind them) for the requests the policy expects to speculate for; the others' drafter
+        catches up only if the policy drafts for them later. Host state: on the loop thread."""
+        drafter = self.spec.drafter
+        expects = getattr(self.controller, "expects_speculation", None)
+        if drafter is None or expects is None:
+            return
+        items = [
+            (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
+            for e in plan.seqs
+            if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
+        ]
+        if items:
+            try:
+                drafter.follow(items)
+            except Exception:  # an optimization: the drafter catches up when it drafts
+                logger.exception("drafter catch-up behind a prefill failed")
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify (``chain_drafts``), timed on the GPU
@@ -361,10 +403,14 @@ class EngineCore:
         return all(id(s) in in_plan for s in self.scheduler.running)
 
     def draft_lens(self) -> dict[int, int]:
-        """Asks the controller for each live request's L and stores it on the sequence."""
+        """Asks the policy for each live request's L and stores it on the sequence."""
         if not self.spec.enabled:
             return {}
-        decisions = self.controller.step()
+        if isinstance(self.controller, GoodputPolicy):
+            decisions = self._decide_batch()
+        else:
+            decisions = self.controller.step()
+            self.fused_verify = False
         for seq in self.scheduler.running:
             seq.draft_len = decisions.get(seq.seq_id, 0)
             self.observer.draft_length(seq.draft_len)
@@ -373,6 +419,32 @@ class EngineCore:
         spec = [s for s in self.scheduler.running if self.spec.wants(s)]
         longest = max((s.draft_len for s in spec), default=0)
         return {s.seq_id: longest for s in spec}
+
+    def _decide_batch(self) -> dict[int, int]:
+        """The goodput policy's decision for this step's decode batch."""
+        drafter = self.spec.drafter
+        views = []
+        for seq in self.scheduler.decodable():
+            view = drafter.views.get(seq.seq_id) if drafter is not None else None
+            behind = seq.num_tokens - view.num_computed_tokens if view else seq.num_tokens
+            left = seq.params.max_tokens - seq.num_output_tokens
+            views.append(SeqView(seq.seq_id, behind if drafter is not None else 1, left))
+        waiting = self.scheduler.waiting
+        wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
+        decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
+        self.fused_verify = decision.fused
+        self.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
+        return decision.draft_lens
+
+    def prefill_budget(self) -> int:
+        """Prefill tokens for the next prefill step: ``max_num_batched_tokens``, or with
+        ``prefill_step_target_s`` the most the cost model predicts to run within it."""
+        cfg = self.config.scheduler
+        high = cfg.max_num_batched_tokens
+        if cfg.prefill_step_target_s is None:
+            return high
+        low = min(cfg.min_prefill_budget, high)
+        return self.costs.prefill_tokens_within(cfg.prefill_step_target_s, low, high)
 
     def drafter_temps(self) -> dict[int, float]:
         temps = {
@@ -414,9 +486,14 @@ class EngineCore:
         if seconds is not None:
             self._draft_span = None
             self.controller.observe_step("draft", seconds, num_seqs, num_drafted)
+            steps = max(1, round(num_drafted / num_seqs))  # one proposal: L drafter steps
+            self.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
 
     def record_step(self, plan: StepPlan, seconds: float) -> None:
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
+        kind = _cost_kind(plan)
+        if kind is not None:
+            self.costs.observe(kind, seconds, len(plan.seqs), plan.num_tokens)
         if self.spec.enabled:
             self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
 
@@ -527,3 +604,19 @@ class EngineCore:
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live_tables())
+
+
+def _cost_kind(plan: StepPlan) -> str | None:
+    """The cost model's kind of a landed step: prefill, decode (one token a row), verify (the
+    same 1 + L a row) or mixed (rows of different lengths, no prompt chunk); None for a fused
+    single-lane step carrying prompt chunks (its time says little about either)."""
+    if plan.lane == "prefill":
+        return "prefill"
+    widths = set()
+    for e in plan.seqs:
+        if e.seq.status is SeqStatus.PREFILLING:
+            return None
+        widths.add(len(e.draft_token_ids))
+    if len(widths) > 1:
+        return "mixed"
+    return "verify" if widths and widths != {0} else "decode"

@@ -92,8 +92,11 @@ class Scheduler:
                 planned.append(ScheduledSeq(seq, 1))
         return planned
 
-    def _decodable(self) -> list[Sequence]:
+    def decodable(self) -> list[Sequence]:
+        """Decoding sequences not in a step: the next decode batch."""
         return [s for s in self.running if s.status is SeqStatus.DECODING and not s.in_flight]
+
+    _decodable = decodable
 
     def _reserve(self, seq: Sequence, num_slots: int, planned: list[ScheduledSeq]) -> bool:
         """Grow ``seq``'s block table to ``num_slots`` tokens, preempting others if needed."""

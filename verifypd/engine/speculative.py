@@ -44,6 +44,7 @@ class DraftView:
         self.block_table: list[int] = []
         self.params = seq.params
         self.seed = seq.seed ^ _DRAFT_SEED_SALT
+        self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow``)
 
     @property
     def num_tokens(self) -> int:
@@ -111,6 +112,7 @@ class DraftModelProposer:
             self.last_catch_up = 0
             return
         self._follow_last_work()
+        self._wait_for_follow([v for _, v, _, _ in active])
         _uniform_catch_up([v for _, v, _, _ in active])
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for _, v, _, _ in active)
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
@@ -185,6 +187,7 @@ class DraftModelProposer:
         if not picks:
             return 0
         self._follow_last_work()
+        self._wait_for_follow([v for _, v, _, _ in picks])
         host = np.array(
             [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
              [n - 1 for _, _, n, _ in picks]],
@@ -342,6 +345,43 @@ class DraftModelProposer:
         if not self.kv.allocate(view.block_table, seq.num_tokens + num_drafts - 1):
             return None
         return view
+
+    @torch.inference_mode()
+    def follow(self, items: list[tuple[Sequence, int]]) -> int:
+        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
+        computes the drafter's KV of ``seq``'s tokens up to ``end`` in one forward without
+        logits, so the request's first speculative round starts steady instead of feeding
+        its whole context inside a decode step. Returns the tokens fed."""
+        views = []
+        for seq, end in items:
+            view = self.views.get(seq.seq_id)
+            if view is None:
+                view = self.views[seq.seq_id] = DraftView(seq)
+            if view.num_computed_tokens >= end or not self.kv.allocate(view.block_table, end):
+                continue
+            view.token_ids = self._drafter_ids(seq.token_ids[:end])
+            views.append(view)
+        if not views:
+            return 0
+        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+        self.runner.forward(self.runner.prepare(StepPlan("draft", entries)), [])
+        # It runs behind the prompt chunk on the prefill stream; only the first drafting of
+        # these views waits for it (``_wait_for_follow``), not every drafting (the decode
+        # stream must not wait behind a prompt chunk).
+        ready = None
+        if self.runner.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        for v in views:
+            v.num_computed_tokens = v.num_tokens
+            v.ready = ready
+        return sum(e.num_new_tokens for e in entries)
+
+    def _wait_for_follow(self, views: list[DraftView]) -> None:
+        for v in views:
+            if v.ready is not None:
+                torch.cuda.current_stream().wait_event(v.ready)
+                v.ready = None
 
     def _drafter_ids(self, token_ids: list[int]) -> list[int]:
         """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""

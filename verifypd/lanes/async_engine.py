@@ -167,6 +167,7 @@ class AsyncEngine:
             loop = asyncio.get_running_loop()
             pending = await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
             self.core.chain_after(plan, pending)  # host state: on the loop (off by default here)
+            self.core.follow_prefill(plan)
             return pending
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:

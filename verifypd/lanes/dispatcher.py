@@ -4,7 +4,13 @@ Lanes, highest priority first:
 - decode: one target token for every decoding sequence with L = 0, and the drafts of every
   speculating sequence (n-gram lookup, or L drafter forwards); drafted sequences move on to
 - verify: one target forward over [last token + L drafts] per sequence, rejection sampling;
-- prefill: prompt chunks (bounded by a token budget, so a decode waits at most one chunk).
+- prefill: prompt chunks (bounded by a token budget, so a decode waits at most one chunk; with
+  ``SchedulerConfig.prefill_step_target_s`` the budget is what the cost model predicts to run
+  within that time, Sarathi-style, so a chunk sharing the GPU with a decode step stays short).
+
+The speculation policy may fuse a round's verify into the decode step (``core.fused_verify``):
+then the drafted sequences verify in the decode lane's one target forward, as in the single
+lane, and the verify lane stays idle.
 
 The dispatcher launches a lane's step on that lane's stream and does not wait for it: on GPU
 lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
@@ -216,8 +222,7 @@ class LaneDispatcher:
             return self._plan_verify()
         if lane == "mixed":
             return self.core.plan_mixed()
-        budget = self.sched.max_num_batched_tokens
-        entries = self.sched.plan_prefill(budget, self.sched.max_num_seqs)
+        entries = self.sched.plan_prefill(self.core.prefill_budget(), self.sched.max_num_seqs)
         return StepPlan("prefill", entries) if entries else None
 
     def _plan_decode(self) -> StepPlan | None:
@@ -235,6 +240,8 @@ class LaneDispatcher:
         if can_draft:
             with self._lane_context("decode"):
                 self.core.propose(entries)
+        if can_draft and self.core.fused_verify:  # the policy fused the verify: one forward
+            return StepPlan("decode", entries) if entries else None
         plain = [e for e in entries if not e.draft_token_ids]
         for e in entries:
             if e.draft_token_ids:

@@ -35,6 +35,9 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "lane_batch_tokens": (Histogram, "Tokens in one lane step", "lane", TOKEN_BUCKETS),
     "controller_draft_length": (Histogram, "Draft length L chosen", None, DRAFT_BUCKETS),
     "controller_drafter_temperature": (Gauge, "Drafter temperature", None, None),
+    "spec_policy_decisions": (
+        Counter, "Speculation policy decisions (one per decode step), by reason", "decision", None
+    ),
     "spec_draft_tokens": (Counter, "Draft tokens proposed", None, None),
     "spec_accepted_tokens": (Counter, "Draft tokens accepted", None, None),
     "time_to_first_token_seconds": (Histogram, "Time to first token", None, TTFT_BUCKETS),
@@ -149,6 +152,10 @@ class PrometheusObserver(Observer):
     def draft_length(self, draft_len: int) -> None:
         self._m["controller_draft_length"].observe(draft_len)
         self.live.draft_lengths.add(draft_len)
+
+    def spec_decision(self, reason: str, fused: bool, draft_len: int) -> None:
+        decision = f"{reason}_{'fused' if fused else 'separate'}" if draft_len else reason
+        self._labeled("spec_policy_decisions", decision=decision).inc()
 
     def drafter_temperature(self, temperature: float) -> None:
         self._m["controller_drafter_temperature"].set(temperature)

@@ -1,0 +1,329 @@
+"""The goodput policy on simulated time: batch decisions, the latency guard, zero cost when
+speculation does not pay (population prior, backed-off probes), the blocking rules, and the
+cost model's online levels."""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from controller_sim import FakeClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verifypd.config import SpecConfig
+from verifypd.controller import (
+    BatchCostModel,
+    DraftController,
+    FixedController,
+    GoodputConfig,
+    GoodputPolicy,
+    LoadSignals,
+    SeqView,
+    build_policy,
+    expected_tokens,
+)
+from verifypd.controller.goodput import REASONS
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A memory-bound GPU in miniature: a forward reads the weights (``fixed``) and pays a
+    little per token; a drafter step is ``draft`` plus a little per row."""
+
+    fixed: float = 10e-3
+    per_token: float = 20e-6
+    draft: float = 0.6e-3
+    prefill_token: float = 20e-6
+
+    def target_time(self, rows, q):
+        return self.fixed + self.per_token * rows * max(q, 1)
+
+    def draft_time(self, rows):
+        return self.draft + 5e-6 * rows
+
+    def prefill_time(self, tokens):
+        return self.fixed + self.prefill_token * tokens
+
+
+def _policy(shape=Shape(), clock=None, max_draft_len=4, **goodput):
+    spec = SpecConfig(max_draft_len=max_draft_len, initial_draft_len=max_draft_len)
+    return build_policy(spec, BatchCostModel(shape), GoodputConfig(**goodput), clock or FakeClock())
+
+
+def _add(policy, n, start=0, greedy=True, speculate=True):
+    for i in range(start, start + n):
+        policy.add_request(i, greedy, 0.0 if greedy else 0.8, speculate)
+    return list(range(start, start + n))
+
+
+def _teach(policy, seq_id, alpha, verifies=40, L=4, seed=0):
+    """Acceptance history of a request whose drafts are accepted with probability α (the same
+    history for every request taught with the same α and seed)."""
+    rng = random.Random(seed)
+    for _ in range(verifies):
+        k = 0
+        while k < L and rng.random() < alpha:
+            k += 1
+        policy.observe_acceptance(seq_id, L, k)
+
+
+def _views(ids, behind=1):
+    return [SeqView(i, behind) for i in ids]
+
+
+def test_build_policy_follows_spec_config():
+    costs = BatchCostModel()
+    assert type(build_policy(SpecConfig(), costs)) is GoodputPolicy
+    assert type(build_policy(SpecConfig(policy="feedback"), costs)) is DraftController
+    assert type(build_policy(SpecConfig(controller=False), costs)) is FixedController
+    with pytest.raises(ValueError):
+        SpecConfig(policy="oracle")
+
+
+def test_light_load_high_acceptance_speculates_every_request_fused():
+    policy = _policy()
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    d = policy.decide(_views(ids))
+    assert d.reason == "speculate" and d.fused
+    assert set(d.draft_lens.values()) == {d.draft_len} and d.draft_len >= 2
+    assert d.predicted_tokens / d.predicted_step_s > 1.5 * len(ids) / d.plain_step_s
+
+
+def test_large_batch_with_costly_verify_does_not_speculate():
+    """Compute-bound verify (the per-token cost dominates): plain decoding wins."""
+    policy = _policy(Shape(fixed=2e-3, per_token=100e-6))
+    ids = _add(policy, 48)
+    for i in ids:
+        _teach(policy, i, 0.6)
+    d = policy.decide(_views(ids))
+    assert d.reason == "no_gain" and not any(d.draft_lens.values()) and not d.fused
+
+
+def test_speculation_turns_off_as_the_batch_grows():
+    """Same costs, same acceptance: small batches speculate, large ones do not."""
+    chosen = {}
+    for rows in (1, 4, 16, 64):
+        policy = _policy(Shape(fixed=2e-3, per_token=300e-6))  # compute-bound at 64 rows
+        ids = _add(policy, rows)
+        for i in ids:
+            _teach(policy, i, 0.7)
+        chosen[rows] = policy.decide(_views(ids)).draft_len
+    assert chosen[1] > 0 and chosen[64] == 0
+    assert chosen[1] >= chosen[4] >= chosen[16] >= chosen[64]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    alphas=st.lists(st.floats(0.0, 0.99), min_size=1, max_size=24),
+    fixed=st.floats(1e-3, 20e-3),
+    per_token=st.floats(1e-6, 200e-6),
+    draft=st.floats(0.05e-3, 5e-3),
+    slack=st.sampled_from([0.0, 0.05, 0.2]),
+)
+def test_no_request_is_expected_slower_than_plain_decoding(alphas, fixed, per_token, draft, slack):
+    """The latency guard, for any acceptance mix and any costs: every request's expected time
+    per token under the chosen plan is within (1 + ε) of the plain step."""
+    policy = _policy(Shape(fixed, per_token, draft), latency_slack=slack)
+    ids = _add(policy, len(alphas))
+    for i, a in zip(ids, alphas, strict=True):
+        _teach(policy, i, a, verifies=30)
+    d = policy.decide(_views(ids))
+    L = d.draft_len
+    limit = (1.0 + slack) * d.plain_step_s * (1 + 1e-9)
+    for i in ids:
+        n = d.draft_lens[i]
+        per_token = d.predicted_step_s / (expected_tokens(policy.acceptance(i), n) if n else 1)
+        assert n in (0, L) and (d.reason != "speculate" or per_token <= limit)
+    if d.reason == "speculate":  # and it pays for the batch
+        assert d.predicted_tokens / d.predicted_step_s > len(ids) / d.plain_step_s
+
+
+def test_hetero_batch_keeps_the_low_acceptance_requests_within_the_guard():
+    policy = _policy()
+    ids = _add(policy, 10)
+    alphas = [0.9] * 3 + [0.6] * 4 + [0.2] * 3
+    for r in range(60):  # verifies interleaved, as they land in a server
+        for i, a in zip(ids, alphas, strict=True):
+            _teach(policy, i, a, verifies=1, seed=r)
+    d = policy.decide(_views(ids))
+    assert d.reason == "speculate"
+    for i in ids:
+        n = d.draft_lens[i]
+        e = expected_tokens(policy.acceptance(i), n) if n else 1.0
+        slack = policy.goodput.latency_slack
+        assert d.predicted_step_s / e <= (1 + slack) * d.plain_step_s * (1 + 1e-9)
+
+
+def test_useless_drafter_costs_only_backed_off_probes():
+    """Acceptance 0: the population's acceptance falls, the policy parks, and probes back off
+    exponentially: drafted steps grow with the log of the steps, not linearly."""
+    policy = _policy(probe_min_steps=16, probe_max_steps=1024)
+    ids = _add(policy, 8)
+    drafted_steps, next_id = 0, 8
+    for step in range(4000):
+        d = policy.decide(_views(ids))
+        drafted = [i for i, n in d.draft_lens.items() if n]
+        drafted_steps += bool(drafted)
+        for i in drafted:
+            policy.observe_acceptance(i, d.draft_lens[i], 0)
+        if step % 100 == 99:  # requests come and go
+            policy.remove_request(ids.pop(0))
+            ids += _add(policy, 1, next_id)
+            next_id += 1
+    assert policy.population.value < 0.1
+    assert 0 < drafted_steps <= 24
+    assert not policy.expects_speculation(ids[-1])  # the drafter no longer follows prefill
+    assert policy.decisions["no_candidates"] + policy.decisions["no_gain"] > 3900
+    assert policy.snapshot()["probe_interval"] == 1024
+
+
+def test_a_probe_that_finds_acceptance_resets_the_backoff():
+    policy = _policy(probe_min_steps=8, probe_max_steps=512)
+    ids = _add(policy, 2)
+    for i in ids:
+        _teach(policy, i, 0.0, verifies=200)
+    for _ in range(300):
+        for i, n in policy.decide(_views(ids)).draft_lens.items():
+            if n:
+                policy.observe_acceptance(i, n, 0)
+    assert policy._probe_interval > 8
+    d = policy.decide(_views(ids))
+    while not any(d.draft_lens.values()):
+        d = policy.decide(_views(ids))
+    assert d.reason == "probe"
+    for i, n in d.draft_lens.items():
+        if n:
+            policy.observe_acceptance(i, n, n)  # the drafter predicts this traffic now
+    assert policy._probe_interval == 8
+
+
+def test_far_behind_drafters_are_not_drafted_for():
+    """A drafter that would feed a long context inside the decode step is not drafted for (it
+    catches up behind prefill chunks instead, ``EngineCore.follow_prefill``)."""
+    policy = _policy(max_catch_up=64)
+    ids = _add(policy, 2)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    assert policy.decide([SeqView(0, 1)]).draft_lens[0] > 0
+    d = policy.decide([SeqView(1, 500)])
+    assert d.draft_lens[1] == 0 and d.reason == "no_candidates"
+    # With a request that cannot speculate in the batch, a step with drafts would make its
+    # token slower than plain decoding: the guard keeps the whole batch plain.
+    assert policy.decide([SeqView(0, 1), SeqView(1, 500)]).reason == "no_gain"
+
+
+def test_a_request_at_its_last_token_rides_along_outside_the_guard():
+    policy = _policy()
+    ids = _add(policy, 3)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    d = policy.decide([SeqView(0), SeqView(1), SeqView(2, tokens_left=1)])
+    assert d.reason == "speculate" and d.draft_lens[0] == d.draft_lens[2] == d.draft_len > 0
+
+
+def test_the_drafter_follows_prefill_only_where_speculation_is_expected():
+    policy = _policy()
+    _add(policy, 1)
+    _add(policy, 1, start=1, speculate=False)
+    assert policy.expects_speculation(0) and not policy.expects_speculation(1)
+    assert not policy.expects_speculation(42)  # unknown
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("latency", "latency_guard"),
+        ("prefill", "prefill_pressure"),
+        ("rows", "batch_too_large"),
+        ("off", "no_candidates"),
+    ],
+)
+def test_blocking_rules_turn_speculation_off(setup, reason):
+    clock = FakeClock()
+    policy = _policy(clock=clock, prefill_wait_guard_s=0.25, max_spec_rows=4)
+    ids = _add(policy, 8 if setup == "rows" else 3, speculate=setup != "off")
+    for i in ids:
+        _teach(policy, i, 0.9)
+    load = LoadSignals(prefill_wait_s=0.3 if setup == "prefill" else 0.1)
+    if setup == "latency":
+        for _ in range(20):
+            policy.observe_step("decode", 0.2, 3, 3)  # p95 far above the 50 ms target
+    d = policy.decide(_views(ids), load)
+    assert d.reason == reason and not any(d.draft_lens.values())
+    assert policy.decisions[reason] == 1 and set(policy.decisions) == set(REASONS)
+
+
+def test_separate_verify_lane_when_an_eager_mixed_step_is_dear():
+    """Some requests cannot speculate (speculate=False): a fused step would mix row lengths
+    (eager). When the eager penalty is large the verify goes to its own lane."""
+    costs = BatchCostModel(Shape(fixed=2e-3, per_token=5e-6, draft=0.1e-3), mixed_prior=3.0)
+    spec = SpecConfig(max_draft_len=4, initial_draft_len=4)
+    policy = build_policy(spec, costs, GoodputConfig(latency_slack=2.0), FakeClock())
+    ids = _add(policy, 2) + _add(policy, 2, start=2, speculate=False)
+    for i in ids[:2]:
+        _teach(policy, i, 0.95)
+    d = policy.decide(_views(ids))
+    assert d.reason == "speculate" and not d.fused
+    cheap = _policy(Shape(fixed=2e-3, per_token=5e-6, draft=0.1e-3), latency_slack=2.0)
+    _add(cheap, 2), _add(cheap, 2, start=2, speculate=False)
+    for i in ids[:2]:
+        _teach(cheap, i, 0.95)
+    cheap.costs.level["mixed"] = 1.0
+    assert cheap.decide(_views(ids)).fused
+
+
+def test_decisions_are_deterministic():
+    def run():
+        policy = _policy()
+        ids = _add(policy, 12)
+        out = []
+        for step in range(50):
+            d = policy.decide(_views(ids))
+            out.append((d.reason, d.fused, tuple(sorted(d.draft_lens.items()))))
+            for i, n in d.draft_lens.items():
+                if n:
+                    policy.observe_acceptance(i, n, (i + step) % (n + 1))
+        return out
+
+    assert run() == run()
+
+
+def test_new_requests_start_at_the_population_acceptance():
+    policy = _policy()
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.3, verifies=200)
+    population = policy.population.value
+    assert 0.2 < population < 0.45
+    _add(policy, 1, start=99)
+    assert policy.acceptance(99) == pytest.approx(population)
+
+
+# -- the cost model ----------------------------------------------------------------------------
+
+
+def test_cost_levels_follow_observations_and_share_target_contention():
+    costs = BatchCostModel(Shape())
+    base_decode, base_verify = costs.decode(8), costs.verify(8, 5)
+    costs.observe("decode", 2 * Shape().target_time(8, 1), 8, 8)  # twice as slow as measured
+    assert costs.decode(8) == pytest.approx(2 * base_decode)
+    assert costs.verify(8, 5) == pytest.approx(2 * base_verify)  # the same contention
+    costs.observe("mixed", 2 * 1.5 * Shape().target_time(8, 2), 8, 16)
+    assert costs.level["mixed"] == pytest.approx(1.5)
+    for _ in range(60):  # converges back once steps are fast again
+        costs.observe("decode", Shape().target_time(8, 1), 8, 8)
+    assert costs.decode(8) == pytest.approx(base_decode, rel=1e-3)
+    with pytest.raises(ValueError):
+        costs.observe("warp", 1.0, 1, 1)
+
+
+def test_prefill_tokens_within_a_target():
+    costs = BatchCostModel(Shape())
+    n = costs.prefill_tokens_within(0.02, 256, 8192)
+    assert costs.prefill(n) <= 0.02 < costs.prefill(n + 1)
+    assert costs.prefill_tokens_within(10.0, 256, 8192) == 8192
+    assert costs.prefill_tokens_within(1e-6, 256, 8192) == 256  # never below the floor
+    costs.observe("prefill", 2 * Shape().prefill_time(2048), 1, 2048)
+    assert costs.prefill_tokens_within(0.02, 256, 8192) < n

@@ -1,0 +1,165 @@
+"""The goodput policy driving the real engine (dummy:tiny on CPU): a verify fused into the
+decode step or run on its own lane is lossless, the drafter follows prefill chunks only while
+the policy expects to speculate, and the Sarathi-style prefill budget bounds prompt chunks.
+
+The policy's cost model is pinned to a fixed shape (its online levels frozen) so that its
+decisions do not depend on this machine's timings."""
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+import torch
+from helpers import tiny_config, tiny_draft_spec
+
+from verifypd.config import SchedulerConfig
+from verifypd.controller import GoodputPolicy
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import SamplingParams
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)), [9, 8, 7]]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """Verify nearly as cheap as decode; ``mixed`` steps (eager) priced by the model."""
+
+    def target_time(self, rows, q):
+        return 1e-2 + 1e-5 * rows * max(q, 1)
+
+    def draft_time(self, rows):
+        return 1e-4
+
+    def prefill_time(self, tokens):
+        return 1e-3 + 1e-4 * tokens
+
+
+def _engine(mixed_level: float = 1.0, useless_drafter: bool = False, **cfg) -> AsyncEngine:
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3, initial_draft_len=3)
+    engine = AsyncEngine(tiny_config(spec=spec, **cfg))
+    costs = engine.core.costs
+    costs.shape = MemoryBound()
+    costs.observe = lambda *a, **k: None  # levels frozen: decisions independent of timing
+    costs.level["mixed"] = mixed_level
+    assert isinstance(engine.core.controller, GoodputPolicy)
+    if useless_drafter:
+        with torch.no_grad():
+            for p in engine.core.spec.drafter.runner.model.parameters():
+                p.copy_(torch.randn_like(p))
+    return engine
+
+
+async def _run(engine: AsyncEngine, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    async def one(rid, prompt):
+        return [t async for out in engine.generate(rid, prompt, params) for t in out.new_token_ids]
+
+    try:
+        jobs = [one(f"r{i}", p) for i, p in enumerate(prompts)]
+        return await asyncio.wait_for(asyncio.gather(*jobs), 120)
+    finally:
+        engine.check_integrity()
+        assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
+        drafter = engine.core.spec.drafter
+        assert drafter is None or drafter.kv.usage == 0
+        await engine.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    return asyncio.run(_run(AsyncEngine(tiny_config())))
+
+
+async def test_fused_verify_runs_in_the_decode_lane_and_is_lossless(reference):
+    engine = _engine()
+    assert await _run(engine) == reference
+    policy = engine.core.controller
+    assert policy.decisions["speculate"] > 0 and policy.num_fused > 0
+    assert engine.core.spec.num_verifies > 0
+    assert "verify" not in engine.dispatcher.launch_log  # every verify was fused
+
+
+async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(reference):
+    """Requests that may not speculate make a fused step mixed (eager); priced at 50x, the
+    policy puts the verify on its own lane."""
+    engine = _engine(mixed_level=50.0)
+    policy = engine.core.controller
+    policy.goodput = type(policy.goodput)(latency_slack=5.0)  # let plain rows wait
+    policy.population._accepted._value = 0.97  # the drafter is the target: it predicts well
+    params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                                     speculate=False)]  # fmt: skip
+
+    async def one(rid, prompt, p):
+        return [t async for out in engine.generate(rid, prompt, p) for t in out.new_token_ids]
+
+    jobs = [one(f"r{i}", pr, params[i % 2]) for i, pr in enumerate(PROMPTS)]
+    try:
+        got = await asyncio.wait_for(asyncio.gather(*jobs), 120)
+    finally:
+        engine.check_integrity()
+        await engine.stop()
+    assert got == reference
+    assert "verify" in engine.dispatcher.launch_log
+    assert policy.decisions["speculate"] > policy.num_fused
+
+
+async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(reference):
+    engine = _engine()
+    drafter = engine.core.spec.drafter
+    fed, catch_ups = [], []
+    follow, propose = drafter.follow, drafter.propose
+
+    def follow_spy(items):
+        fed.append(follow(items))
+        return fed[-1]
+
+    def propose_spy(*args):
+        propose(*args)
+        catch_ups.append(drafter.last_catch_up)
+
+    drafter.follow, drafter.propose = follow_spy, propose_spy
+    assert await _run(engine) == reference
+    assert sum(fed) == sum(len(p) for p in PROMPTS)  # every prompt token, once
+    assert catch_ups and max(catch_ups) <= 2  # no proposal fed a whole context
+
+
+async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(reference):
+    engine = _engine(useless_drafter=True)
+    policy, drafter = engine.core.controller, engine.core.spec.drafter
+    policy.population._accepted._value = 0.0  # as after many rejected verifies
+    fed = []
+    follow = drafter.follow
+    drafter.follow = lambda items: fed.append(follow(items)) or fed[-1]
+    assert await _run(engine) == reference  # lossless whatever the drafter proposes
+    assert not fed  # parked: the drafter never followed a prefill
+    assert engine.core.spec.num_drafted <= 3 * len(PROMPTS)  # probes at most
+
+
+def test_prefill_budget_follows_the_step_target():
+    target = tiny_config(scheduler=SchedulerConfig(prefill_step_target_s=0.01005,
+                                                   min_prefill_budget=16))  # fmt: skip
+    core = AsyncEngine(target).core
+    core.costs.shape = MemoryBound()
+    # 1 ms + 0.1 ms per token: 90 tokens fit in 10 ms
+    assert core.prefill_budget() == 90
+    core.costs.observe("prefill", 2 * MemoryBound().prefill_time(90), 1, 90)  # twice as slow
+    assert core.prefill_budget() == 40
+    plain = AsyncEngine(tiny_config()).core
+    assert plain.prefill_budget() == plain.config.scheduler.max_num_batched_tokens
+
+
+async def test_prefill_chunks_stay_within_the_budget(reference):
+    cfg = SchedulerConfig(prefill_step_target_s=0.00405, min_prefill_budget=16)
+    engine = AsyncEngine(tiny_config(scheduler=cfg))
+    engine.core.costs.shape = MemoryBound()
+    engine.core.costs.observe = lambda *a, **k: None
+    budget = engine.core.prefill_budget()
+    assert budget == 30
+    sizes = []
+    record = engine.core.record_step
+    engine.core.record_step = lambda plan, s: (
+        sizes.append(plan.num_tokens) if plan.lane == "prefill" else None,
+        record(plan, s),
+    )
+    assert await _run(engine) == reference
+    assert sizes and max(sizes) <= budget and max(len(p) for p in PROMPTS) > budget

@@ -1,0 +1,394 @@
+"""The load-aware speculation policy: per step, for the whole decode batch, who speculates, with
+what draft length L (0 included), and whether the verify is fused into the decode step.
+
+Each step the engine hands over the decodable sequences (``SeqView``: context, how far the
+drafter is behind, tokens left) and the load (``LoadSignals``). With α̂ᵢ each request's
+acceptance estimate, E(α, L) = (1 − α^(L+1)) / (1 − α) the tokens one verify yields, and the
+step costs predicted by ``BatchCostModel`` (measured at start-up, refined online):
+
+    plain step       t₀ = decode(B)                          → B tokens
+    speculate S, L   fused:    draft + verify/mixed(B rows, B + |S|·L tokens)
+                     separate: draft + decode(B − |S|) + verify(|S|, 1 + L)
+                     draft = L · draft(|S|) + catch_up(tokens the drafter is behind)
+                                                             → B − |S| + Σ_{i∈S} E(α̂ᵢ, L) tokens
+
+It picks the plan with the most tokens per second, among the plans that pass the **latency
+guard**: no request's expected time per token may exceed (1 + ε)·t₀ (a plain request waits the
+whole step for its one token; a speculating one waits step / E(α̂ᵢ, L)). So speculation is
+chosen only where it makes the batch faster *and* makes nobody's tokens slower than plain
+decoding would: speculation never costs tail latency by design. A plan must also beat plain
+decoding's tokens per second by ``gain_margin``. Candidate sets S are prefixes of the
+eligible requests sorted by α̂ (requests with α̂ bucketed alike enter together).
+
+No speculation at all when the measured p95 decode step is above its target, when a prompt has
+waited for its prefill past ``prefill_wait_guard_s``, or when the batch is larger than the
+verify graphs (``max_spec_rows``).
+
+**Zero cost when speculation does not pay.** Every verify updates the population's acceptance
+(an EWMA over all requests; a new request's α̂ starts there). When it falls below
+``accept_floor`` the drafter does not predict this traffic and the policy is *parked*: only
+requests whose own α̂ is above the floor are drafted for, the others only in probes, which are
+global, back off exponentially (every ``probe_min_steps`` steps, doubling to
+``probe_max_steps`` while they find nothing, reset when one finds acceptance), take only
+requests whose drafter catch-up is short, and must pass the guard too. The drafter follows a
+request's prefill (``expects_speculation``) only while the policy is not parked; otherwise it
+catches up on a context only when the policy drafts for it.
+
+A request on its last token rides along with the speculating set (its drafts are cut) and is
+left out of the guard.
+
+Deterministic given its inputs and the injected clock; every decision carries its reason
+(``BatchDecision.reason``, counted in ``decisions`` and exported as
+``verifypd_spec_policy_decisions_total{decision}``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from verifypd.config import SpecConfig
+from verifypd.controller.batch_costs import BatchCostModel
+from verifypd.controller.draft_controller import (
+    ControllerConfig,
+    DraftController,
+    build_controller,
+)
+from verifypd.controller.policy import expected_tokens
+from verifypd.controller.signals import AcceptanceEstimate
+
+REASONS = (
+    "speculate",  # a plan beat plain decoding and passed the guard
+    "no_gain",  # no plan beat plain decoding by the margin within the guard
+    "no_candidates",  # nobody eligible (speculate=False, parked, out of tokens, far behind)
+    "latency_guard",  # measured p95 decode step above its target
+    "prefill_pressure",  # a prompt waited past prefill_wait_guard_s
+    "batch_too_large",  # more rows than the verify graphs hold
+    "probe",  # a probe of parked requests was drafted
+)
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    latency_slack: float = 0.10  # ε of the latency guard
+    gain_margin: float = 0.02  # a plan must beat plain tokens/s by this fraction
+    accept_floor: float = 0.15  # population α below this: parked (drafted only in probes)
+    max_catch_up: int = 64  # most tokens a drafter catches up on for one request per step
+    probe_min_steps: int = 64  # first probe interval; doubles while probes find nothing
+    probe_max_steps: int = 4096
+    probe_alpha: float = 0.5  # α a probed request is planned with
+    population_weight: float = 0.02  # EWMA weight of one verify in the population's α
+    request_weight: float = 0.15  # EWMA weight of one verify in a request's α̂
+    prefill_wait_guard_s: float | None = None  # None: no prefill-pressure rule
+    max_spec_rows: int | None = None  # None: no row limit (no verify graphs, e.g. CPU)
+    alpha_bucket: float = 0.05  # α̂ within one bucket enter the speculating set together
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.latency_slack >= 0.0 and self.gain_margin >= 0.0, "slack, margin >= 0"),
+            (0.0 <= self.accept_floor < 1.0, "accept_floor in [0, 1)"),
+            (self.max_catch_up >= 2, "max_catch_up >= 2"),
+            (1 <= self.probe_min_steps <= self.probe_max_steps, "1 <= probe min <= max"),
+            (0.0 < self.probe_alpha < 1.0, "probe_alpha in (0, 1)"),
+            (0.0 < self.population_weight <= 1.0, "population_weight in (0, 1]"),
+            (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
+            (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
+        ]
+        for ok, rule in checks:
+            if not ok:
+                raise ValueError(f"GoodputConfig: need {rule}")
+
+
+@dataclass(frozen=True)
+class SeqView:
+    """What the policy sees of one decodable sequence this step."""
+
+    seq_id: int
+    drafter_behind: int = 1  # tokens the drafter must feed before drafting (1-2 when steady)
+    tokens_left: int = 1 << 30  # tokens before max_tokens: drafts past it are thrown away
+
+
+@dataclass(frozen=True)
+class LoadSignals:
+    prefill_wait_s: float | None = None  # the oldest waiting prompt's wait; None: none waits
+
+
+@dataclass
+class BatchDecision:
+    draft_lens: dict[int, int]  # seq_id -> L (0 = plain decode)
+    fused: bool  # verify inside the decode step (one target forward)
+    reason: str
+    draft_len: int = 0  # the L of the speculating set
+    predicted_step_s: float = 0.0
+    predicted_tokens: float = 0.0
+    plain_step_s: float = 0.0
+
+
+@dataclass
+class _Plan:
+    value: float  # tokens per second
+    step_s: float
+    tokens: float
+    k: int
+    draft_len: int
+    fused: bool
+
+
+@dataclass
+class _Candidate:
+    seq_id: int
+    alpha: float
+    behind: int
+    tokens_left: int
+    probe: bool = False
+    last: bool = False  # its last token: drafts are cut, and the guard does not apply
+
+
+class GoodputPolicy(DraftController):
+    """Batch-level speculation decisions by expected goodput under a per-request latency
+    guard. Keeps ``DraftController``'s request registry, acceptance estimates and drafter
+    temperatures; decides with ``decide`` (``step`` decides for every registered request)."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        goodput: GoodputConfig | None = None,
+        costs: BatchCostModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(config, clock)
+        self.goodput = goodput or GoodputConfig()
+        self.costs = costs if costs is not None else BatchCostModel()
+        self.population = AcceptanceEstimate(self.goodput.population_weight,
+                                             config.initial_acceptance)  # fmt: skip
+        self.decisions = dict.fromkeys(REASONS, 0)
+        self.num_fused = 0
+        self.last: BatchDecision | None = None
+        self._probe_interval = self.goodput.probe_min_steps
+        self._next_probe = self.goodput.probe_min_steps
+        self._probed: set[int] = set()  # seq ids drafted in the last probe, not yet verified
+
+    # ------------------------------------------------------------------ requests, learning
+    def add_request(
+        self, seq_id: int, greedy: bool, temperature: float, speculate: bool = True
+    ) -> None:
+        known = seq_id in self._requests
+        super().add_request(seq_id, greedy, temperature, speculate)
+        if not known:  # starts at the population's acceptance
+            st = self._requests[seq_id]
+            w = self.goodput.request_weight
+            st.acceptance = AcceptanceEstimate(w, self.population.value)
+            st.drafter_temperature = self._drafter_temperature(st)
+
+    def observe_acceptance(self, seq_id: int, num_drafted: int, num_accepted: int) -> None:
+        super().observe_acceptance(seq_id, num_drafted, num_accepted)
+        if seq_id in self._requests and num_drafted:
+            self.population.update(num_drafted, num_accepted)
+        if seq_id in self._probed:
+            self._probed.discard(seq_id)
+            found = num_accepted >= self.goodput.accept_floor * num_drafted and num_accepted
+            g = self.goodput
+            self._probe_interval = (
+                g.probe_min_steps if found else min(2 * self._probe_interval, g.probe_max_steps)
+            )
+
+    def observe_step(self, lane: str, seconds: float, num_seqs: int, num_tokens: int) -> None:
+        """As ``DraftController``'s; also refines the batch cost model. A "draft" observation
+        is a whole proposal (L drafter steps): it is folded in per step."""
+        super().observe_step(lane, seconds, num_seqs, num_tokens)
+        if lane == "draft" and num_seqs:
+            steps = max(1, round(num_tokens / num_seqs))
+            self.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
+
+    def expects_speculation(self, seq_id: int) -> bool:
+        """Whether the drafter should follow this request's prefill: it may speculate and the
+        population is not parked."""
+        st = self._requests.get(seq_id)
+        parked = self.population.value < self.goodput.accept_floor
+        return st is not None and st.speculate and not parked
+
+    # ------------------------------------------------------------------ decisions
+    def step(self) -> dict[int, int]:
+        """``decide`` for every registered request, all caught up (tests, the old API)."""
+        return self.decide([SeqView(sid) for sid in self._requests]).draft_lens
+
+    def decide(self, batch: list[SeqView], load: LoadSignals | None = None) -> BatchDecision:
+        load = load or LoadSignals()
+        self.num_steps += 1
+        t0 = self.costs.decode(len(batch))
+        decision = self._decide(batch, load, t0)
+        decision.plain_step_s = t0
+        self._record(decision, batch)
+        return decision
+
+    def _decide(self, batch: list[SeqView], load: LoadSignals, t0: float) -> BatchDecision:
+        off = {v.seq_id: 0 for v in batch}
+        g = self.goodput
+        rule = self._blocking_rule(len(batch), load)
+        if rule is not None:
+            return BatchDecision(off, False, rule)
+        cands = self._candidates(batch)
+        if not cands:
+            return BatchDecision(off, False, "no_candidates")
+        best = self._best_plan(len(batch), cands, t0)
+        if best is None or best.value <= (1.0 + g.gain_margin) * len(batch) / t0:
+            return BatchDecision(off, False, "no_gain", predicted_step_s=t0,
+                                 predicted_tokens=float(len(batch)))  # fmt: skip
+        chosen = cands[: best.k]
+        lens = dict(off)
+        for c in chosen:
+            lens[c.seq_id] = best.draft_len
+        probes = {c.seq_id for c in chosen if c.probe}
+        if probes:
+            self._probed |= probes
+            self._next_probe = self.num_steps + self._probe_interval
+        reason = "probe" if probes and len(probes) == len(chosen) else "speculate"
+        return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
+
+    def _blocking_rule(self, rows: int, load: LoadSignals) -> str | None:
+        g = self.goodput
+        p95 = self.decode_latency.percentile(95.0)
+        if p95 is not None and p95 > self.config.p95_decode_target_s:
+            return "latency_guard"
+        guard = g.prefill_wait_guard_s
+        if guard is not None and load.prefill_wait_s is not None and load.prefill_wait_s > guard:
+            return "prefill_pressure"
+        if g.max_spec_rows is not None and rows > g.max_spec_rows:
+            return "batch_too_large"
+        return None
+
+    def _candidates(self, batch: list[SeqView]) -> list[_Candidate]:
+        """Requests that may speculate now, highest α̂ first (ties by seq id: deterministic).
+        While the population is parked (its α below ``accept_floor``: the drafter does not
+        predict this traffic) a request whose own α̂ is below the floor too only on a probe
+        step, planned at ``probe_alpha``."""
+        g = self.goodput
+        parked = self.population.value < g.accept_floor
+        probing = parked and self.num_steps >= self._next_probe and not self._probed
+        out = []
+        for v in batch:
+            st = self._requests.get(v.seq_id)
+            if st is None or not st.speculate or v.drafter_behind > g.max_catch_up:
+                continue
+            if v.tokens_left < 2:  # its last token: it rides along, outside the guard
+                out.append(_Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
+                continue
+            alpha = st.acceptance.value
+            if parked and alpha < g.accept_floor:  # only its own evidence, or a probe
+                if not probing:
+                    continue
+                out.append(_Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
+                                      probe=True))  # fmt: skip
+                continue
+            out.append(_Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left))
+        if all(c.last for c in out):
+            return []
+        out.sort(key=lambda c: (c.last, -c.alpha, c.seq_id))
+        return out
+
+    def _best_plan(self, rows: int, cands: list[_Candidate], t0: float) -> _Plan | None:
+        g = self.goodput
+        limit = (1.0 + g.latency_slack) * t0
+        ends = _group_ends(cands, g.alpha_bucket)
+        best: _Plan | None = None
+        for L in range(1, self.config.max_draft_len + 1):
+            gains = [min(expected_tokens(c.alpha, L), c.tokens_left) for c in cands]
+            cum_gain = _prefix(gains)
+            cum_behind = _prefix([max(0, c.behind - 2) for c in cands])
+            least = _prefix_min(
+                [math.inf if c.last else e for c, e in zip(cands, gains, strict=True)]
+            )
+            for k in ends:
+                draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(cum_behind[k]))
+                tokens = rows - k + cum_gain[k]
+                worst = 1.0 if k < rows else least[k - 1]  # plain rows wait a whole step
+                for fused, step_s in self._step_times(rows, k, L, draft_s):
+                    if step_s > limit * worst:
+                        continue
+                    value = tokens / step_s
+                    if best is None or value > best.value:
+                        best = _Plan(value, step_s, tokens, k, L, fused)
+        return best
+
+    def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
+        """(fused, seconds) of one round: the fused step and the separate decode + verify."""
+        c = self.costs
+        fwd = c.verify(rows, 1 + L) if k == rows else c.mixed(rows, rows + k * L)
+        separate = draft_s + c.decode(rows - k) + c.verify(k, 1 + L)
+        return [(True, draft_s + fwd), (False, separate)]
+
+    def _record(self, d: BatchDecision, batch: list[SeqView]) -> None:
+        self.decisions[d.reason] += 1
+        self.num_fused += d.fused
+        self.last = d
+        for v in batch:
+            st = self._requests.get(v.seq_id)
+            if st is None:
+                continue
+            st.draft_len = st.decision = d.draft_lens.get(v.seq_id, 0)
+            st.reason = d.reason if st.decision or d.reason != "speculate" else "not_chosen"
+            st.drafter_temperature = self._drafter_temperature(st)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = super().snapshot()
+        d = self.last
+        snap.update(
+            {
+                "policy": "goodput",
+                "population_acceptance": self.population.value,
+                "decisions": dict(self.decisions),
+                "fused_fraction": self.num_fused / self.num_steps if self.num_steps else None,
+                "last_reason": d.reason if d else None,
+                "last_fused": d.fused if d else None,
+                "last_draft_len": d.draft_len if d else None,
+                "predicted_step_s": d.predicted_step_s if d else None,
+                "plain_step_s": d.plain_step_s if d else None,
+                "probe_interval": self._probe_interval,
+                "cost_levels": self.costs.snapshot(),
+            }
+        )
+        return snap
+
+
+def _prefix(values: list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _prefix_min(values: list[float]) -> list[float]:
+    out, low = [], math.inf
+    for v in values:
+        low = min(low, v)
+        out.append(low)
+    return out
+
+
+def _group_ends(cands: list[_Candidate], bucket: float) -> list[int]:
+    """Set sizes k to evaluate: the ends of runs of candidates in one α̂ bucket."""
+    ends = []
+    for i, c in enumerate(cands):
+        last = i + 1 == len(cands)
+        if last or math.floor(c.alpha / bucket) != math.floor(cands[i + 1].alpha / bucket):
+            ends.append(i + 1)
+    return ends
+
+
+def build_policy(
+    spec: SpecConfig,
+    costs: BatchCostModel | None = None,
+    goodput: GoodputConfig | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    **overrides: Any,
+) -> DraftController:
+    """The engine's speculation policy from its ``SpecConfig``: the goodput policy
+    (``controller`` on, ``policy="goodput"``), the feedback controller (``policy="feedback"``)
+    or fixed L (``controller`` off)."""
+    if spec.controller and spec.policy == "goodput":
+        config = ControllerConfig.from_spec(spec, **overrides)
+        return GoodputPolicy(config, goodput, costs, clock)
+    return build_controller(spec, clock, **overrides)
