@@ -57,6 +57,7 @@ METRIC_KEYS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_
 SPEC_SERIES = re.compile(
     r"^verifypd_\w*(spec|controller|policy|decision)\w*_(total|count|sum|bucket)$"
 )
+POLICY_SERIES = re.compile(r'^verifypd_spec_policy_decisions_total\{.*decision="([^"]*)"')
 SERIES_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -238,8 +239,19 @@ def spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "draft_len_decisions": decisions, "draft_len_decisions_l0": zero,
         "mean_draft_len": by_name.get("verifypd_controller_draft_length_sum", 0.0) / decisions
         if decisions else None,
+        "policy_decisions": policy_decisions(delta),
         "series": {k: v for k, v in sorted(delta.items()) if v and "_bucket" not in k},
     }  # fmt: skip
+
+
+def policy_decisions(delta: dict[str, float]) -> dict[str, float]:
+    """The speculation policy's decisions (one per decode step) by their ``decision`` label."""
+    out: dict[str, float] = defaultdict(float)
+    for key, v in delta.items():
+        m = POLICY_SERIES.match(key)
+        if m and v:
+            out[m[1]] += v
+    return dict(sorted(out.items()))
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

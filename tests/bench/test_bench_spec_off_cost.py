@@ -31,6 +31,7 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
         assert any("sizing the KV" in line for line in run["server_log"])
     off, on = report["runs"]
     assert off["spec"]["drafted_tokens"] == 0 and on["spec"]["draft_len_decisions"] > 0
+    assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())
     assert any("drafter" in line for line in on["server_log"] if "sizing the KV" in line)
     assert "--draft-model" in on["command"] and "--draft-model" not in off["command"]
     servers = report["servers"]
@@ -82,12 +83,15 @@ def test_spec_deltas_from_metrics_series() -> None:
         f"verifypd_controller_draft_length_count{{{m}}}": 105.0,
         f"verifypd_controller_draft_length_sum{{{m}}}": 4.0,
         f'verifypd_controller_draft_length_bucket{{le="0.0",{m}}}': 99.0,
+        f'verifypd_spec_policy_decisions_total{{decision="off_cost",{m}}}': 7.0,
+        f'verifypd_spec_policy_decisions_total{{decision="gain_fused",{m}}}': 2.0,
     }
     d = bench.spec_deltas(before, after)
     assert (d["drafted_tokens"], d["accepted_tokens"], d["acceptance_rate"]) == (4.0, 1.0, 0.25)
     assert (d["draft_len_decisions"], d["draft_len_decisions_l0"]) == (100.0, 99.0)
     assert d["mean_draft_len"] == pytest.approx(0.04)
     assert all("_bucket" not in k for k in d["series"])
+    assert d["policy_decisions"] == {"gain_fused": 2.0, "off_cost": 7.0}
 
 
 def test_the_bench_command_finds_it(capsys) -> None:
