@@ -41,6 +41,7 @@ TOPICS = {
     "gpu_check": "kernels",
     "latency": "latency",
     "spec": "spec",
+    "spec_off_cost": "spec",
     "mixed": "mixed",
     "offline": "offline",
     "overlap": "profile",

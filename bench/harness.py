@@ -105,6 +105,11 @@ def blocks_for(num_seqs: int, tokens_per_seq: int, block_size: int = 16, slack: 
     return num_seqs * (-(-tokens_per_seq // block_size) + 1) + slack
 
 
+def _cost_table(core: Any) -> dict[str, Any] | None:
+    table = getattr(core, "cost_table", None)
+    return table.to_dict() if table is not None else None
+
+
 def engine_info(llm: Any) -> dict[str, Any]:
     """What the engine actually resolved (device, dtype, kernels, graphs, KV size)."""
     from verifypd.kernels import REFERENCE_OPS
@@ -122,6 +127,8 @@ def engine_info(llm: Any) -> dict[str, Any]:
         "lane_mode": cfg.lane_mode,
         "lane_streams": list(cfg.lane_streams),
         "emit_after_launch": cfg.emit_after_launch,
+        "calibrate_costs": cfg.calibrate_costs,
+        "cost_table": _cost_table(core),
         "spec": {k: getattr(cfg.spec, k) for k in cfg.spec.__dataclass_fields__},
         "max_num_seqs": cfg.scheduler.max_num_seqs,
         "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,

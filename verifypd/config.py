@@ -266,6 +266,9 @@ class EngineConfig:
     lane_streams: tuple[str, ...] = LANES
     # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
     emit_after_launch: bool = True
+    # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
+    # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
+    calibrate_costs: bool | None = None
 
     def __post_init__(self) -> None:
         if set(self.lane_streams) - set(LANES):
@@ -278,6 +281,9 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.lane_mode not in ("three", "single"):
             raise ValueError("lane_mode must be three|single")
+        if self.calibrate_costs not in (None, True, False):
+            got = self.calibrate_costs
+            raise ValueError(f"calibrate_costs must be a bool or None, got {got!r}")
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verifypd.config import EngineConfig
+from verifypd.config import EngineConfig, ModelConfig
 from verifypd.controller import (
     BatchCostModel,
     GoodputConfig,
@@ -22,10 +22,13 @@ from verifypd.controller import (
     SeqView,
     build_policy,
 )
+from verifypd.costs import CostTable
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
+from verifypd.engine.calibrate import measure_costs
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
+from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
 from verifypd.engine.runner import ModelRunner, PendingStep
@@ -99,9 +102,15 @@ class EngineCore:
             self.model_config.max_position_embeddings
         )
         self.block_size = config.cache.block_size
+        self.use_cuda_graphs = (
+            config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
+        )
+        # The drafter's weights load before the pools are sized: both pools share one budget.
+        draft = self._load_drafter()
+        self.kv_sizing = self._size_kv(draft.config if draft is not None else None)
         self.pool = KVPool(
             self.model_config.num_layers,
-            self._num_blocks(),
+            self.kv_sizing.num_blocks,
             self.block_size,
             self.model_config.num_kv_heads,
             self.model_config.head_dim,
@@ -127,15 +136,13 @@ class EngineCore:
             GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         )
         self.runner.grammars = self.grammars
-        self.spec = SpecDecoder(config.spec, self._drafter())
-        self.use_cuda_graphs = (
-            config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
-        )
+        self.spec = SpecDecoder(config.spec, self._drafter(draft))
         if self.use_cuda_graphs:
             self._capture_graphs()
+        self.cost_table: CostTable | None = self._calibrate()
         # Step costs (shape from the start-up calibration when there is one, level learned
         # online) for the speculation policy and the prefill chunk bound.
-        self.costs = BatchCostModel(getattr(self, "cost_table", None))
+        self.costs = BatchCostModel(self.cost_table)
         self.controller = build_policy(config.spec, self.costs, self._goodput_config())
         self.fused_verify = False  # the policy's last choice: verify inside the decode step
         chain = config.spec.chain_drafts
@@ -178,6 +185,17 @@ class EngineCore:
             drafter.runner.capture_graphs(2, max_batch, self.max_model_len)
             drafter.warm_up_chain()
 
+    def _calibrate(self) -> CostTable | None:
+        """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
+        on = self.config.calibrate_costs
+        if on is None:
+            on = self._is_cuda and self.spec.enabled
+        if not on:
+            return None
+        table = measure_costs(self)
+        logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
+        return table
+
     def _goodput_config(self) -> GoodputConfig:
         """The goodput policy's limits from the engine's: no speculation for more rows than the
         verify graphs hold (an eager verify of a large batch costs more than it yields), and
@@ -189,7 +207,7 @@ class EngineCore:
             padded_fused=graphs,
         )
 
-    def _drafter(self) -> DraftModelProposer | None:
+    def _load_drafter(self) -> LoadedModel | None:
         spec = self.config.spec
         if spec.method != "draft":
             return None
@@ -201,6 +219,12 @@ class EngineCore:
                 f"draft model vocab ({draft.config.vocab_size}) is larger than the target's "
                 f"({self.model_config.vocab_size}): they must share a tokenizer"
             )
+        return draft
+
+    def _drafter(self, draft: LoadedModel | None) -> DraftModelProposer | None:
+        """The drafter over its own pool of as many blocks as the target's (sized together)."""
+        if draft is None:
+            return None
         return DraftModelProposer(
             draft, self.pool.num_blocks, self.block_size, self.device, self.dtype
         )
@@ -217,26 +241,23 @@ class EngineCore:
             ids.add(tok_eos)
         return ids
 
-    def _num_blocks(self) -> int:
-        cfg, m = self.config.cache, self.model_config
-        if cfg.num_blocks is not None:
-            return cfg.num_blocks
-        per_block = KVPool.bytes_per_block(
-            m.num_layers, self.block_size, m.num_kv_heads, m.head_dim, self.dtype
-        )
-        if self._is_cuda:
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - (1 - cfg.gpu_memory_utilization) * total
-        else:
-            budget = cfg.cpu_kv_bytes
+    def _size_kv(self, draft: ModelConfig | None) -> KVSizing:
+        """Both pools' block count (``engine.kv_sizing``); logged with the split."""
+        cfg = self.config.cache
         # Never more than every running sequence at full length could use.
-        cap = self.config.scheduler.max_num_seqs * (self.max_model_len // self.block_size + 1)
-        num_blocks = max(1, min(int(budget // per_block), cap))
-        logger.info(
-            "sizing the KV cache: %d blocks of %d tokens (%.2f GiB)",
-            num_blocks, self.block_size, num_blocks * per_block / 2**30,
-        )  # fmt: skip
-        return num_blocks
+        max_seqs = self.config.scheduler.max_num_seqs
+        cap = max_seqs * (self.max_model_len // self.block_size + 1)
+        budget = None
+        if cfg.num_blocks is None:
+            draft_headroom = 0
+            if draft is not None and self.use_cuda_graphs:
+                draft_headroom = draft_graph_headroom(draft, max_seqs, self.dtype)
+            budget = kv_budget(self.device, cfg, draft_headroom)
+        sizing = size_kv(
+            self.model_config, draft, self.block_size, self.dtype, budget, cap, cfg.num_blocks
+        )
+        logger.info(sizing.describe())
+        return sizing
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:

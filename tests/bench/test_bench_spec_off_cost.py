@@ -1,0 +1,103 @@
+"""bench/spec_off_cost.py: both servers (no drafter, drafter) start in turn on CPU with
+dummy:tiny, serve every request of the same workload, and the report has the issue's numbers,
+ratios and verdicts; the verdict math and the /metrics deltas on hand-made inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import load_bench
+
+bench = load_bench("spec_off_cost")
+
+TINY = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dummy:tiny",
+        "--requests", "4", "--concurrency", "2", "--prompt-lens", "8", "16",
+        "--output-len", "4", "--warmup-requests", "1", "--server-timeout", "180"]  # fmt: skip
+
+
+def test_end_to_end_on_cpu(tmp_path: Path) -> None:
+    report = bench.main([*TINY, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "spec_off_cost-cpu.json").read_text())
+    assert saved["complete"] and saved["device"] == "cpu" and saved["git_commit"]
+    assert saved["params"]["requests"] == 4 and saved["params"]["order"] == "AB"
+    assert (tmp_path / "spec_off_cost-cpu.png").is_file()
+    assert [r["server"] for r in report["runs"]] == ["no-drafter", "drafter"]
+    for run in report["runs"]:
+        assert run["num_finished"] == run["num_requests"] == 4 and run["num_errors"] == 0
+        assert run["output_tokens"] == run["requested_output_tokens"] == 16
+        assert run["output_tok_s"] > 0 and run["ttft_p99_ms"] > 0 and run["itl_p99_ms"] > 0
+        assert any("sizing the KV" in line for line in run["server_log"])
+    off, on = report["runs"]
+    assert off["spec"]["drafted_tokens"] == 0 and on["spec"]["draft_len_decisions"] > 0
+    assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())
+    assert any("drafter" in line for line in on["server_log"] if "sizing the KV" in line)
+    assert "--draft-model" in on["command"] and "--draft-model" not in off["command"]
+    servers = report["servers"]
+    assert servers["drafter"]["num_finished"] == servers["no-drafter"]["num_finished"] == 4
+    assert servers["no-drafter"]["drafted_tokens"] == 0
+    ratio = servers["drafter"]["output_tok_s"] / servers["no-drafter"]["output_tok_s"]
+    assert report["ratios"]["output_tok_s"] == pytest.approx(ratio)
+    assert set(report["verdicts"]) == {"throughput", "ttft_p99", "itl_p99"}
+    assert set(report["verdicts"].values()) <= {"PASS", "MISS"}
+    assert report["acceptance"] == "real"  # tiny drafts for itself: not the dummy-pair label
+
+
+def _run(server: str, index: int, tok_s: float, ttft: float, itl: float) -> dict:
+    return {"server": server, "index": index, "output_tok_s": tok_s, "ttft_p50_ms": ttft / 2,
+            "ttft_p99_ms": ttft, "itl_p50_ms": itl / 2, "itl_p99_ms": itl,
+            "chunk_gap_p99_ms": itl}  # fmt: skip
+
+
+def test_verdicts_against_the_issue_targets() -> None:
+    runs = [_run("no-drafter", 0, 2500, 240, 24), _run("drafter", 1, 2430, 250, 25)]
+    s = bench.summarize(runs)
+    assert s["ratios"]["output_tok_s"] == pytest.approx(0.972)
+    assert s["verdicts"] == {"throughput": "PASS", "ttft_p99": "PASS", "itl_p99": "PASS"}
+    assert s["pass"]
+    runs = [_run("no-drafter", 0, 2511, 240, 24), _run("drafter", 1, 2211, 423, 41)]
+    s = bench.summarize(runs)  # the issue's numbers at a51a36a
+    assert s["verdicts"] == {"throughput": "MISS", "ttft_p99": "MISS", "itl_p99": "MISS"}
+    assert not s["pass"]
+
+
+def test_abba_averages_each_server_and_reports_its_spread() -> None:
+    runs = [_run("no-drafter", 0, 2000, 100, 20), _run("drafter", 1, 2000, 100, 20),
+            _run("drafter", 2, 1800, 120, 20), _run("no-drafter", 3, 2200, 100, 20)]  # fmt: skip
+    s = bench.summarize(runs)
+    assert s["servers"]["no-drafter"]["output_tok_s"] == 2100
+    assert s["servers"]["drafter"]["runs"] == [1, 2]
+    assert s["servers"]["no-drafter"]["spread"]["output_tok_s"] == pytest.approx(200 / 2100)
+    assert s["ratios"]["ttft_p99_ms"] == pytest.approx(1.1)
+    assert s["verdicts"]["ttft_p99"] == "MISS" and s["verdicts"]["throughput"] == "MISS"
+
+
+def test_spec_deltas_from_metrics_series() -> None:
+    m = 'model="m"'
+    before = {f"verifypd_spec_draft_tokens_total{{{m}}}": 10.0,
+              f"verifypd_controller_draft_length_count{{{m}}}": 5.0}  # fmt: skip
+    after = {
+        f"verifypd_spec_draft_tokens_total{{{m}}}": 14.0,
+        f"verifypd_spec_accepted_tokens_total{{{m}}}": 1.0,
+        f"verifypd_controller_draft_length_count{{{m}}}": 105.0,
+        f"verifypd_controller_draft_length_sum{{{m}}}": 4.0,
+        f'verifypd_controller_draft_length_bucket{{le="0.0",{m}}}': 99.0,
+        f'verifypd_spec_policy_decisions_total{{decision="off_cost",{m}}}': 7.0,
+        f'verifypd_spec_policy_decisions_total{{decision="gain_fused",{m}}}': 2.0,
+    }
+    d = bench.spec_deltas(before, after)
+    assert (d["drafted_tokens"], d["accepted_tokens"], d["acceptance_rate"]) == (4.0, 1.0, 0.25)
+    assert (d["draft_len_decisions"], d["draft_len_decisions_l0"]) == (100.0, 99.0)
+    assert d["mean_draft_len"] == pytest.approx(0.04)
+    assert all("_bucket" not in k for k in d["series"])
+    assert d["policy_decisions"] == {"gain_fused": 2.0, "off_cost": 7.0}
+
+
+def test_the_bench_command_finds_it(capsys) -> None:
+    from verifypd.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "spec_off_cost", "--help"])
+    assert exit_info.value.code == 0
+    assert "Speculation that does not run must cost nothing" in capsys.readouterr().out
