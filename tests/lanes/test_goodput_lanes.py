@@ -87,7 +87,7 @@ async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(refere
     policy puts the verify on its own lane."""
     engine = _engine(mixed_level=50.0)
     policy = engine.core.controller
-    policy.goodput = type(policy.goodput)(latency_slack=5.0)  # let plain rows wait
+    policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0)  # let plain rows wait
     policy.population._accepted._value = 0.97  # the drafter is the target: it predicts well
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
                                      speculate=False)]  # fmt: skip
@@ -181,7 +181,7 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
     async def run(pad: bool):
         engine = _engine(mixed_level=1.0)
         policy = engine.core.controller
-        policy.goodput = type(policy.goodput)(latency_slack=5.0, padded_fused=True)
+        policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0, padded_fused=True)
         policy.population._accepted._value = 0.97
         runner = engine.core.runner
         runner.always_pad_verify = pad

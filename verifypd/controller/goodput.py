@@ -13,10 +13,11 @@ step costs predicted by ``BatchCostModel`` (measured at start-up, refined online
                                                              → B − |S| + Σ_{i∈S} E(α̂ᵢ, L) tokens
 
 It picks the plan with the most tokens per second, among the plans that pass the **latency
-guard**: no request's expected time per token may exceed (1 + ε)·t₀ (a plain request waits the
-whole step for its one token; a speculating one waits step / E(α̂ᵢ, L)). So speculation is
-chosen only where it makes the batch faster *and* makes nobody's tokens slower than plain
-decoding would: speculation never costs tail latency by design. A plan must also beat plain
+guard**: no speculating request's expected time per token, step / E(α̂ᵢ, L), may exceed
+(1 + ε)·t₀, and a plain request riding in the step (one waiting for its drafter's catch-up
+round, or one that may not speculate) waits at most (1 + ``rider_slack``)·t₀ for its one token.
+So speculation is chosen only where it makes the batch faster and makes nobody's tokens much
+slower than plain decoding would. A plan must also beat plain
 decoding's tokens per second by ``gain_margin``. Candidate sets S are prefixes of the
 eligible requests sorted by α̂ (requests with α̂ bucketed alike enter together).
 
@@ -99,6 +100,9 @@ class GoodputConfig:
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
     # many steps: an investment the following steps pay back.
     amortize_steps: int = 8
+    # Plain rows riding in a speculating step (a request waiting for its catch-up round, or
+    # one that may not speculate) may wait up to (1 + rider_slack) plain steps.
+    rider_slack: float = 0.25
     # Hysteresis: after a speculating step, keep speculating unless the plan falls below
     # plain decoding's tokens/s by this fraction (stopping makes the next resume eager).
     keep_margin: float = 0.02
@@ -116,6 +120,7 @@ class GoodputConfig:
             (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
             (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
+            (self.rider_slack >= 0.0, "rider_slack >= 0"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -336,9 +341,11 @@ class GoodputPolicy(DraftController):
                 one_off = self.costs.catch_up(int(far[k])) + (g.eager_draft_s if eager[k] else 0.0)
                 draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(steady[k]))
                 tokens = rows - k + cum_gain[k]
-                worst = 1.0 if k < rows else least[k - 1]  # plain rows wait a whole step
+                bound = limit * least[k - 1]  # the slowest speculator's time per token
+                if k < rows:  # plain rows wait a whole step for their one token
+                    bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
-                    if step_s > limit * worst:
+                    if step_s > bound:
                         continue
                     value = tokens / (step_s + one_off / g.amortize_steps)
                     step_s += one_off
