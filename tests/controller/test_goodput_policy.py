@@ -344,3 +344,17 @@ def test_prefill_tokens_within_a_target():
     for _ in range(60):
         costs.observe("prefill", 2 * Shape().prefill_time(2048), 1, 2048)
     assert costs.prefill_tokens_within(0.02, 256, 8192) < n
+
+
+def test_catch_up_pays_back_over_the_following_steps():
+    """A long prompt's catch-up is an investment: with a one-off of several plain steps it is
+    still taken when the following steps repay it, so drafters that fell behind during plain
+    steps do not stay parked for good."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3, prefill_token=20e-6)
+    policy = _policy(shape, max_catch_up=64, catch_up_every_steps=1)
+    ids = _add(policy, 10)
+    for i in ids:
+        _teach(policy, i, 0.8)
+    d = policy.decide(_views(ids, behind=1000))
+    assert d.reason == "catch_up" and all(n > 0 for n in d.draft_lens.values())
+    assert policy.costs.catch_up(10 * 1000) > 3 * d.plain_step_s  # a real one-off

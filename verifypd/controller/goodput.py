@@ -98,8 +98,10 @@ class GoodputConfig:
     # behind: after a plain step, or a catch-up) runs eager: mostly host time.
     eager_draft_s: float = 4e-3
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
-    # many steps: an investment the following steps pay back.
-    amortize_steps: int = 8
+    # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
+    # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
+    # steps, and the policy stopped speculating for good.)
+    amortize_steps: int = 32
     # Plain rows riding in a speculating step (a request waiting for its catch-up round, or
     # one that may not speculate) may wait up to (1 + rider_slack) plain steps.
     rider_slack: float = 0.25
