@@ -13,7 +13,7 @@ import torch
 from helpers import tiny_config, tiny_draft_spec
 
 from verifypd.config import SchedulerConfig
-from verifypd.controller import GoodputPolicy
+from verifypd.controller import AcceptanceEstimate, GoodputPolicy
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -88,7 +88,7 @@ async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(refere
     engine = _engine(mixed_level=50.0)
     policy = engine.core.controller
     policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0)  # let plain rows wait
-    policy.population._accepted._value = 0.97  # the drafter is the target: it predicts well
+    policy.population = AcceptanceEstimate(0.02, 0.97)  # the drafter is the target
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
                                      speculate=False)]  # fmt: skip
 
@@ -129,7 +129,7 @@ async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(refere
 async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(reference):
     engine = _engine(useless_drafter=True, follow=True)
     policy, drafter = engine.core.controller, engine.core.spec.drafter
-    policy.population._accepted._value = 0.0  # as after many rejected verifies
+    policy.population = AcceptanceEstimate(0.02, 0.0)  # as after many rejected verifies
     fed = []
     follow = drafter.follow
     drafter.follow = lambda items: fed.append(follow(items)) or fed[-1]
@@ -182,7 +182,7 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
         engine = _engine(mixed_level=1.0)
         policy = engine.core.controller
         policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0, padded_fused=True)
-        policy.population._accepted._value = 0.97
+        policy.population = AcceptanceEstimate(0.02, 0.97)
         runner = engine.core.runner
         runner.always_pad_verify = pad
         widths = []

@@ -326,33 +326,30 @@ class GoodputPolicy(DraftController):
         return out
 
     def _best_plan(self, rows: int, cands: list[_Candidate], t0: float) -> _Plan | None:
+        """The best plan over L = 1..L_max and the speculating sets S = the first k candidates,
+        k at the ends of the α̂ buckets. Work per step is O(buckets · L_max), not O(B · L_max):
+        it runs on the host before every decode step."""
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
-        ends = _group_ends(cands, g.alpha_bucket)
+        groups = _groups(cands, g.alpha_bucket)
         best: _Plan | None = None
         for L in range(1, self.config.max_draft_len + 1):
-            gains = [min(expected_tokens(c.alpha, L), c.tokens_left) for c in cands]
-            cum_gain = _prefix(gains)
-            steady = _prefix([0 if c.far else max(0, c.behind - 2) for c in cands])
-            far = _prefix([c.behind if c.far else 0 for c in cands])
-            eager = _prefix([c.behind > 2 for c in cands])  # any such row: an eager first step
-            least = _prefix_min(
-                [math.inf if c.last else e for c, e in zip(cands, gains, strict=True)]
-            )
-            for k in ends:
-                one_off = self.costs.catch_up(int(far[k])) + (g.eager_draft_s if eager[k] else 0.0)
-                draft_s = L * self.costs.draft(k) + self.costs.catch_up(int(steady[k]))
-                tokens = rows - k + cum_gain[k]
-                bound = limit * least[k - 1]  # the slowest speculator's time per token
+            tokens, least = float(rows), math.inf
+            for grp in groups:
+                k = grp.end
+                tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
+                least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
+                one_off = self.costs.catch_up(grp.far) + (g.eager_draft_s if grp.eager else 0.0)
+                draft_s = L * self.costs.draft(k) + self.costs.catch_up(grp.steady)
+                bound = limit * least
                 if k < rows:  # plain rows wait a whole step for their one token
                     bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     if step_s > bound:
                         continue
                     value = tokens / (step_s + one_off / g.amortize_steps)
-                    step_s += one_off
                     if best is None or value > best.value:
-                        best = _Plan(value, step_s, tokens, k, L, fused)
+                        best = _Plan(value, step_s + one_off, tokens, k, L, fused)
         return best
 
     def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
@@ -373,7 +370,8 @@ class GoodputPolicy(DraftController):
                 continue
             st.draft_len = st.decision = d.draft_lens.get(v.seq_id, 0)
             st.reason = d.reason if st.decision or d.reason != "speculate" else "not_chosen"
-            st.drafter_temperature = self._drafter_temperature(st)
+            if st.decision:  # read only where it drafts
+                st.drafter_temperature = self._drafter_temperature(st)
 
     def snapshot(self) -> dict[str, Any]:
         snap = super().snapshot()
@@ -397,29 +395,44 @@ class GoodputPolicy(DraftController):
         return snap
 
 
-def _prefix(values: list[float]) -> list[float]:
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
+@dataclass
+class _Group:
+    """Candidates [.., end) up to one α̂ bucket, with the totals of everything before it."""
+
+    end: int  # k: the set size when this group is the last one in
+    count: int = 0  # speculating rows of this group (not on their last token)
+    mean_alpha: float = 0.0
+    min_alpha: float = 1.0
+    last_gain: float = 0.0  # rows on their last token yield nothing more
+    steady: int = 0  # cumulative: catch-up tokens of steady drafters (beyond two)
+    far: int = 0  # cumulative: context tokens of drafters in a catch-up round
+    eager: bool = False  # cumulative: some drafter more than two tokens behind
 
 
-def _prefix_min(values: list[float]) -> list[float]:
-    out, low = [], math.inf
-    for v in values:
-        low = min(low, v)
-        out.append(low)
-    return out
-
-
-def _group_ends(cands: list[_Candidate], bucket: float) -> list[int]:
-    """Set sizes k to evaluate: the ends of runs of candidates in one α̂ bucket."""
-    ends = []
+def _groups(cands: list[_Candidate], bucket: float) -> list[_Group]:
+    """Runs of candidates in one α̂ bucket (they enter the speculating set together)."""
+    out: list[_Group] = []
+    steady = far = 0
+    eager = False
+    alphas: list[float] = []
     for i, c in enumerate(cands):
-        last = i + 1 == len(cands)
-        if last or math.floor(c.alpha / bucket) != math.floor(cands[i + 1].alpha / bucket):
-            ends.append(i + 1)
-    return ends
+        steady += 0 if c.far else max(0, c.behind - 2)
+        far += c.behind if c.far else 0
+        eager = eager or c.behind > 2
+        if not c.last:
+            alphas.append(c.alpha)
+        nxt = cands[i + 1] if i + 1 < len(cands) else None
+        if nxt is not None and not nxt.last and not c.last:
+            if math.floor(c.alpha / bucket) == math.floor(nxt.alpha / bucket):
+                continue
+        if nxt is not None and nxt.last and c.last:
+            continue
+        grp = _Group(i + 1, len(alphas), steady=steady, far=far, eager=eager)
+        if alphas:
+            grp.mean_alpha, grp.min_alpha = sum(alphas) / len(alphas), min(alphas)
+        out.append(grp)
+        alphas = []
+    return out
 
 
 def build_policy(

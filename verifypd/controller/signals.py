@@ -55,10 +55,11 @@ class AcceptanceEstimate:
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_updates = 0  # verifies that tested at least one position
+        self._value = _ratio(self._accepted.value, self._tested.value)
 
     @property
     def value(self) -> float:
-        return _ratio(self._accepted.value, self._tested.value)
+        return self._value  # read every step for every request: computed on update
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if not 0 <= num_accepted <= num_drafted:
@@ -70,6 +71,7 @@ class AcceptanceEstimate:
         self.num_updates += 1
         self._accepted.update(num_accepted)
         self._tested.update(num_accepted + (num_accepted < num_drafted))
+        self._value = _ratio(self._accepted.value, self._tested.value)
 
 
 def _ratio(num: float | None, den: float | None) -> float:
