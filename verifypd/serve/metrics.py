@@ -33,7 +33,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "lane_queue_depth": (Gauge, "Work items queued per lane", "lane", None),
     "lane_step_seconds": (Histogram, "Wall time of one lane step", "lane", STEP_BUCKETS),
     "lane_batch_tokens": (Histogram, "Tokens in one lane step", "lane", TOKEN_BUCKETS),
-    "controller_draft_length": (Histogram, "Draft length L chosen", None, DRAFT_BUCKETS),
+    "controller_draft_length": (
+        Histogram,
+        "Draft length L of each decode step's speculating set (0: none)",
+        None,
+        DRAFT_BUCKETS,
+    ),
     "controller_drafter_temperature": (Gauge, "Drafter temperature", None, None),
     "spec_policy_decisions": (
         Counter,
@@ -58,7 +63,11 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
 }
-PRESET_LABELS = {"lane": LANES, "reason": FINISH_REASONS}
+# The goodput policy's reasons for speculating nobody (verifypd.controller.goodput.REASONS);
+# a speculating step is counted as speculate|catch_up|probe with _fused or _separate.
+POLICY_OFF_REASONS = ("no_gain", "no_candidates", "latency_guard", "prefill_pressure",
+                      "batch_too_large")  # fmt: skip
+PRESET_LABELS = {"lane": LANES, "reason": FINISH_REASONS, "decision": POLICY_OFF_REASONS}
 
 
 def exported_names() -> list[str]:
