@@ -127,7 +127,10 @@ def test_controls_equal_the_transformers_reference(hf_smollm, cases, plain):
 
 @pytest.mark.parametrize(
     "spec",
-    [SpecConfig(method="ngram"), SpecConfig(method="draft", draft_model="default")],
+    [  # fixed L: on CPU the goodput policy may rightly find speculation does not pay
+        SpecConfig(method="ngram", controller=False),
+        SpecConfig(method="draft", draft_model="default", controller=False),
+    ],
     ids=["ngram", "draft"],
 )
 def test_speculation_is_token_identical_for_every_control(cases, plain, spec):

@@ -61,8 +61,8 @@ def plain() -> list[list[int]]:
 
 
 SPECS = {
-    "ngram": SpecConfig(method="ngram"),
-    "draft-self": SpecConfig(method="draft", draft_model="default"),
+    "ngram": SpecConfig(method="ngram", controller=False),
+    "draft-self": SpecConfig(method="draft", draft_model="default", controller=False),
 }
 
 

@@ -23,8 +23,8 @@ MAX_TOKENS = 32
 NUM_KV_BLOCKS = 160  # 10 sequences of < 200 tokens, 16-token blocks
 SPECS = {
     "off": SpecConfig(),
-    "ngram": SpecConfig(method="ngram"),
-    "draft": SpecConfig(method="draft", draft_model="default"),
+    "ngram": SpecConfig(method="ngram", controller=False),
+    "draft": SpecConfig(method="draft", draft_model="default", controller=False),
 }
 NAMES = ["name", "age", "city", "ok", "tags", "color", "size", "id"]
 WORDS = ["red", "green", "blue", "cat", "dog", "yes"]
