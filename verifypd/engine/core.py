@@ -1,27 +1,24 @@
-"""Engine core: model + KV pool + scheduler + runner + output processing, driven step by step.
+"""Engine core: model + KV pool + scheduler + runner + output processing: mechanism only.
 
-``EngineCore.step()`` is the synchronous single-lane loop body (plan, execute, update). The
-async front end and the lane dispatcher reuse the same pieces: ``plan_*`` on the scheduler,
-``runner.launch``, ``apply_step`` and ``emit`` (``finish_step`` is both).
+The drivers above it (``lanes.dispatcher.LaneDispatcher``, ``lanes.sync_driver.SyncDriver``)
+plan with the scheduler (``plan_*``), launch (``launch``), fold landed steps back in
+(``record_step``, ``apply_step``) and emit deltas (``emit``; ``finish_step`` is both). Every
+speculative decision comes from the speculation policy (``lanes.spec_policy``), handed down
+through narrow verbs (``set_draft_lens``, ``draft``, ``chain``, ``follow_prefill``); the engine
+reports back through a ``SpecListener`` and never imports the policy or its controller.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig, ModelConfig
-from verifypd.controller import (
-    BatchCostModel,
-    GoodputConfig,
-    GoodputPolicy,
-    LoadSignals,
-    SeqView,
-    build_policy,
-)
 from verifypd.costs import CostTable
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
 from verifypd.engine.calibrate import measure_costs
@@ -35,7 +32,6 @@ from verifypd.engine.runner import ModelRunner, PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
-from verifypd.engine.timing import Span
 from verifypd.kernels import get_ops
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import (
@@ -46,6 +42,7 @@ from verifypd.types import (
     ScheduledSeq,
     SeqStatus,
     Sequence,
+    SpecListener,
     StepPlan,
 )
 
@@ -143,13 +140,15 @@ class EngineCore:
         # Step costs (shape from the start-up calibration when there is one, level learned
         # online) for the speculation policy and the prefill chunk bound.
         self.costs = BatchCostModel(self.cost_table)
-        self.controller = build_policy(config.spec, self.costs, self._goodput_config())
-        self.fused_verify = False  # the policy's last choice: verify inside the decode step
+        # Whether drafts may be chained behind a verify (a chain that fails turns it off);
+        # when to chain is the speculation policy's decision.
         chain = config.spec.chain_drafts
         self.chain_drafts = (self._is_cuda if chain is None else chain) and (
             self.spec.drafter is not None
         )
-        self._draft_span: tuple[Span, int, int] | None = None  # a proposal not yet observed
+        # The speculation policy (``lanes.spec_policy``) attaches itself here to hear about
+        # requests and acceptance; the engine never imports it.
+        self.listener = SpecListener()
         self.requests: dict[str, list[SeqOutputState]] = {}
         self.limits = RequestLimits(
             self.model_config.vocab_size,
@@ -199,17 +198,6 @@ class EngineCore:
             return None
         logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
         return table
-
-    def _goodput_config(self) -> GoodputConfig:
-        """The goodput policy's limits from the engine's: no speculation for more rows than the
-        verify graphs hold (an eager verify of a large batch costs more than it yields), and
-        none while a prompt has waited half its TTFT budget for its prefill."""
-        graphs = self.use_cuda_graphs and self.spec.enabled
-        return GoodputConfig(
-            prefill_wait_guard_s=self.config.scheduler.ttft_budget_s / 2,
-            max_spec_rows=min(self.config.scheduler.max_num_seqs, 64) if graphs else None,
-            padded_fused=graphs,
-        )
 
     def _load_drafter(self) -> LoadedModel | None:
         spec = self.config.spec
@@ -293,10 +281,7 @@ class EngineCore:
             stop = StopChecker(params.stop, params.include_stop_str_in_output)
             states.append(SeqOutputState(seq, detok, stop))
             self.scheduler.add(seq)
-            if self.spec.enabled:
-                self.controller.add_request(
-                    seq.seq_id, params.is_greedy, params.temperature, params.speculate
-                )
+            self.listener.request_added(seq)
         self.requests[request_id] = states
         return [s.seq for s in states]
 
@@ -310,9 +295,7 @@ class EngineCore:
                 self._end(st, reason)
                 outputs.append(self._delta(st, "", finished=True))
                 self._report_finished(st.seq)
-            self.spec.forget(st.seq)
-            self.grammars.forget(st.seq.seq_id)
-            self.controller.remove_request(st.seq.seq_id)
+            self._release(st.seq)
         return outputs
 
     def _end(self, st: SeqOutputState, reason: str) -> None:
@@ -324,35 +307,76 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self.scheduler.has_work()
 
-    # ------------------------------------------------------------------ stepping
-    def step(self) -> list[RequestOutput]:
-        """One single-lane step: plan (decodes with drafts, verifies and prefill chunks fused
-        in one batch), execute, fold back, emit deltas."""
-        plan = self.plan_mixed()
-        if plan is None:
-            return []
-        self.scheduler.begin_step(plan)
-        start = time.perf_counter()
-        pending = self.launch(plan)
-        token_ids = pending.result()
-        self.record_step(plan, pending.seconds(time.perf_counter() - start))
-        return self.finish_step(plan, token_ids)
+    # ------------------------------------------------------------------ policy hooks
+    def attach_listener(self, listener: SpecListener) -> None:
+        """The speculation policy hears of every live sequence (those already admitted now)."""
+        self.listener = listener
+        for states in self.requests.values():
+            for st in states:
+                if not st.is_done:
+                    listener.request_added(st.seq)
 
-    def launch(self, plan: StepPlan) -> PendingStep:
-        """Enqueues a step; behind a verify, the next round's drafting too (``chain_after``);
-        behind prompt chunks, the drafter's catch-up on them (``follow_prefill``)."""
-        pending = self.runner.launch(plan)
-        self.chain_after(plan, pending)
-        self.follow_prefill(plan)
-        return pending
+    @property
+    def controller(self):
+        """The attached speculation policy's controller (benchmarks, tests); None without."""
+        return getattr(self.listener, "controller", None)
 
-    def follow_prefill(self, plan: StepPlan) -> None:
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.scheduler.waiting
+
+    def decodable(self) -> list[Sequence]:
+        """Running sequences that a decode step may take now."""
+        return self.scheduler.decodable()
+
+    # ------------------------------------------------------------------ drafting verbs
+    def set_draft_lens(self, lens: dict[int, int]) -> None:
+        """Each running sequence's draft length L for this round (0 where ``lens`` has none)."""
+        for seq in self.scheduler.running:
+            seq.draft_len = lens.get(seq.seq_id, 0)
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """Drafting runs on the GPU (a draft model on CUDA): time it with events."""
+        return self._is_cuda and self.spec.drafter is not None
+
+    def draft(self, entries: list[ScheduledSeq], temps: dict[int, float]) -> tuple[list[int], bool]:
+        """Attaches drafts to the speculating ``entries``. Returns the draft lengths this call
+        drafted itself (not adopted from a chain) and whether the drafter's start was steady
+        (no catch-up on a whole prompt)."""
+        self.spec.propose(entries, temps)
+        return self.spec.fresh_drafts(entries), self.spec.last_proposal_was_steady
+
+    def can_chain(self, pending: PendingStep) -> bool:
+        """Drafts may be chained behind this launched step (a verify, chaining on)."""
+        return self.chain_drafts and pending.verified is not None
+
+    def chain(self, plan: StepPlan, pending: PendingStep) -> tuple[int, int]:
+        """Drafts the next round behind the launched verify ``pending`` on the device. Returns
+        (rows, drafted tokens); (0, 0) when nothing was chained. It touches the drafter's block
+        allocator, so it runs on the event-loop thread. A failure turns chaining off."""
+        try:
+            rows = self.spec.chain(plan, pending.verified, self.max_model_len)
+        except Exception:  # an optimization: the step itself was launched and stands
+            logger.exception("chained drafting failed; turned off")
+            self.chain_drafts = False
+            self.spec.drafter.chained = None
+            return 0, 0
+        chained = self.spec.drafter.chained
+        if not rows or chained is None:
+            return 0, 0
+        return rows, rows * chained.num_drafts
+
+    def follow_prefill(self, plan: StepPlan, expects: Callable[[int], bool]) -> None:
         """The drafter computes its KV of the prompt chunks in ``plan`` (on the same stream,
-        behind them) for the requests the policy expects to speculate for; the others' drafter
-        catches up only if the policy drafts for them later. Host state: on the loop thread."""
+        behind them) for the sequences ``expects`` names (by seq_id); the others' drafter
+        catches up only if they draft later. Host state: on the loop thread."""
         drafter = self.spec.drafter
-        expects = getattr(self.controller, "expects_speculation", None)
-        if drafter is None or expects is None or not self.config.spec.follow_prefill:
+        if drafter is None or not self.config.spec.follow_prefill:
             return
         items = [
             (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
@@ -365,26 +389,19 @@ class EngineCore:
             except Exception:  # an optimization: the drafter catches up when it drafts
                 logger.exception("drafter catch-up behind a prefill failed")
 
-    def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
-        """Drafts the next round behind a launched verify (``chain_drafts``), timed on the GPU
-        for the controller like a proposal. It touches the drafter's block allocator and the
-        controller, so it runs on the event-loop thread (on CPU the step itself runs in a
-        worker thread; there the chain follows it on the loop)."""
-        if self.chain_drafts and pending.verified is not None and self._gap_is_idle(plan):
-            try:
-                self._chain(plan, pending)
-            except Exception:  # an optimization: the step itself was launched and stands
-                logger.exception("chained drafting failed; turned off")
-                self.chain_drafts = False
-                self.spec.drafter.chained = None
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""
+        return self.runner.launch(plan)
 
-    def _chain(self, plan: StepPlan, pending: PendingStep) -> None:
-        self._observe_draft_cost()
-        span = Span(self._is_cuda)
-        rows = self.spec.chain(plan, pending.verified, self.max_model_len)
-        chained = self.spec.drafter.chained
-        if rows and chained is not None:
-            self._draft_span = (span.stop(), rows, rows * chained.num_drafts)
+    def prefill_budget(self) -> int:
+        """Prefill tokens for the next prefill step: ``max_num_batched_tokens``, or with
+        ``prefill_step_target_s`` the most the cost model predicts to run within it."""
+        cfg = self.config.scheduler
+        high = cfg.max_num_batched_tokens
+        if cfg.prefill_step_target_s is None:
+            return high
+        low = min(cfg.min_prefill_budget, high)
+        return self.costs.prefill_tokens_within(cfg.prefill_step_target_s, low, high)
 
     def spec_stats(self) -> dict:
         """Speculation counters (benchmarks, debugging)."""
@@ -397,128 +414,20 @@ class EngineCore:
             "chained_proposals": drafter.num_adopted if drafter is not None else 0,
         }
 
-    def _gap_is_idle(self, verify: StepPlan) -> bool:
-        """Chaining fills the GPU's gap between a verify and the next round's drafting, which
-        otherwise waits for the host. Where other work is queued (a prompt waiting for its
-        prefill, sequences outside this verify) that gap is not idle, and a chain would take
-        GPU time from that work: chain only when this verify holds every running sequence
-        and no request waits."""
-        if self.scheduler.num_waiting:
-            return False
-        in_plan = {id(e.seq) for e in verify.seqs}
-        return all(id(s) in in_plan for s in self.scheduler.running)
-
-    def draft_lens(self) -> dict[int, int]:
-        """Asks the policy for each live request's L and stores it on the sequence."""
-        if not self.spec.enabled:
-            return {}
-        if isinstance(self.controller, GoodputPolicy):
-            decisions = self._decide_batch()
-        else:
-            decisions = self.controller.step()
-            self.fused_verify = False
-        running = self.scheduler.running
-        for seq in running:
-            seq.draft_len = decisions.get(seq.seq_id, 0)
-        # Every decoding seq reserves slots for the longest L, so a verify batch (and the
-        # plain rows of a decode step fused with it) can be padded to one uniform length and
-        # replay a CUDA graph.
-        spec = [s for s in running if s.draft_len and self.spec.wants(s)]
-        longest = max((s.draft_len for s in spec), default=0)
-        # One observation per step (not per sequence: at batch 24 that was ~0.1 ms of host
-        # time a step, paid with speculation off too).
-        self.observer.draft_length(longest)
-        if not longest:
-            return {}
-        decoding = [s for s in self.scheduler.running if s.status is SeqStatus.DECODING]
-        return {s.seq_id: longest for s in decoding}
-
-    def _decide_batch(self) -> dict[int, int]:
-        """The goodput policy's decision for this step's decode batch."""
-        drafter = self.spec.drafter
-        views = []
-        for seq in self.scheduler.decodable():
-            view = drafter.views.get(seq.seq_id) if drafter is not None else None
-            behind = seq.num_tokens - view.num_computed_tokens if view else seq.num_tokens
-            left = seq.params.max_tokens - seq.num_output_tokens
-            views.append(SeqView(seq.seq_id, behind if drafter is not None else 1, left))
-        waiting = self.scheduler.waiting
-        wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
-        decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
-        self.fused_verify = decision.fused
-        self.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
-        return decision.draft_lens
-
-    def prefill_budget(self) -> int:
-        """Prefill tokens for the next prefill step: ``max_num_batched_tokens``, or with
-        ``prefill_step_target_s`` the most the cost model predicts to run within it."""
-        cfg = self.config.scheduler
-        high = cfg.max_num_batched_tokens
-        if cfg.prefill_step_target_s is None:
-            return high
-        low = min(cfg.min_prefill_budget, high)
-        return self.costs.prefill_tokens_within(cfg.prefill_step_target_s, low, high)
-
-    def drafter_temps(self) -> dict[int, float]:
-        temps = {
-            s.seq_id: self.controller.drafter_temperature(s.seq_id)
-            for s in self.scheduler.running
-            if self.spec.wants(s)
-        }
-        if temps:  # exported as the mean over the speculating requests
-            self.observer.drafter_temperature(sum(temps.values()) / len(temps))
-        return temps
-
-    def plan_mixed(self) -> StepPlan | None:
-        plan = self.scheduler.schedule_mixed(self.draft_lens())
-        if plan is not None and self.spec.enabled:
-            decodes = [e for e in plan.seqs if e.seq.status is SeqStatus.DECODING]
-            self.propose(decodes)
-        return plan
-
-    def propose(self, entries: list[ScheduledSeq]) -> None:
-        """Drafts for the speculating entries; the controller learns the drafting cost (per
-        drafted token) from steady proposals, as it learns decode and verify costs from steps.
-        A draft model's proposal is timed on the GPU (it runs there after ``propose`` returns,
-        and is observed once it has run); n-gram lookups by wall time. A proposal whose
-        drafter first caught up on a whole prompt is left out: that one-off prefill would make
-        drafting look several times dearer than it is."""
-        self._observe_draft_cost()
-        span = Span(self._is_cuda and self.spec.drafter is not None)
-        self.spec.propose(entries, self.drafter_temps())
-        drafted = self.spec.fresh_drafts(entries)
-        if drafted and self.spec.last_proposal_was_steady:
-            self._draft_span = (span.stop(), len(drafted), sum(drafted))
-        self._observe_draft_cost()
-
-    def _observe_draft_cost(self) -> None:
-        if self._draft_span is None:
-            return
-        span, num_seqs, num_drafted = self._draft_span
-        seconds = span.seconds()
-        if seconds is not None:
-            self._draft_span = None
-            self.controller.observe_step("draft", seconds, num_seqs, num_drafted)
-            steps = max(1, round(num_drafted / num_seqs))  # one proposal: L drafter steps
-            self.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
-
     def record_step(self, plan: StepPlan, seconds: float) -> None:
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
         kind = _cost_kind(plan)
         if kind is not None:
             self.costs.observe(kind, seconds, len(plan.seqs), plan.num_tokens)
-        if self.spec.enabled:
-            self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
 
     def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
         return self.emit(self.apply_step(plan, token_ids))
 
     def apply_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[Sequence]:
-        """Folds a landed step in: draft costs, acceptance, each sequence's tokens and KV (EOS
-        and length stops included). Returns the sequences that changed; what reaches the
-        clients (detokenizing, stop strings, deltas) is ``emit``'s, which the lane dispatcher
-        runs after launching the next step."""
-        self._observe_draft_cost()
+        """Folds a landed step in: acceptance, each sequence's tokens and KV (EOS and length
+        stops included). Returns the sequences that changed; what reaches the clients
+        (detokenizing, stop strings, deltas) is ``emit``'s, which the lane dispatcher runs
+        after launching the next step."""
         self._record_acceptance(plan, token_ids)
         changed = self.scheduler.update(plan, token_ids)
         fold_logprobs(plan)
@@ -536,7 +445,7 @@ class EngineCore:
             if entry.draft_token_ids and new_ids:
                 num_accepted = self.spec.record(entry, new_ids)
                 num_drafted = len(entry.draft_token_ids)
-                self.controller.observe_acceptance(entry.seq.seq_id, num_drafted, num_accepted)
+                self.listener.accepted(entry.seq, num_drafted, num_accepted)
                 self.observer.spec_tokens(num_drafted, num_accepted)
 
     def _state(self, seq: Sequence) -> SeqOutputState | None:
@@ -589,13 +498,17 @@ class EngineCore:
         )
 
     def _forget(self, seq: Sequence) -> None:
-        self.spec.forget(seq)
-        self.grammars.forget(seq.seq_id)
-        self.controller.remove_request(seq.seq_id)
+        self._release(seq)
         states = self.requests.get(seq.request_id)
         # Not seq.status: choices that finished in this same step still need their last delta.
         if states and all(s.is_done for s in states):
             del self.requests[seq.request_id]
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence's drafter state, grammar and policy entry go."""
+        self.spec.forget(seq)
+        self.grammars.forget(seq.seq_id)
+        self.listener.request_removed(seq)
 
     def _report_tokens(self, seq: Sequence, num_new: int) -> None:
         now = time.monotonic()
