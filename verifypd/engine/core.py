@@ -13,27 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import torch
 
 from verifypd.batch_costs import BatchCostModel
-from verifypd.config import EngineConfig, ModelConfig
-from verifypd.costs import CostTable
+from verifypd.config import EngineConfig
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
-from verifypd.engine.calibrate import measure_costs
-from verifypd.engine.cuda_graphs import warm_up_eager
-from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker, push_output
-from verifypd.engine.grammar import GrammarCompiler, GrammarTable
-from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
-from verifypd.engine.loader import LoadedModel, load_model
-from verifypd.engine.logprobs import attach_logprobs, check_num_logprobs, fold_logprobs
-from verifypd.engine.runner import ModelRunner, PendingStep
+from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from verifypd.engine.logprobs import check_num_logprobs, fold_logprobs
+from verifypd.engine.outputs import OutputProcessor, SeqOutputState
+from verifypd.engine.runner import PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
-from verifypd.engine.scheduler import Scheduler
-from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
-from verifypd.kernels import get_ops
-from verifypd.kvcache import KVCacheManager, KVPool
+from verifypd.engine.setup import build_engine, resolve_device, resolve_dtype
 from verifypd.types import (
     Observer,
     ParamError,
@@ -46,97 +35,30 @@ from verifypd.types import (
     StepPlan,
 )
 
+__all__ = ["EngineCore", "SeqOutputState", "resolve_device", "resolve_dtype"]
+
 logger = logging.getLogger("verifypd")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
-
-
-@dataclass
-class SeqOutputState:
-    """Per-sequence output bookkeeping: detokenizer, stop strings, what was emitted."""
-
-    seq: Sequence
-    detok: IncrementalDetokenizer
-    stop: StopChecker
-    num_emitted: int = 0
-    pending_ids: list[int] = field(default_factory=list)
-    is_done: bool = False  # its final delta was emitted
 
 
 class EngineCore:
-    """Owns one target model and everything needed to serve it."""
+    """Owns one target model and everything needed to serve it (built by ``setup``)."""
 
     def __init__(self, config: EngineConfig, observer: Observer | None = None) -> None:
         self.config = config
-        self.observer = observer or Observer()
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        use_triton = config.use_triton if config.use_triton is not None else self._is_cuda
-        self.ops = get_ops(use_triton)
-        self.loaded: LoadedModel = load_model(
-            config.model,
-            self.device,
-            self.dtype,
-            self.ops,
-            seed=config.seed,
-            tokenizer=config.tokenizer,
-        )
-        self.model_config = self.loaded.config
-        self.tokenizer = self.loaded.tokenizer
-        self.model_name = self.loaded.name
-        self.max_model_len = config.scheduler.max_model_len or (
-            self.model_config.max_position_embeddings
-        )
-        self.block_size = config.cache.block_size
-        self.use_cuda_graphs = (
-            config.cuda_graphs if config.cuda_graphs is not None else self._is_cuda and use_triton
-        )
-        # The drafter's weights load before the pools are sized: both pools share one budget.
-        draft = self._load_drafter()
-        self.kv_sizing = self._size_kv(draft.config if draft is not None else None)
-        self.pool = KVPool(
-            self.model_config.num_layers,
-            self.kv_sizing.num_blocks,
-            self.block_size,
-            self.model_config.num_kv_heads,
-            self.model_config.head_dim,
-            self.dtype,
-            self.device,
-        )
-        self.kv = KVCacheManager(
-            self.pool.num_blocks, self.block_size, config.cache.enable_prefix_caching
-        )
-        self.scheduler = Scheduler(
-            self.kv,
-            max_num_seqs=config.scheduler.max_num_seqs,
-            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-            max_prefill_chunk=config.scheduler.max_prefill_chunk,
-            max_model_len=self.max_model_len,
-            eos_token_ids=self.eos_token_ids,
-            observer=self.observer,
-        )
-        self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
-        self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
-        self.runner.logits_processor.eos_token_ids = frozenset(self.eos_token_ids)
-        self.grammars = GrammarTable(
-            GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        )
-        self.runner.grammars = self.grammars
-        self.spec = SpecDecoder(config.spec, self._drafter(draft))
-        if self.use_cuda_graphs:
-            self._capture_graphs()
-        self.cost_table: CostTable | None = self._calibrate()
+        self._observer = observer or Observer()
+        parts = build_engine(config, self._observer)
+        self.device, self.dtype, self.ops = parts.device, parts.dtype, parts.ops
+        self.loaded = parts.loaded
+        self.model_config = parts.loaded.config
+        self.tokenizer = parts.loaded.tokenizer
+        self.model_name = parts.loaded.name
+        self.max_model_len = parts.max_model_len
+        self.block_size = parts.block_size
+        self.use_cuda_graphs = parts.use_cuda_graphs
+        self.kv_sizing, self.pool, self.kv = parts.kv_sizing, parts.pool, parts.kv
+        self.scheduler, self.runner, self.grammars = parts.scheduler, parts.runner, parts.grammars
+        self.spec = parts.spec
+        self.cost_table = parts.cost_table
         # Step costs (shape from the start-up calibration when there is one, level learned
         # online) for the speculation policy and the prefill chunk bound.
         self.costs = BatchCostModel(self.cost_table)
@@ -149,7 +71,7 @@ class EngineCore:
         # The speculation policy (``lanes.spec_policy``) attaches itself here to hear about
         # requests and acceptance; the engine never imports it.
         self.listener = SpecListener()
-        self.requests: dict[str, list[SeqOutputState]] = {}
+        self.outputs = OutputProcessor(self.scheduler, self._observer, self._release)
         self.limits = RequestLimits(
             self.model_config.vocab_size,
             self.max_model_len,
@@ -159,97 +81,22 @@ class EngineCore:
             config.spec.max_draft_len if self.spec.enabled else 0,
         )
 
-    def _capture_graphs(self) -> None:
-        if not self._is_cuda:
-            raise ValueError("cuda_graphs needs device=cuda")
-        logger.info(
-            "capturing CUDA graphs (batch sizes up to %d)", self.config.scheduler.max_num_seqs
-        )
-        max_batch = self.config.scheduler.max_num_seqs
-        warm_up_eager(self.loaded.model, self.pool.kv, self.block_size, self.max_model_len)
-        if self.spec.drafter is not None:
-            drafter = self.spec.drafter
-            warm_up_eager(
-                drafter.runner.model, drafter.pool.kv, self.block_size, self.max_model_len
-            )
-        self.runner.capture_graphs(1, max_batch, self.max_model_len)
-        if not self.spec.enabled:
-            return
-        verify_batch = min(max_batch, 64)  # larger verify batches are compute-bound: eager
-        for draft_len in range(1, self.config.spec.max_draft_len + 1):
-            self.runner.capture_graphs(1 + draft_len, verify_batch, self.max_model_len)
-        drafter = self.spec.drafter
-        if drafter is not None:
-            drafter.runner.capture_graphs(1, max_batch, self.max_model_len)
-            drafter.runner.capture_graphs(2, max_batch, self.max_model_len)
-            drafter.warm_up_chain()
+    @property
+    def observer(self) -> Observer:
+        return self._observer
 
-    def _calibrate(self) -> CostTable | None:
-        """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
-        on = self.config.calibrate_costs
-        if on is None:
-            on = self._is_cuda and self.spec.enabled
-        if not on:
-            return None
-        try:
-            table = measure_costs(self)
-        except Exception:  # the policy falls back to its prior shape; serving goes on
-            logger.exception("step-cost calibration failed; the policy learns costs online")
-            return None
-        logger.info("%s (calibrated in %.2f s)", table.summary(), table.meta["seconds"])
-        return table
+    @observer.setter
+    def observer(self, observer: Observer) -> None:  # benchmarks swap in a recorder
+        self._observer = self.outputs.observer = observer
 
-    def _load_drafter(self) -> LoadedModel | None:
-        spec = self.config.spec
-        if spec.method != "draft":
-            return None
-        draft = load_model(
-            spec.draft_model, self.device, self.dtype, self.ops, seed=self.config.seed
-        )
-        if draft.config.vocab_size > self.model_config.vocab_size:
-            raise ValueError(
-                f"draft model vocab ({draft.config.vocab_size}) is larger than the target's "
-                f"({self.model_config.vocab_size}): they must share a tokenizer"
-            )
-        return draft
-
-    def _drafter(self, draft: LoadedModel | None) -> DraftModelProposer | None:
-        """The drafter over its own pool of as many blocks as the target's (sized together)."""
-        if draft is None:
-            return None
-        return DraftModelProposer(
-            draft, self.pool.num_blocks, self.block_size, self.device, self.dtype
-        )
+    @property
+    def requests(self) -> dict[str, list[SeqOutputState]]:
+        """Live requests' output states (request id -> one per choice)."""
+        return self.outputs.requests
 
     @property
     def _is_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        ids = set(self.model_config.eos_token_ids)
-        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
-        if tok_eos is not None:
-            ids.add(tok_eos)
-        return ids
-
-    def _size_kv(self, draft: ModelConfig | None) -> KVSizing:
-        """Both pools' block count (``engine.kv_sizing``); logged with the split."""
-        cfg = self.config.cache
-        # Never more than every running sequence at full length could use.
-        max_seqs = self.config.scheduler.max_num_seqs
-        cap = max_seqs * (self.max_model_len // self.block_size + 1)
-        budget = None
-        if cfg.num_blocks is None:
-            draft_headroom = 0
-            if draft is not None and self.use_cuda_graphs:
-                draft_headroom = draft_graph_headroom(draft, max_seqs, self.dtype)
-            budget = kv_budget(self.device, cfg, draft_headroom)
-        sizing = size_kv(
-            self.model_config, draft, self.block_size, self.dtype, budget, cap, cfg.num_blocks
-        )
-        logger.info(sizing.describe())
-        return sizing
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -282,27 +129,13 @@ class EngineCore:
             states.append(SeqOutputState(seq, detok, stop))
             self.scheduler.add(seq)
             self.listener.request_added(seq)
-        self.requests[request_id] = states
+        self.outputs.add(request_id, states)
         return [s.seq for s in states]
 
     def abort_request(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
         """Ends every choice of a request whose last delta is still due, with ``reason``
         ("abort", or "error" for a failure); frees blocks now (or when its step lands)."""
-        states = self.requests.pop(request_id, [])
-        outputs = []
-        for st in states:
-            if not st.is_done:
-                self._end(st, reason)
-                outputs.append(self._delta(st, "", finished=True))
-                self._report_finished(st.seq)
-            self._release(st.seq)
-        return outputs
-
-    def _end(self, st: SeqOutputState, reason: str) -> None:
-        st.is_done = True
-        if not st.seq.status.is_finished:
-            self.scheduler.finish(st.seq, reason)
-        st.seq.finish_reason = reason  # a finish whose delta was never sent is lost as well
+        return self.outputs.abort(request_id, reason)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self.scheduler.has_work()
@@ -311,10 +144,8 @@ class EngineCore:
     def attach_listener(self, listener: SpecListener) -> None:
         """The speculation policy hears of every live sequence (those already admitted now)."""
         self.listener = listener
-        for states in self.requests.values():
-            for st in states:
-                if not st.is_done:
-                    listener.request_added(st.seq)
+        for seq in self.outputs.live_seqs():
+            listener.request_added(seq)
 
     @property
     def controller(self):
@@ -435,10 +266,16 @@ class EngineCore:
         return changed
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
-        outputs = [out for seq in changed for out in self._process_isolated(seq)]
+        outputs = self.outputs.process(changed)
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs
+
+    def _release(self, seq: Sequence) -> None:
+        """A finished sequence's drafter state, grammar and policy entry go."""
+        self.spec.forget(seq)
+        self.grammars.forget(seq.seq_id)
+        self.listener.request_removed(seq)
 
     def _record_acceptance(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
         for entry, new_ids in zip(plan.seqs, token_ids, strict=True):
@@ -447,85 +284,6 @@ class EngineCore:
                 num_drafted = len(entry.draft_token_ids)
                 self.listener.accepted(entry.seq, num_drafted, num_accepted)
                 self.observer.spec_tokens(num_drafted, num_accepted)
-
-    def _state(self, seq: Sequence) -> SeqOutputState | None:
-        states = self.requests.get(seq.request_id)
-        return states[seq.index] if states else None
-
-    def _process_isolated(self, seq: Sequence) -> list[RequestOutput]:
-        """``_process``; a failure there (detokenizing, stop strings) is its request's own: it
-        ends that request with "error" and frees its blocks, and its batch-mates go on."""
-        try:
-            out = self._process(seq)
-        except Exception:
-            logger.exception("output processing failed; ending request %s", seq.request_id)
-            return self.abort_request(seq.request_id, "error")
-        return [] if out is None else [out]
-
-    def _process(self, seq: Sequence) -> RequestOutput | None:
-        st = self._state(seq)
-        if st is None:
-            return None
-        first = st.num_emitted
-        new_ids = seq.output_token_ids[first:]
-        st.num_emitted = seq.num_output_tokens
-        self._report_tokens(seq, len(new_ids))
-        text, hit = push_output(st.detok, st.stop, new_ids, first, seq)
-        if hit:
-            self.scheduler.finish(seq, "stop")
-        elif seq.status.is_finished:
-            text += st.stop.flush()
-        out = self._delta(st, text, finished=seq.status.is_finished, new_ids=new_ids)
-        attach_logprobs(out, seq, first)
-        if seq.status.is_finished:
-            st.is_done = True
-            self._report_finished(seq)
-            self._forget(seq)
-        return out
-
-    def _delta(self, st, text: str, finished: bool, new_ids: list[int] | None = None):
-        seq = st.seq
-        return RequestOutput(
-            request_id=seq.request_id,
-            index=seq.index,
-            new_token_ids=new_ids or [],
-            new_text=text,
-            finished=finished,
-            finish_reason=seq.finish_reason if finished else None,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-        )
-
-    def _forget(self, seq: Sequence) -> None:
-        self._release(seq)
-        states = self.requests.get(seq.request_id)
-        # Not seq.status: choices that finished in this same step still need their last delta.
-        if states and all(s.is_done for s in states):
-            del self.requests[seq.request_id]
-
-    def _release(self, seq: Sequence) -> None:
-        """A finished sequence's drafter state, grammar and policy entry go."""
-        self.spec.forget(seq)
-        self.grammars.forget(seq.seq_id)
-        self.listener.request_removed(seq)
-
-    def _report_tokens(self, seq: Sequence, num_new: int) -> None:
-        now = time.monotonic()
-        if seq.first_token_time is None and num_new:
-            seq.first_token_time = now
-            self.observer.first_token(now - seq.arrival_time)
-        elif seq.last_token_time is not None and num_new:
-            self.observer.inter_token((now - seq.last_token_time) / num_new)
-        seq.last_token_time = now
-
-    def _report_finished(self, seq: Sequence) -> None:
-        self.observer.request_finished(
-            seq.finish_reason or "abort",
-            time.monotonic() - seq.arrival_time,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-        )
 
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:
