@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig
@@ -148,7 +149,7 @@ class EngineCore:
             listener.request_added(seq)
 
     @property
-    def controller(self):
+    def controller(self) -> Any:
         """The attached speculation policy's controller (benchmarks, tests); None without."""
         return getattr(self.listener, "controller", None)
 
