@@ -93,13 +93,14 @@ class SpeculationPolicy(SpecListener):
 
     def _decide_batch(self) -> dict[int, int]:
         """The goodput policy's decision for this step's decode batch."""
-        drafter = self.core.spec.drafter
-        views = []
-        for seq in self.core.decodable():
-            view = drafter.views.get(seq.seq_id) if drafter is not None else None
-            behind = seq.num_tokens - view.num_computed_tokens if view else seq.num_tokens
-            left = seq.params.max_tokens - seq.num_output_tokens
-            views.append(SeqView(seq.seq_id, behind if drafter is not None else 1, left))
+        views = [
+            SeqView(
+                seq.seq_id,
+                self.core.drafter_behind(seq),
+                seq.params.max_tokens - seq.num_output_tokens,
+            )
+            for seq in self.core.decodable()
+        ]
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
         decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
