@@ -138,6 +138,11 @@ class EngineCore:
         ("abort", or "error" for a failure); frees blocks now (or when its step lands)."""
         return self.outputs.abort(request_id, reason)
 
+    def free_lost(self, seq: Sequence) -> None:
+        """``seq``'s step never comes back (its driver crashed): free what it held now."""
+        seq.in_flight = 0
+        self.kv.free(seq.block_table)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests) or self.scheduler.has_work()
 

@@ -148,8 +148,7 @@ class AsyncEngine:
                 self._deliver(out)
             for seq in seqs:
                 if seq.in_flight and not any(seq is q for q in queued):
-                    seq.in_flight = 0  # its step never comes back: free what it held now
-                    self.core.kv.free(seq.block_table)
+                    self.core.free_lost(seq)
         self._report_depths()
 
     async def _loop(self) -> None:
