@@ -206,11 +206,12 @@ class LoadRecorder(StepRecorder):
         self.draft_lens: Counter[int] = Counter()
         self.slowest_proposals: list[tuple[float, int, float]] = []  # (s, seqs, t_end)
 
-    def time_proposals(self, core) -> None:
-        """Wraps ``core.propose`` (it runs on the event loop, outside every lane step) to keep
-        the slowest calls: the event loop waits while a proposal is enqueued (its drafting runs
-        on the GPU after it returns), and so does every lane's next launch."""
-        inner = core.propose
+    def time_proposals(self, policy) -> None:
+        """Wraps ``policy.propose`` (``SpeculationPolicy``; it runs on the event loop, outside
+        every lane step) to keep the slowest calls: the event loop waits while a proposal is
+        enqueued (its drafting runs on the GPU after it returns), and so does every lane's next
+        launch."""
+        inner = policy.propose
 
         def timed(entries, *args, **kwargs):
             t = time.perf_counter()
@@ -219,7 +220,7 @@ class LoadRecorder(StepRecorder):
             keep_slowest(self.slowest_proposals, (end - t, len(entries), end - self.t0))
             return out
 
-        core.propose = timed
+        policy.propose = timed
 
     def draft_length(self, draft_len: int) -> None:
         self.draft_lens[draft_len] += 1
@@ -308,7 +309,7 @@ def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) ->
         rec["vocab_guard"] = guard_draft_vocab(llm.core)
         recorder = attach_recorder(llm, LoadRecorder())
         if llm.core.spec.enabled:
-            recorder.time_proposals(llm.core)
+            recorder.time_proposals(llm.engine.policy)
         compiles = CompileLog()
         compiles.install()
         t = time.perf_counter()

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
+from verifypd.lanes.sync_driver import SyncDriver  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 
@@ -39,8 +40,9 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1) -> dict:
     for i in range(batch):
         prompt = [100 + (i * 7 + j) % 30000 for j in range(512)]
         core.add_request(f"p{i}", prompt, SamplingParams(max_tokens=64, temperature=0))
+    driver = SyncDriver(core)
     for _ in range(8 + batch // 4):
-        core.step()  # prefill + decodes: kernels compiled, graphs warm
+        driver.step()  # prefill + decodes: kernels compiled, graphs warm
     plan = core.scheduler.schedule_mixed()
     core.scheduler.begin_step(plan)
     inputs = core.runner.prepare(plan)

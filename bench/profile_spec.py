@@ -29,6 +29,7 @@ from torch.profiler import profile as torch_profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
+from verifypd.lanes.sync_driver import SyncDriver  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 
@@ -68,19 +69,20 @@ def profile(args, spec_on: bool) -> dict:
                        scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=4096),
                        cache=CacheConfig(num_blocks=512, enable_prefix_caching=False))  # fmt: skip
     core = EngineCore(cfg)
+    driver = SyncDriver(core)
     ids = np.random.default_rng(0).integers(0, 150000, args.prompt_len).tolist()
     core.add_request("r", ids, SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True))
     for _ in range(10):
-        core.step()
+        driver.step()
     log: dict[str, list[tuple[float, float]]] = defaultdict(list)
     timers = [PhaseTimer(core.runner, "launch", log)]
     if spec_on:
-        timers.append(PhaseTimer(core, "propose", log))
+        timers.append(PhaseTimer(driver.policy, "propose", log))
     steps, tokens, t0 = 0, 0, time.perf_counter()
     step_times = []
     for _ in range(args.steps):
         s0 = time.perf_counter()
-        outs = core.step()
+        outs = driver.step()
         step_times.append(time.perf_counter() - s0)
         for timer in timers:
             timer.resolve()
@@ -89,7 +91,7 @@ def profile(args, spec_on: bool) -> dict:
     wall = time.perf_counter() - t0
     for timer in timers:
         timer.sync_each = True
-    trace = kernel_trace(core, args.trace) if args.trace else None
+    trace = kernel_trace(driver, args.trace) if args.trace else None
     phases = {
         name: {"host_ms": 1e3 * float(np.median([w for w, _ in v])),
                "gpu_ms": float(np.median([g for _, g in v]))}
@@ -100,13 +102,13 @@ def profile(args, spec_on: bool) -> dict:
             "phases": phases, "trace": trace}  # fmt: skip
 
 
-def kernel_trace(core: EngineCore, steps: int) -> dict:
+def kernel_trace(driver: SyncDriver, steps: int) -> dict:
     """Profiles ``steps`` more engine steps and files every GPU kernel under the phase whose
     host range holds its start (the timers sync at the end of each phase here, so its kernels
     finish inside it); kernels outside every phase are the step's own bookkeeping ("step")."""
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            core.step()
+            driver.step()
         torch.cuda.synchronize()
     events = prof.events()
     ranges = [(e.name.removeprefix("phase:"), e.time_range.start, e.time_range.end)

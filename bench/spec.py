@@ -98,7 +98,7 @@ def bench_engine(
     args, device, lane_mode: str, spec_on: bool, chain: bool | None = None
 ) -> dict[str, Any]:
     """One engine (plain or speculative) measured at every batch size. ``lane_mode`` three or
-    single drives AsyncEngine's lane dispatcher; "sync" drives LLM.generate (EngineCore.step)."""
+    single drives AsyncEngine's lane dispatcher; "sync" drives LLM.generate (SyncDriver.step)."""
     max_batch = max(args.batches)
     engine_kw = {} if lane_mode == "sync" else {"lane_mode": lane_mode}
     if args.use_triton is not None:

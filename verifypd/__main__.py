@@ -36,9 +36,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from verifypd.engine.core import EngineCore
+    from verifypd.lanes.sync_driver import SyncDriver
     from verifypd.types import SamplingParams
 
     core = EngineCore(engine_config(args))
+    driver = SyncDriver(core)
     tok = core.tokenizer
     if args.raw:
         ids = list(tok.encode(args.prompt))
@@ -51,7 +53,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     core.add_request("cli", ids, params)
     while core.has_unfinished():
-        for out in core.step():
+        for out in driver.step():
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
     sys.stdout.write("\n")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
+from verifypd.lanes.sync_driver import SyncDriver
 from verifypd.types import RequestOutput, SamplingParams, TokenLogprob
 
 
@@ -47,6 +48,7 @@ class LLM:
     def __init__(self, model: str = "default", config: EngineConfig | None = None, **kw) -> None:
         config = config or EngineConfig(model=model, **kw)
         self.core = EngineCore(config)
+        self.driver = SyncDriver(self.core)
         self.tokenizer = self.core.tokenizer
         self._next_id = 0
 
@@ -69,7 +71,7 @@ class LLM:
             choices = [CompletionChoice(i) for i in range(p.n)]
             results[rid] = GenerationOutput(rid, ids, choices)
         while self.core.has_unfinished():
-            for out in self.core.step():
+            for out in self.driver.step():
                 _merge(results[out.request_id], out)
         return list(results.values())
 

@@ -356,6 +356,16 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+class SpecListener:
+    """What the engine reports to the speculation policy above it (``lanes.spec_policy``):
+    sequences coming and going, and each verified entry's acceptance. The engine calls it and
+    never imports the policy; the base class ignores it all (no policy attached)."""
+
+    def request_added(self, seq: Sequence) -> None: ...
+    def request_removed(self, seq: Sequence) -> None: ...
+    def accepted(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None: ...
+
+
 class Observer:
     """Hook through which the engine reports what it does. The base class ignores everything;
     ``serve.metrics`` subclasses it to export Prometheus metrics."""

@@ -140,10 +140,10 @@ def test_abort_mid_generation_frees_everything(default_llm):
     core.add_request("a", ids, SamplingParams(max_tokens=50, temperature=0.0))
     core.add_request("b", ids, SamplingParams(max_tokens=50, temperature=0.0))
     for _ in range(5):
-        core.step()
+        llm.driver.step()
     core.abort_request("a")
     while core.has_unfinished():
-        core.step()
+        llm.driver.step()
     _assert_clean(llm)
 
 

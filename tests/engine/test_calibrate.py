@@ -13,6 +13,7 @@ from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.costs import MIXED, CostTable
 from verifypd.engine.calibrate import measure_costs, mixed_rows, row_grid, verify_widths
 from verifypd.engine.core import EngineCore
+from verifypd.lanes.sync_driver import SyncDriver
 
 
 def _config(**overrides):
@@ -62,9 +63,9 @@ def test_the_config_knob_turns_it_on_and_the_engine_still_serves() -> None:
     from verifypd.types import SamplingParams
 
     core.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
-    outs = []
+    outs, driver = [], SyncDriver(core)
     while core.has_unfinished():
-        outs += core.step()
+        outs += driver.step()
     assert outs[-1].finished and outs[-1].num_output_tokens == 4
     assert _free(core)[1] == 512  # the drafter's views are freed with the request
 

@@ -14,6 +14,7 @@ from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConf
 from verifypd.engine.core import EngineCore
 from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.runner import VerifyOutputs
+from verifypd.lanes.sync_driver import SyncDriver
 from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
 
 L = 4
@@ -83,19 +84,21 @@ def test_chains_only_when_the_gap_after_a_verify_would_be_idle():
     the verify that gap has other work, and nothing is chained."""
     spec = tiny_draft_spec(chain_drafts=True)
     core = EngineCore(tiny_config(spec=spec))
+    driver = SyncDriver(core)
+    policy = driver.policy
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     (a,) = core.add_request("a", [1, 2, 3], params)
     (b,) = core.add_request("b", [4, 5, 6, 7], params)
     both = StepPlan("verify", [ScheduledSeq(a, 1), ScheduledSeq(b, 1)])
-    assert not core._gap_is_idle(both)  # both wait for their prefill
+    assert not policy.gap_is_idle(both)  # both wait for their prefill
     for _ in range(3):
-        core.step()
+        driver.step()
     assert not core.scheduler.num_waiting and a.num_output_tokens > 1
-    assert core._gap_is_idle(both)
+    assert policy.gap_is_idle(both)
     assert core.spec.drafter.num_adopted > 0  # steps since the prefill were chained
-    assert not core._gap_is_idle(StepPlan("verify", [ScheduledSeq(a, 1)]))  # b is left out
+    assert not policy.gap_is_idle(StepPlan("verify", [ScheduledSeq(a, 1)]))  # b is left out
     core.add_request("c", [9, 9], params)
-    assert not core._gap_is_idle(both)  # c waits for its prefill
+    assert not policy.gap_is_idle(both)  # c waits for its prefill
 
 
 def test_a_failing_chain_turns_chaining_off_and_the_step_stands(caplog):
@@ -111,9 +114,9 @@ def test_a_failing_chain_turns_chaining_off_and_the_step_stands(caplog):
     outs = {}
     for engine in (core, plain):
         engine.add_request("r", [5, 6, 7, 8], params)
-        ids = []
+        driver, ids = SyncDriver(engine), []
         while engine.has_unfinished():
-            ids += [t for out in engine.step() for t in out.new_token_ids]
+            ids += [t for out in driver.step() for t in out.new_token_ids]
         outs[engine is core] = ids
     assert outs[True] == outs[False] and len(outs[True]) == 24
     assert not core.chain_drafts and "chained drafting failed" in caplog.text

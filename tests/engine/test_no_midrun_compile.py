@@ -11,6 +11,7 @@ import torch
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
 from verifypd.engine.core import EngineCore
+from verifypd.lanes.sync_driver import SyncDriver
 from verifypd.types import SamplingParams
 
 triton = pytest.importorskip("triton")
@@ -34,6 +35,7 @@ def test_no_triton_compile_after_start_up(controller):
                                   max_model_len=1024),
         cache=CacheConfig(num_blocks=1024),
     ))  # fmt: skip
+    driver = SyncDriver(core)
     compiled: list[str] = []
     previous = runtime.jit_cache_hook
 
@@ -51,9 +53,9 @@ def test_no_triton_compile_after_start_up(controller):
                                     temperature=float(rng.choice([0.0, 0.8])), seed=i)  # fmt: skip
             core.add_request(f"r{i}", rng.integers(0, vocab, n).tolist(), params)
             for _ in range(int(rng.integers(0, 4))):
-                core.step()
+                driver.step()
         while core.has_unfinished():
-            core.step()
+            driver.step()
     finally:
         runtime.jit_cache_hook = previous
     assert compiled == []

@@ -93,18 +93,20 @@ def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():
 
 def test_the_controller_learns_the_drafting_cost_from_proposals():
     from verifypd.engine.core import EngineCore
+    from verifypd.lanes.sync_driver import SyncDriver
 
     # A fixed L (the feedback controller would react to this CPU's timings); the fixed
     # controller feeds the same cost model.
     spec = tiny_draft_spec(initial_draft_len=3)
     core = EngineCore(tiny_config(spec=spec))
+    driver = SyncDriver(core)
     model = core.controller.cost_model
     core.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=12, temperature=0))
-    core.step()  # prefill
-    core.step()  # the first proposal: the drafter catches up on the prompt, not counted
+    driver.step()  # prefill
+    driver.step()  # the first proposal: the drafter catches up on the prompt, not counted
     assert core.spec.drafter.last_catch_up == 20  # the prompt and the first token
     assert model.num_observations["draft"] == 0
     while core.has_unfinished():
-        core.step()
+        driver.step()
     assert model.num_observations["draft"] > 0 and model.draft_cost() > 0
     assert core.spec.drafter.last_catch_up <= 2

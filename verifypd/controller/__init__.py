@@ -2,7 +2,7 @@
 acceptance-aware feedback controller (per request), fixed L, and the signal trackers and cost
 models they read. Pure Python: no torch, no engine, lanes or serve imports."""
 
-from verifypd.controller.batch_costs import BatchCostModel
+from verifypd.batch_costs import BatchCostModel
 from verifypd.controller.draft_controller import (
     ControllerConfig,
     DraftController,

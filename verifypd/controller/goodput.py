@@ -51,8 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from verifypd.batch_costs import BatchCostModel
 from verifypd.config import SpecConfig
-from verifypd.controller.batch_costs import BatchCostModel
 from verifypd.controller.draft_controller import (
     ControllerConfig,
     DraftController,

@@ -35,8 +35,8 @@ from verifypd.kvcache import KVCacheManager
 from verifypd.types import SamplingParams, ScheduledSeq, Sequence, StepPlan
 
 if TYPE_CHECKING:
-    from verifypd.engine.core import EngineCore
     from verifypd.engine.runner import ModelRunner
+    from verifypd.engine.setup import EngineParts
 
 PREFILL_TOKENS = (128, 512, 2048)
 MIXED_ROWS = (8, 32)
@@ -122,7 +122,7 @@ class PointTimer:
             torch.cuda.synchronize(self.device)
 
 
-def measure_costs(core: EngineCore, context_len: int = 512, repeats: int = 3) -> CostTable:
+def measure_costs(core: EngineParts, context_len: int = 512, repeats: int = 3) -> CostTable:
     """Times the grid above on ``core``'s models; leaves their KV pools and step counters as
     they were (calibration is start-up work, not steps)."""
     t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def mixed_rows(max_num_seqs: int) -> list[int]:
     return fit or ([max_num_seqs] if max_num_seqs >= 2 else [])
 
 
-def verify_widths(core: EngineCore) -> list[int]:
+def verify_widths(core: EngineParts) -> list[int]:
     """q = 1 and the verify widths 1 + L that a step runs on a captured graph (all of them
     when no graphs were captured: every width then takes the same eager path)."""
     if not core.spec.enabled:

@@ -16,7 +16,7 @@ from verifypd.config import CacheConfig, ModelConfig
 from verifypd.engine.cuda_graphs import graph_batch_sizes
 from verifypd.kvcache import KVPool
 
-# The drafter's CUDA graphs (``EngineCore._capture_graphs``): q = 1 and q = 2 tokens per row.
+# The drafter's CUDA graphs (``setup.capture_graphs``): q = 1 and q = 2 tokens per row.
 DRAFT_GRAPH_QUERY_LENS = (1, 2)
 
 

@@ -19,6 +19,7 @@ from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.dispatcher import LaneDispatcher, LaneStreams
+from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import Observer, RequestOutput, SamplingParams, StepPlan
 
 logger = logging.getLogger("verifypd")
@@ -31,6 +32,7 @@ class AsyncEngine:
         self.config = config
         self.observer = observer or Observer()
         self.core = EngineCore(config, self.observer)
+        self.policy = SpeculationPolicy(self.core)
         self.model_name = self.core.model_name
         self.tokenizer = self.core.tokenizer
         # One request may hold at most its share of the KV pool (max_request_kv_share): the
@@ -52,6 +54,7 @@ class AsyncEngine:
             # A GPU launch only enqueues: make a landed step's deltas after the next launch.
             # EngineConfig.emit_after_launch=False turns that off (A/B runs).
             emit_after_launch=self._executor is None and config.emit_after_launch,
+            policy=self.policy,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -145,8 +148,7 @@ class AsyncEngine:
                 self._deliver(out)
             for seq in seqs:
                 if seq.in_flight and not any(seq is q for q in queued):
-                    seq.in_flight = 0  # its step never comes back: free what it held now
-                    self.core.kv.free(seq.block_table)
+                    self.core.free_lost(seq)
         self._report_depths()
 
     async def _loop(self) -> None:
@@ -165,14 +167,15 @@ class AsyncEngine:
     async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
         if self._executor is not None:  # CPU: keep the event loop free while the step runs
             loop = asyncio.get_running_loop()
-            pending = await loop.run_in_executor(self._executor, self.core.runner.launch, plan)
-            self.core.chain_after(plan, pending)  # host state: on the loop (off by default here)
-            self.core.follow_prefill(plan)
+            pending = await loop.run_in_executor(self._executor, self.core.launch, plan)
+            self.policy.after_launch(plan, pending)  # host state: on the loop
             return pending
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:
                 _follow_drafts(plan, torch.cuda.current_stream())
-            return self.core.launch(plan)
+            pending = self.core.launch(plan)
+            self.policy.after_launch(plan, pending)
+            return pending
 
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)

@@ -8,7 +8,8 @@ Lanes, highest priority first:
   ``SchedulerConfig.prefill_step_target_s`` the budget is what the cost model predicts to run
   within that time, Sarathi-style, so a chunk sharing the GPU with a decode step stays short).
 
-The speculation policy may fuse a round's verify into the decode step (``core.fused_verify``):
+Every speculative decision is the speculation policy's (``lanes.spec_policy``); it may fuse a
+round's verify into the decode step (``policy.fused_verify``):
 then the drafted sequences verify in the decode lane's one target forward, as in the single
 lane, and the verify lane stays idle.
 
@@ -31,6 +32,7 @@ import torch
 
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
+from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import (
     RequestFailure,
     RequestOutput,
@@ -114,10 +116,12 @@ class LaneDispatcher:
         single_lane: bool = False,
         lane_context: Callable[[str], contextlib.AbstractContextManager] | None = None,
         emit_after_launch: bool = False,
+        policy: SpeculationPolicy | None = None,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
         self.core = core
+        self.policy = policy or SpeculationPolicy.of(core)
         self.sched = core.scheduler
         self._launch_fn = launch
         self._deliver = deliver
@@ -136,7 +140,7 @@ class LaneDispatcher:
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
         return {
-            "decode": len(self.sched._decodable()),
+            "decode": len(self.core.decodable()),
             "verify": len(self.verify_queue),
             "prefill": self.sched.num_waiting + self._num_prefilling(),
         }
@@ -196,7 +200,9 @@ class LaneDispatcher:
         for lane in done:
             f = self.in_flight.pop(lane)
             token_ids = f.pending.result()
-            self.core.record_step(f.plan, f.pending.seconds(self.clock() - f.start))
+            seconds = f.pending.seconds(self.clock() - f.start)
+            self.core.record_step(f.plan, seconds)
+            self.policy.step_landed(f.plan, seconds)
             self._unemitted += self.core.apply_step(f.plan, token_ids)
         # Deltas wait for the next launch only while the GPU has nothing else to run (another
         # lane's step in flight keeps it busy: then delivery goes first), and never a first
@@ -221,7 +227,7 @@ class LaneDispatcher:
         if lane == "verify":
             return self._plan_verify()
         if lane == "mixed":
-            return self.core.plan_mixed()
+            return self.policy.plan_mixed()
         entries = self.sched.plan_prefill(self.core.prefill_budget(), self.sched.max_num_seqs)
         return StepPlan("prefill", entries) if entries else None
 
@@ -229,18 +235,17 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        spec = self.core.spec
-        can_draft = spec.enabled and "verify" not in self.in_flight and not self.verify_queue
-        draft_lens = self.core.draft_lens()
+        policy = self.policy
+        can_draft = policy.enabled and "verify" not in self.in_flight and not self.verify_queue
+        draft_lens = policy.draft_lens()
         if not can_draft:
-            for seq in self.sched.running:
-                seq.draft_len = 0
+            policy.no_drafts()
             draft_lens = {}
         entries = self.sched.plan_decode(draft_lens)
         if can_draft:
             with self._lane_context("decode"):
-                self.core.propose(entries)
-        if can_draft and self.core.fused_verify:  # the policy fused the verify: one forward
+                policy.propose(entries)
+        if can_draft and policy.fused_verify:  # the policy fused the verify: one forward
             return StepPlan("decode", entries) if entries else None
         plain = [e for e in entries if not e.draft_token_ids]
         for e in entries:
@@ -248,8 +253,7 @@ class LaneDispatcher:
                 e.seq.status = SeqStatus.VERIFYING
                 self.verify_queue.append(e)
                 self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
-        if spec.enabled:
-            self.core.controller.observe_verify_queue(len(self.verify_queue))
+        policy.verify_queue(len(self.verify_queue))
         return StepPlan("decode", plain) if plain else None
 
     def _plan_verify(self) -> StepPlan | None:

@@ -1,0 +1,206 @@
+"""The speculation policy: everything that decides how to speculate, above the engine.
+
+``SpeculationPolicy`` owns the controller (``verifypd.controller``: the goodput policy, the
+feedback controller or fixed L) and makes every speculative decision the drivers (the lane
+dispatcher, the synchronous ``SyncDriver``) hand down to the engine: each request's draft
+length L and drafter temperature, whether a round's verify is fused into the decode step,
+whether to chain the next round's drafts behind a verify, and for whom the drafter follows a
+prompt's prefill. It learns from what the engine reports (``SpecListener``: requests coming
+and going, acceptance) and from what the drivers time (each lane step, each drafting). The
+engine (``EngineCore``) executes: it drafts, chains and launches when told to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
+from verifypd.engine.core import EngineCore
+from verifypd.engine.runner import PendingStep
+from verifypd.engine.timing import Span
+from verifypd.types import ScheduledSeq, SeqStatus, Sequence, SpecListener, StepPlan
+
+logger = logging.getLogger("verifypd")
+
+
+def goodput_config(core: EngineCore) -> GoodputConfig:
+    """The goodput policy's limits from the engine's: no speculation for more rows than the
+    verify graphs hold (an eager verify of a large batch costs more than it yields), and none
+    while a prompt has waited half its TTFT budget for its prefill."""
+    graphs = core.use_cuda_graphs and core.spec.enabled
+    sched = core.config.scheduler
+    return GoodputConfig(
+        prefill_wait_guard_s=sched.ttft_budget_s / 2,
+        max_spec_rows=min(sched.max_num_seqs, 64) if graphs else None,
+        padded_fused=graphs,
+    )
+
+
+class SpeculationPolicy(SpecListener):
+    """Decides draft lengths, drafter temperatures, fusing and chaining; learns costs and
+    acceptance. One per engine: it attaches itself as the engine's listener."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.enabled = core.spec.enabled
+        self.controller = build_policy(core.config.spec, core.costs, goodput_config(core))
+        self.fused_verify = False  # the last decision: verify inside the decode step
+        self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
+        core.attach_listener(self)
+
+    @classmethod
+    def of(cls, core: EngineCore) -> SpeculationPolicy:
+        """The policy attached to ``core``, or a new one attached now."""
+        listener = core.listener
+        return listener if isinstance(listener, SpeculationPolicy) else cls(core)
+
+    # ------------------------------------------------------------------ engine reports
+    def request_added(self, seq: Sequence) -> None:
+        if self.enabled:
+            p = seq.params
+            self.controller.add_request(seq.seq_id, p.is_greedy, p.temperature, p.speculate)
+
+    def request_removed(self, seq: Sequence) -> None:
+        self.controller.remove_request(seq.seq_id)
+
+    def accepted(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.controller.observe_acceptance(seq.seq_id, num_drafted, num_accepted)
+
+    # ------------------------------------------------------------------ decisions
+    def draft_lens(self) -> dict[int, int]:
+        """Decides each running sequence's L (set on it through the engine). Returns the
+        draft slots each decoding sequence reserves: every one reserves the longest L, so a
+        verify batch (and the plain rows of a decode step fused with it) can be padded to one
+        uniform length and replay a CUDA graph."""
+        if not self.enabled:
+            return {}
+        if isinstance(self.controller, GoodputPolicy):
+            decisions = self._decide_batch()
+        else:
+            decisions = self.controller.step()
+            self.fused_verify = False
+        self.core.set_draft_lens(decisions)
+        running = self.core.running
+        spec = [s for s in running if s.draft_len and self.core.spec.wants(s)]
+        longest = max((s.draft_len for s in spec), default=0)
+        # One observation per step (not per sequence: at batch 24 that was ~0.1 ms of host
+        # time a step, paid with speculation off too).
+        self.core.observer.draft_length(longest)
+        if not longest:
+            return {}
+        return {s.seq_id: longest for s in running if s.status is SeqStatus.DECODING}
+
+    def _decide_batch(self) -> dict[int, int]:
+        """The goodput policy's decision for this step's decode batch."""
+        views = [
+            SeqView(
+                seq.seq_id,
+                self.core.drafter_behind(seq),
+                seq.params.max_tokens - seq.num_output_tokens,
+            )
+            for seq in self.core.decodable()
+        ]
+        waiting = self.core.waiting
+        wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
+        decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
+        self.fused_verify = decision.fused
+        self.core.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
+        return decision.draft_lens
+
+    def no_drafts(self) -> None:
+        """Nobody drafts this round (the verify lane is busy)."""
+        self.core.set_draft_lens({})
+
+    def drafter_temps(self) -> dict[int, float]:
+        temps = {
+            s.seq_id: self.controller.drafter_temperature(s.seq_id)
+            for s in self.core.running
+            if self.core.spec.wants(s)
+        }
+        if temps:  # exported as the mean over the speculating requests
+            self.core.observer.drafter_temperature(sum(temps.values()) / len(temps))
+        return temps
+
+    def gap_is_idle(self, verify: StepPlan) -> bool:
+        """Chaining fills the GPU's gap between a verify and the next round's drafting, which
+        otherwise waits for the host. Where other work is queued (a prompt waiting for its
+        prefill, sequences outside this verify) that gap is not idle, and a chain would take
+        GPU time from that work: chain only when this verify holds every running sequence
+        and no request waits."""
+        if self.core.waiting:
+            return False
+        in_plan = {id(e.seq) for e in verify.seqs}
+        return all(id(s) in in_plan for s in self.core.running)
+
+    # ------------------------------------------------------------------ planning
+    def plan_mixed(self) -> StepPlan | None:
+        """The single-lane step: decodes (with this round's drafts), verifies and prefill
+        chunks fused in one batch."""
+        plan = self.core.scheduler.schedule_mixed(self.draft_lens())
+        if plan is not None and self.enabled:
+            self.propose([e for e in plan.seqs if e.seq.status is SeqStatus.DECODING])
+        return plan
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, entries: list[ScheduledSeq]) -> None:
+        """Drafts for the speculating entries; the controller learns the drafting cost (per
+        drafted token) from steady proposals, as it learns decode and verify costs from steps.
+        A draft model's proposal is timed on the GPU (it runs there after ``propose`` returns,
+        and is observed once it has run); n-gram lookups by wall time. A proposal whose
+        drafter first caught up on a whole prompt is left out: that one-off prefill would make
+        drafting look several times dearer than it is."""
+        self.observe_draft_cost()
+        span = Span(self.core.drafts_on_device)
+        drafted, steady = self.core.draft(entries, self.drafter_temps())
+        if drafted and steady:
+            self._draft_span = (span.stop(), len(drafted), sum(drafted))
+        self.observe_draft_cost()
+
+    def after_launch(self, plan: StepPlan, pending: PendingStep) -> None:
+        """What follows a launched step on its stream: the next round's drafts behind a verify
+        (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)."""
+        self.chain_after(plan, pending)
+        self.follow_prefill(plan)
+
+    def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
+        """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
+        timed on the GPU for the controller like a proposal. Runs on the event-loop thread
+        (on CPU the step itself runs in a worker thread; there the chain follows it)."""
+        if not (self.core.can_chain(pending) and self.gap_is_idle(plan)):
+            return
+        self.observe_draft_cost()
+        span = Span(self.core.device.type == "cuda")
+        rows, num_drafted = self.core.chain(plan, pending)
+        if rows:
+            self._draft_span = (span.stop(), rows, num_drafted)
+
+    def follow_prefill(self, plan: StepPlan) -> None:
+        """The drafter follows the prompt chunks of the requests the policy expects to
+        speculate for (a policy without that notion: nobody's)."""
+        expects = getattr(self.controller, "expects_speculation", None)
+        if expects is not None:
+            self.core.follow_prefill(plan, expects)
+
+    # ------------------------------------------------------------------ learning
+    def step_landed(self, plan: StepPlan, seconds: float) -> None:
+        """A step came back (after ``EngineCore.record_step``): its lane's cost, and any
+        drafting that has run by now."""
+        if self.enabled:
+            self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
+        self.observe_draft_cost()
+
+    def verify_queue(self, depth: int) -> None:
+        if self.enabled:
+            self.controller.observe_verify_queue(depth)
+
+    def observe_draft_cost(self) -> None:
+        if self._draft_span is None:
+            return
+        span, num_seqs, num_drafted = self._draft_span
+        seconds = span.seconds()
+        if seconds is not None:
+            self._draft_span = None
+            self.controller.observe_step("draft", seconds, num_seqs, num_drafted)
+            steps = max(1, round(num_drafted / num_seqs))  # one proposal: L drafter steps
+            self.core.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
