@@ -17,7 +17,7 @@ from aiohttp import web
 
 from verifypd.serve.batch import merged_outputs, start_generate
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
-from verifypd.serve.limits import check_request, read_body
+from verifypd.serve.limits import check_request, read_body, resolve_max_tokens
 from verifypd.serve.logprobs import (
     chat_extras,
     check_logprobs_limit,
@@ -147,41 +147,6 @@ async def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[in
     if len(text) < MAX_INLINE_ENCODE_CHARS:
         return tokenizer.encode(text, add_special_tokens=add_special_tokens)
     return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=add_special_tokens)
-
-
-def resolve_max_tokens(
-    num_prompt: int,
-    requested: int | None,
-    max_model_len: int,
-    param: str,
-    max_tokens_param: str = "max_tokens",
-) -> int:
-    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit
-    (naming ``max_tokens_param`` when max_tokens alone cannot, else the prompt's ``param``)."""
-    if requested is not None and requested >= max_model_len:
-        raise invalid_request(
-            f"{max_tokens_param}={requested} leaves no room for a prompt in this model's "
-            f"maximum context length (max_model_len) of {max_model_len} tokens.",
-            max_tokens_param,
-        )
-    if num_prompt == 0:
-        raise invalid_request(f"'{param}' must not be empty", param)
-    if num_prompt >= max_model_len:
-        raise invalid_request(
-            f"The prompt has {num_prompt} tokens but this model's maximum context length "
-            f"(max_model_len) is {max_model_len} tokens, leaving no room for max_tokens >= 1.",
-            param,
-        )
-    if requested is None:
-        return max_model_len - num_prompt
-    if num_prompt + requested > max_model_len:
-        raise invalid_request(
-            f"This model's maximum context length (max_model_len) is {max_model_len} tokens, "
-            f"but the request needs {num_prompt + requested}: {num_prompt} prompt tokens plus "
-            f"max_tokens={requested}. Shorten the prompt or lower max_tokens.",
-            param,
-        )
-    return requested
 
 
 async def generate_response(
