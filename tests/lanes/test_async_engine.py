@@ -252,3 +252,13 @@ async def test_controller_signals_reach_the_observer():
         await engine.stop()
     assert {"draft_length", "drafter_temperature", "spec_tokens", "lane_step"} <= set(rec.calls)
     assert all(0 < t <= 0.7 for (t,) in rec.calls["drafter_temperature"])
+
+
+def test_async_engine_is_the_servers_engine_client():
+    """The real engine implements the server's seam (``serve.engine_client``), and its
+    effective context is the one-choice limit of the engine's request rule."""
+    from verifypd.serve.engine_client import EngineClient
+
+    engine = _engine()
+    assert isinstance(engine, EngineClient)
+    assert engine.max_model_len == engine.max_choice_len(1) == engine.core.limits.max_choice_len(1)

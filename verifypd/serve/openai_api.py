@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from verifypd.serve.batch import merged_outputs, start_generate
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
 from verifypd.serve.limits import check_request, read_body, resolve_max_tokens
 from verifypd.serve.logprobs import (
@@ -110,14 +111,14 @@ async def _read(request: web.Request, state: ServerState) -> bytes:
 def check_before_tokenizing(state: ServerState, body: Any) -> None:
     """The server's limits (400) and the admission bound (429): nothing tokenized yet."""
     engine = state.engine
-    check_request(body, state.limits, getattr(engine, "vocab_size", None), engine.max_model_len)
+    check_request(body, state.limits, engine.vocab_size, engine.max_model_len)
     state.check_capacity()
 
 
-def _context_limit(engine: Any, n: int, requested: int | None) -> int:
+def _context_limit(engine: EngineClient, n: int, requested: int | None) -> int:
     """What a default max_tokens fills up to: the context, or each choice's share of the
     KV pool when the engine bounds it (``max_choice_len``)."""
-    if requested is not None or not hasattr(engine, "max_choice_len"):
+    if requested is not None:
         return engine.max_model_len
     return engine.max_choice_len(n)
 
@@ -174,7 +175,11 @@ async def generate_response(
 
 
 async def _start(
-    engine: Any, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
+    engine: EngineClient,
+    request_id: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    param: str,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's deltas: of its one request, or merged over several prompts."""
     if len(prompts) > 1:
