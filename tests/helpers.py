@@ -5,7 +5,8 @@ folder on ``sys.path``). Fixtures built on them live in tests/conftest.py.
 - SSE: ``parse_sse`` (a whole body) and ``read_event`` (the next event of an open stream);
 - servers in a subprocess: ``start_server_process`` / ``verifypd_serve_command`` /
   ``ServerProcess`` (the real ``verifypd serve``), ``smollm_server`` (the embedded model);
-- ``bounded``: fail an async test that runs too long instead of hanging;
+- ``bounded``: fail an async test that runs too long instead of hanging; ``wait_until``: poll a
+  condition (an engine's or server's state) until it holds;
 - ``load_bench``: import a script from bench/ as a module.
 """
 
@@ -62,6 +63,13 @@ def bounded(seconds: float) -> Callable:
         return run
 
     return wrap
+
+
+async def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``condition`` every 10 ms until it is true; TimeoutError after ``timeout`` s."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 def parse_sse(body: str) -> list[Any]:

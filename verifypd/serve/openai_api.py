@@ -65,11 +65,7 @@ MAX_INLINE_ENCODE_CHARS = 32_768
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    state.check_accepting()
-    body = parse_request(CompletionRequest, await _read(request, state))
-    state.check_model(body.model)
-    check_before_tokenizing(state, body)
+    state, body = await _accept(request, CompletionRequest)
     tokenizer = state.engine.tokenizer
     texts = completion_prompts(body)
     prompts = [p if isinstance(p, list) else await encode(tokenizer, p, True) for p in texts]
@@ -85,11 +81,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    state.check_accepting()
-    body = parse_request(ChatCompletionRequest, await _read(request, state))
-    state.check_model(body.model)
-    check_before_tokenizing(state, body)
+    state, body = await _accept(request, ChatCompletionRequest)
     tools = chat_tool_plan(body)
     constraint = output_constraint(body, tools)
     ids = await encode_chat(state.engine.tokenizer, chat_messages(body), tools)
@@ -104,8 +96,17 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     return await generate_response(request, state, meta, [ids], params, body.is_stream)
 
 
-async def _read(request: web.Request, state: ServerState) -> bytes:
-    return await read_body(request, state.limits.request_read_timeout_s)
+async def _accept(
+    request: web.Request, schema: type[CompletionRequest | ChatCompletionRequest]
+) -> tuple[ServerState, Any]:
+    """What a generation request passes before any tokenizing, cheapest first: the server's
+    phase, the body (read in bounded time, then its schema), the model name, the limits."""
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    body = parse_request(schema, await read_body(request, state.limits.request_read_timeout_s))
+    state.check_model(body.model)
+    check_before_tokenizing(state, body)
+    return state, body
 
 
 def check_before_tokenizing(state: ServerState, body: Any) -> None:
