@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import tiny_config
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
+from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.engine import detokenizer, sampler
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import Observer, ParamError, SamplingParams
@@ -33,12 +34,7 @@ class FinishCounter(Observer):
 
 
 def _engine(observer: Observer | None = None, **sched) -> AsyncEngine:
-    cfg = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
-        cache=CacheConfig(num_blocks=64),
-        scheduler=SchedulerConfig(**sched),
-    )
+    cfg = tiny_config(cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(**sched))
     return AsyncEngine(cfg, observer=observer)
 
 
