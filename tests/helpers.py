@@ -1,11 +1,14 @@
 """Helpers shared by every test package (importable as ``helpers``: tests/conftest.py puts this
 folder on ``sys.path``). Fixtures built on them live in tests/conftest.py.
 
-- tiny engines: ``tiny_config`` / ``tiny_draft_spec`` (``dummy:tiny`` on CPU, fp32);
+- tiny engines: ``tiny_config`` / ``tiny_draft_spec`` (``dummy:tiny`` on CPU, fp32); running an
+  ``AsyncEngine``: ``collect`` (one request's token ids), ``generate_all`` (prompts at once, then
+  ``assert_engine_clean`` and stop);
 - SSE: ``parse_sse`` (a whole body) and ``read_event`` (the next event of an open stream);
 - servers in a subprocess: ``start_server_process`` / ``verifypd_serve_command`` /
   ``ServerProcess`` (the real ``verifypd serve``), ``smollm_server`` (the embedded model);
-- ``bounded``: fail an async test that runs too long instead of hanging;
+- ``bounded``: fail an async test that runs too long instead of hanging; ``wait_until``: poll a
+  condition (an engine's or server's state) until it holds;
 - ``load_bench``: import a script from bench/ as a module.
 """
 
@@ -48,6 +51,34 @@ def tiny_draft_spec(**overrides: Any) -> SpecConfig:
     )
 
 
+async def collect(engine: Any, request_id: str, prompt: list[int], params: Any) -> list[int]:
+    """Every output token id of one (single-choice) request on an ``AsyncEngine``."""
+    return [
+        t async for out in engine.generate(request_id, prompt, params) for t in out.new_token_ids
+    ]
+
+
+async def generate_all(
+    engine: Any, prompts: list[list[int]], params: Any, timeout: float = 120.0
+) -> list[list[int]]:
+    """The prompts' token ids, run at once on an ``AsyncEngine`` (requests ``r0``, ``r1``...);
+    then the engine must be clean (``assert_engine_clean``), and it is stopped."""
+    try:
+        jobs = [collect(engine, f"r{i}", p, params) for i, p in enumerate(prompts)]
+        return await asyncio.wait_for(asyncio.gather(*jobs), timeout)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+
+
+def assert_engine_clean(engine: Any) -> None:
+    """No request left in an ``AsyncEngine`` and every KV block back (the drafter's too)."""
+    engine.check_integrity()
+    assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
+    drafter = engine.core.spec.drafter
+    assert drafter is None or drafter.kv.usage == 0
+
+
 # -- async tests and SSE -----------------------------------------------------------------------
 
 
@@ -62,6 +93,13 @@ def bounded(seconds: float) -> Callable:
         return run
 
     return wrap
+
+
+async def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``condition`` every 10 ms until it is true; TimeoutError after ``timeout`` s."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 def parse_sse(body: str) -> list[Any]:

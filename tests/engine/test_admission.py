@@ -27,7 +27,8 @@ def test_worst_case_blocks_and_the_longest_choice() -> None:
         ([100], SamplingParams(), "prompt"),
         ([1], SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
         ([1], SamplingParams(top_k=101), "top_k"),
-        ([1] * 60, SamplingParams(max_tokens=5), "max_tokens"),
+        ([1] * 60, SamplingParams(max_tokens=5), "prompt"),
+        ([1], SamplingParams(max_tokens=64), "max_tokens"),
         ([1] * 64, SamplingParams(max_tokens=1), "prompt"),
         ([1] * 5, SamplingParams(max_tokens=8, n=4), "max_tokens"),  # 12 blocks > 10
     ],
@@ -40,3 +41,17 @@ def test_refusals_name_the_field(prompt, params, param) -> None:
 
 def test_a_request_at_its_share_is_admitted() -> None:
     LIMITS.validate([1] * 5, SamplingParams(max_tokens=8, n=3, top_k=100, stop_token_ids=[99]))
+
+
+@pytest.mark.parametrize(("num_prompt", "max_tokens"), [(60, 5), (64, 1), (1, 64), (0, 1)])
+def test_the_server_refuses_with_the_engines_message(num_prompt, max_tokens) -> None:
+    """One context rule: the server's 400 (before admission) is the engine's ParamError."""
+    from verifypd.serve.errors import APIError
+    from verifypd.serve.limits import resolve_max_tokens
+
+    with pytest.raises(ParamError) as engine_err:
+        LIMITS.validate([1] * num_prompt, SamplingParams(max_tokens=max_tokens))
+    with pytest.raises(APIError) as serve_err:
+        resolve_max_tokens(num_prompt, max_tokens, LIMITS.max_model_len, "prompt")
+    assert serve_err.value.message == str(engine_err.value)
+    assert serve_err.value.param == engine_err.value.param and serve_err.value.status == 400

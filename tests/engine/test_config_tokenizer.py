@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import tiny_config
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from verifypd.config import PRESETS, CacheConfig, EngineConfig
+from verifypd.config import PRESETS, CacheConfig
 from verifypd.engine.core import EngineCore
 
 
@@ -16,8 +17,7 @@ def test_engine_config_tokenizer_is_used(tmp_path: Path) -> None:
     tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab)}, unk_token="<0>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>").save_pretrained(tmp_path)
-    config = EngineConfig(model="dummy:tiny", tokenizer=str(tmp_path), device="cpu",
-                          cache=CacheConfig(num_blocks=16))  # fmt: skip
+    config = tiny_config(tokenizer=str(tmp_path), cache=CacheConfig(num_blocks=16))
     core = EngineCore(config)
     assert core.tokenizer.decode([5, 7]) == "<5> <7>"
     assert core.tokenizer.encode("<9> <3>", add_special_tokens=False) == [9, 3]

@@ -5,8 +5,9 @@ log-prob per kept token, and prompt log-probs survive chunking, preemption and n
 from __future__ import annotations
 
 import pytest
+from helpers import tiny_config, tiny_draft_spec
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig, SpecConfig
+from verifypd.config import CacheConfig, SchedulerConfig, SpecConfig
 from verifypd.llm import LLM
 from verifypd.types import SamplingParams
 
@@ -15,12 +16,8 @@ TOL = 1e-4
 
 
 def _llm(spec: SpecConfig | None = None, cache: CacheConfig | None = None, **sched) -> LLM:
-    config = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
-        spec=spec or SpecConfig(),
-        scheduler=SchedulerConfig(**sched),
-        cache=cache or CacheConfig(),
+    config = tiny_config(
+        spec=spec or SpecConfig(), scheduler=SchedulerConfig(**sched), cache=cache or CacheConfig()
     )
     return LLM(config=config)
 
@@ -62,7 +59,7 @@ def test_shapes_of_output_and_prompt_logprobs(plain):
 @pytest.mark.parametrize(
     "spec",
     [SpecConfig(method="ngram", controller=False),
-     SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)],
+     tiny_draft_spec()],
     ids=["ngram", "draft-self"],
 )  # fmt: skip
 def test_speculation_keeps_tokens_and_logprobs(plain, spec):
@@ -76,7 +73,7 @@ def test_speculation_keeps_tokens_and_logprobs(plain, spec):
 
 def test_stop_inside_a_verify_keeps_one_logprob_per_token(plain):
     stop_at = plain[0].token_ids[6]
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     out = _llm(spec).generate(PROMPTS[0], _params(stop_token_ids=[stop_at]))[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == stop_at
     assert len(out.logprobs) == len(out.token_ids) < 12
@@ -112,7 +109,7 @@ def test_sampled_speculation_scores_tokens_with_the_target():
     """Temperature sampling with a draft model (rejection sampling, resampled and bonus
     tokens): every output token's log-prob equals the target's score of it, taken from a plain
     engine's prompt log-probs over prompt + output."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", controller=False)
+    spec = tiny_draft_spec()
     llm = _llm(spec)
     outs = llm.generate(PROMPTS, _params(temperature=0.8, seed=3, prompt_logprobs=None))
     assert llm.core.spec.num_verifies > 0

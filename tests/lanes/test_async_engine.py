@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import tiny_config, tiny_draft_spec
+from helpers import collect, generate_all, tiny_config, tiny_draft_spec
 
 from verifypd.config import CacheConfig, SchedulerConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -20,21 +20,8 @@ def _engine(lane_mode="three", spec=SpecConfig(), **kw) -> AsyncEngine:
     return AsyncEngine(cfg)
 
 
-async def _collect(engine: AsyncEngine, rid: str, prompt, params) -> list[int]:
-    ids: list[int] = []
-    async for out in engine.generate(rid, prompt, params):
-        ids += out.new_token_ids
-    return ids
-
-
 async def _run_all(engine: AsyncEngine, params) -> list[list[int]]:
-    try:
-        jobs = [_collect(engine, f"r{i}", p, params) for i, p in enumerate(PROMPTS)]
-        return await asyncio.wait_for(asyncio.gather(*jobs), 60)
-    finally:
-        engine.check_integrity()
-        assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
-        await engine.stop()
+    return await generate_all(engine, PROMPTS, params, timeout=60)
 
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -154,7 +141,7 @@ async def test_padded_mixed_length_verify_is_lossless(reference):
     max_tokens = [10, 13, 17, 24]
     try:
         jobs = [
-            _collect(
+            collect(
                 engine, f"p{i}", p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
             )
             for i, (p, n) in enumerate(zip(PROMPTS, max_tokens, strict=True))
@@ -176,7 +163,7 @@ async def test_single_lane_prefill_joining_speculating_decodes(reference):
 
     async def late(i: int, delay_tokens: int, first: asyncio.Event) -> list[int]:
         await first.wait()
-        return await _collect(engine, f"late{i}", PROMPTS[i], GREEDY)
+        return await collect(engine, f"late{i}", PROMPTS[i], GREEDY)
 
     first = asyncio.Event()
 
@@ -223,7 +210,7 @@ async def test_a_crashing_step_loop_ends_requests_with_error_and_keeps_serving()
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     outs = [o async for o in _bounded(engine.generate("bad", PROMPTS[0], params), 30)]
     assert [(o.finished, o.finish_reason) for o in outs] == [(True, "error")]
-    assert len(await asyncio.wait_for(_collect(engine, "ok", PROMPTS[1], params), 30)) == 4
+    assert len(await asyncio.wait_for(collect(engine, "ok", PROMPTS[1], params), 30)) == 4
     assert engine.num_running == engine.num_waiting == 0 and engine.core.requests == {}
     engine.check_integrity()
     assert engine.kv_usage == 0
@@ -247,8 +234,18 @@ async def test_controller_signals_reach_the_observer():
     engine = AsyncEngine(tiny_config(spec=tiny_draft_spec()), rec)
     params = SamplingParams(max_tokens=12, temperature=0.7, seed=3, ignore_eos=True)
     try:
-        await asyncio.wait_for(_collect(engine, "s", PROMPTS[0], params), 60)
+        await asyncio.wait_for(collect(engine, "s", PROMPTS[0], params), 60)
     finally:
         await engine.stop()
     assert {"draft_length", "drafter_temperature", "spec_tokens", "lane_step"} <= set(rec.calls)
     assert all(0 < t <= 0.7 for (t,) in rec.calls["drafter_temperature"])
+
+
+def test_async_engine_is_the_servers_engine_client():
+    """The real engine implements the server's seam (``serve.engine_client``), and its
+    effective context is the one-choice limit of the engine's request rule."""
+    from verifypd.serve.engine_client import EngineClient
+
+    engine = _engine()
+    assert isinstance(engine, EngineClient)
+    assert engine.max_model_len == engine.max_choice_len(1) == engine.core.limits.max_choice_len(1)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import tiny_config, tiny_draft_spec
+from helpers import generate_all, tiny_config, tiny_draft_spec
 
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
@@ -50,21 +50,7 @@ async def _run_all(engine: AsyncEngine, params=GREEDY, counts: Counter | None = 
         return record(entry, new_ids)
 
     engine.core.spec.record = spy
-
-    async def one(rid, prompt):
-        ids: list[int] = []
-        async for out in engine.generate(rid, prompt, params):
-            ids += out.new_token_ids
-        return ids
-
-    try:
-        jobs = [one(f"r{i}", p) for i, p in enumerate(PROMPTS)]
-        return await asyncio.wait_for(asyncio.gather(*jobs), 120)
-    finally:
-        engine.check_integrity()
-        assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
-        assert engine.core.spec.drafter.kv.usage == 0
-        await engine.stop()
+    return await generate_all(engine, PROMPTS, params)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import assert_engine_clean, tiny_config
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
+from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.engine import detokenizer, sampler
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import Observer, ParamError, SamplingParams
@@ -33,12 +34,7 @@ class FinishCounter(Observer):
 
 
 def _engine(observer: Observer | None = None, **sched) -> AsyncEngine:
-    cfg = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
-        cache=CacheConfig(num_blocks=64),
-        scheduler=SchedulerConfig(**sched),
-    )
+    cfg = tiny_config(cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(**sched))
     return AsyncEngine(cfg, observer=observer)
 
 
@@ -66,11 +62,6 @@ async def _with_poison(engine: AsyncEngine, poison: SamplingParams) -> tuple[lis
     return results[:1] + results[2:], results[1]
 
 
-def _assert_clean(engine: AsyncEngine) -> None:
-    engine.check_integrity()
-    assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
-
-
 def _poisoned_build(original):
     def build(cls, temperature, top_k, top_p, seeds, positions, device):
         if POISON_SEED in seeds:
@@ -94,7 +85,7 @@ async def test_failed_sampling_tensors_end_only_their_request(monkeypatch) -> No
         assert poisoned_reasons == ["error"]
         assert together == alone  # same tokens, every choice finished by length
         assert sorted(counter.reasons) == ["error"] + ["length"] * 4
-        _assert_clean(engine)
+        assert_engine_clean(engine)
     finally:
         await engine.stop()
 
@@ -118,7 +109,7 @@ async def test_failed_stop_check_ends_only_its_request(monkeypatch) -> None:
         assert poisoned_reasons == ["error", "error"]
         assert together == alone
         assert sorted(counter.reasons) == ["error"] * 2 + ["length"] * 4
-        _assert_clean(engine)
+        assert_engine_clean(engine)
     finally:
         await engine.stop()
 
@@ -134,6 +125,6 @@ async def test_request_over_its_kv_share_is_refused_up_front() -> None:
         params = SamplingParams(max_tokens=54, n=4, ignore_eos=True)  # every choice runs to its cap
         ids, reasons = await _run(engine, "fits", [1] * 10, params)
         assert reasons == ["length"] * 4 and all(len(c) == 54 for c in ids)
-        _assert_clean(engine)
+        assert_engine_clean(engine)
     finally:
         await engine.stop()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import tiny_config, tiny_draft_spec
+from helpers import generate_all, tiny_config, tiny_draft_spec
 
 from verifypd.config import SchedulerConfig
 from verifypd.controller import AcceptanceEstimate, GoodputPolicy
@@ -54,18 +54,7 @@ def _engine(
 
 
 async def _run(engine: AsyncEngine, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
-    async def one(rid, prompt):
-        return [t async for out in engine.generate(rid, prompt, params) for t in out.new_token_ids]
-
-    try:
-        jobs = [one(f"r{i}", p) for i, p in enumerate(prompts)]
-        return await asyncio.wait_for(asyncio.gather(*jobs), 120)
-    finally:
-        engine.check_integrity()
-        assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0
-        drafter = engine.core.spec.drafter
-        assert drafter is None or drafter.kv.usage == 0
-        await engine.stop()
+    return await generate_all(engine, prompts, params)
 
 
 @pytest.fixture(scope="module")

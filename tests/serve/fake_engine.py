@@ -1,9 +1,12 @@
-"""A fake AsyncEngine with the real engine's API, for server tests.
+"""A fake engine implementing ``EngineClient`` (serve/engine_client.py), for server tests.
 
-It generates one character-token per sequence per step on a timer, keeps a waiting queue
-(``max_num_seqs`` running at most), and tracks fake KV blocks per sequence in a block pool, so
-leak tests are meaningful: a request that is aborted, finished or disconnected must give back
-every block, and ``check_integrity`` cross-checks the pool against the live block tables.
+It generates one character-token per sequence per step on a timer and keeps a waiting queue
+(``max_num_seqs`` running at most, by priority). What it shares with the real engine, so that
+the server is tested against the engine's own rules: requests are refused by
+``admission.RequestLimits``, stop strings are cut by ``StopChecker``, and KV blocks come from a
+``KVCacheManager`` (prefix caching off), so leak tests are meaningful: a request that is
+aborted, finished or disconnected must give back every block, and ``check_integrity``
+cross-checks the pool against the live block tables.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
+from verifypd.config import EngineConfig
+from verifypd.engine.admission import RequestLimits
+from verifypd.engine.detokenizer import StopChecker
+from verifypd.kvcache import KVCacheManager
+from verifypd.types import Observer, RequestOutput, SamplingParams
 
 TEXT = "the quick brown fox jumps over the lazy dog "
 EOS_ID = 0
@@ -38,55 +45,28 @@ class FakeTokenizer:
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
-class FakeBlockPool:
-    """Fixed pool of block ids; every used block has exactly one owner sequence."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.free: list[int] = list(range(num_blocks))
-        self.owner: dict[int, int] = {}  # block id -> seq id
-
-    def allocate(self, seq_id: int) -> int | None:
-        if not self.free:
-            return None
-        block = self.free.pop()
-        self.owner[block] = seq_id
-        return block
-
-    def release(self, blocks: list[int]) -> None:
-        for block in blocks:
-            del self.owner[block]
-            self.free.append(block)
-        blocks.clear()
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-
-_ids = iter(range(1 << 62))
-
-
 @dataclass
 class FakeSeq:
     request_id: str
     index: int
     num_prompt: int
     params: SamplingParams
-    offset: int
-    seq_id: int = field(default_factory=lambda: next(_ids))
+    offset: int  # where in TEXT its output starts (0 when greedy, seeded otherwise)
+    stop: StopChecker
     blocks: list[int] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
-    text: str = ""
-    num_emitted: int = 0  # characters of ``text`` already sent
+    unsent: str = ""  # text past the stop-string check, not yet in a delta
     prefill_left: int = 0
     finish_reason: str | None = None
-    admitted_at: float | None = None
     last_token_at: float | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.num_prompt + len(self.output)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_prompt + self.params.max_tokens
 
 
 @dataclass
@@ -103,7 +83,7 @@ class FakeRequest:
 
 
 class FakeEngine:
-    """Implements the AsyncEngine API (start/stop/generate/abort + properties + observer)."""
+    """Implements ``EngineClient``; ``calls``, ``aborted`` and ``check_integrity`` for tests."""
 
     def __init__(
         self,
@@ -119,17 +99,19 @@ class FakeEngine:
         fail_after: int | None = None,
         observer: Observer | None = None,
     ) -> None:
+        self.config = EngineConfig(model=model_name)
         self.model_name = model_name
         self.tokenizer = FakeTokenizer()
         self.vocab_size = 0x110000  # token id = code point
         self.max_model_len = max_model_len
+        self.limits = RequestLimits(self.vocab_size, max_model_len, num_blocks, block_size, 1.0)
         self.max_num_seqs = max_num_seqs
         self.step_s = step_s
         self.prefill_steps = prefill_steps
         self.eos_after = eos_after
         self.fail_after = fail_after  # finish every seq with reason "error" after this many tokens
         self.observer = observer or Observer()
-        self.pool = FakeBlockPool(num_blocks, block_size)
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
         self.calls: list[tuple[str, list[int], SamplingParams]] = []
         self.aborted: list[str] = []
         self._requests: dict[str, FakeRequest] = {}
@@ -138,7 +120,7 @@ class FakeEngine:
         self._seen_prompts: set[tuple[int, ...]] = set()
         self._task: asyncio.Task | None = None
 
-    # -- AsyncEngine API -------------------------------------------------------------------
+    # -- EngineClient ----------------------------------------------------------------------
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -154,7 +136,7 @@ class FakeEngine:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((request_id, list(prompt_token_ids), params))
-        self._validate(prompt_token_ids, params)
+        self.limits.validate(prompt_token_ids, params)
         request = self._add_request(request_id, prompt_token_ids, params)
         num_finished = 0
         try:
@@ -175,6 +157,9 @@ class FakeEngine:
             if seq.finish_reason is None:
                 self._finish(request, seq, "abort")
 
+    def max_choice_len(self, n: int) -> int:
+        return self.limits.max_choice_len(n)
+
     @property
     def num_running(self) -> int:
         return len(self._running)
@@ -185,35 +170,19 @@ class FakeEngine:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - len(self.pool.free) / self.pool.num_blocks
+        return self.kv.usage
 
     @property
     def kv_blocks_free(self) -> int:
-        return len(self.pool.free)
+        return self.kv.num_free_blocks
 
     def check_integrity(self) -> None:
-        pool = self.pool
-        assert len(pool.free) + len(pool.owner) == pool.num_blocks, "blocks lost"
-        assert len(set(pool.free)) == len(pool.free), "block freed twice"
-        assert not set(pool.free) & set(pool.owner), "block both free and used"
-        live = {s.seq_id: s for s in self._running}
-        for block, seq_id in pool.owner.items():
-            assert seq_id in live and block in live[seq_id].blocks, f"block {block} leaked"
+        self.kv.check_integrity([s.blocks for s in self._running])
         for seq in self._running:
-            assert len(seq.blocks) == pool.blocks_for(seq.num_tokens), f"bad table {seq}"
-        for seq in self._waiting:
-            assert not seq.blocks, "waiting seq holds blocks"
+            assert self.kv.num_blocks_needed([], seq.num_tokens) == len(seq.blocks), seq
+        assert not any(seq.blocks for seq in self._waiting), "waiting seq holds blocks"
 
     # -- request bookkeeping -----------------------------------------------------------------
-
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise ParamError("prompt", "prompt is empty")
-        total = len(prompt) + params.max_tokens
-        if total > self.max_model_len:
-            raise ParamError("prompt", f"{total} tokens exceed max_model_len {self.max_model_len}")
-        if self.pool.blocks_for(total) * params.n > self.pool.num_blocks:
-            raise ParamError("prompt", "request can never fit in the KV cache")
 
     def _add_request(
         self, request_id: str, prompt: list[int], params: SamplingParams
@@ -222,7 +191,7 @@ class FakeEngine:
         request = FakeRequest(request_id, seqs)
         key = tuple(prompt)
         if key in self._seen_prompts:
-            request.num_cached = len(prompt) // self.pool.block_size * self.pool.block_size
+            request.num_cached = len(prompt) // self.kv.block_size * self.kv.block_size
         self._seen_prompts.add(key)
         self.observer.prefix_cache(len(prompt), request.num_cached)
         self._requests[request_id] = request
@@ -238,13 +207,14 @@ class FakeEngine:
         else:
             seed = None if params.seed is None else params.seed * 1_000_003 + index
             offset = random.Random(seed).randrange(len(TEXT))
+        stop = StopChecker(params.stop, params.include_stop_str_in_output)
         return FakeSeq(
-            request_id, index, num_prompt, params, offset, prefill_left=self.prefill_steps
+            request_id, index, num_prompt, params, offset, stop, prefill_left=self.prefill_steps
         )
 
     def _finish(self, request: FakeRequest, seq: FakeSeq, reason: str) -> None:
         seq.finish_reason = reason
-        self.pool.release(seq.blocks)
+        self.kv.free(seq.blocks)
         for queue in (self._running, self._waiting):
             if seq in queue:
                 queue.remove(seq)
@@ -256,9 +226,8 @@ class FakeEngine:
             self.observer.request_finished(reason, e2e, seq.num_prompt, num_generated)
 
     def _delta(self, request: FakeRequest, seq: FakeSeq, finished: bool = False) -> RequestOutput:
-        end = len(seq.text) if finished else len(seq.text) - _holdback(seq.text, seq.params.stop)
-        new_text = seq.text[seq.num_emitted : max(end, seq.num_emitted)]
-        seq.num_emitted += len(new_text)
+        tail = seq.stop.flush() if finished else ""
+        new_text, seq.unsent = seq.unsent + tail, ""
         return RequestOutput(
             request.request_id, seq.index, [], new_text, finished,
             seq.finish_reason if finished else None, seq.num_prompt, len(seq.output),
@@ -278,30 +247,17 @@ class FakeEngine:
             last = now
 
     def _admit(self, now: float) -> None:
+        """Admit waiting seqs in order while their whole worst case fits next to the running
+        seqs' (blocks they may still claim before max_tokens)."""
         while self._waiting and len(self._running) < self.max_num_seqs:
             seq = self._waiting[0]
-            need = self.pool.blocks_for(seq.num_prompt + seq.params.max_tokens)
-            if len(self.pool.free) - self._reserved() < need:
+            reserved = sum(self.kv.num_blocks_needed(s.blocks, s.max_tokens) for s in self._running)
+            if self.kv.num_free_blocks - reserved < self.kv.num_blocks_needed([], seq.max_tokens):
                 return
             self._waiting.pop(0)
-            seq.admitted_at = now
-            self._grow(seq, seq.num_prompt)
+            assert self.kv.allocate(seq.blocks, seq.num_prompt), "admission reserved these"
             self._running.append(seq)
             self.observer.request_queued(now - self._requests[seq.request_id].arrival)
-
-    def _reserved(self) -> int:
-        """Blocks that running seqs may still claim before they hit max_tokens."""
-        pool = self.pool
-        return sum(
-            pool.blocks_for(s.num_prompt + s.params.max_tokens) - len(s.blocks)
-            for s in self._running
-        )
-
-    def _grow(self, seq: FakeSeq, num_tokens: int) -> None:
-        while len(seq.blocks) < self.pool.blocks_for(num_tokens):
-            block = self.pool.allocate(seq.seq_id)
-            assert block is not None, "admission reserved these blocks"
-            seq.blocks.append(block)
 
     def _step(self, now: float, dt: float) -> None:
         prefill = [s for s in self._running if s.prefill_left > 0]
@@ -319,7 +275,7 @@ class FakeEngine:
     def _decode_one(self, seq: FakeSeq, now: float) -> None:
         request = self._requests[seq.request_id]
         token = self._next_token(seq)
-        self._grow(seq, seq.num_tokens + 1)
+        assert self.kv.allocate(seq.blocks, seq.num_tokens + 1), "admission reserved these"
         seq.output.append(token)
         if seq.last_token_at is None:
             self.observer.first_token(now - request.arrival)
@@ -331,10 +287,8 @@ class FakeEngine:
             reason = "error"
         if reason is not None:
             self._finish(request, seq, reason)
-        else:
-            delta = self._delta(request, seq)
-            if delta.new_text:
-                request.queue.put_nowait(delta)
+        elif seq.unsent:
+            request.queue.put_nowait(self._delta(request, seq))
 
     def _next_token(self, seq: FakeSeq) -> int:
         if self.eos_after is not None and len(seq.output) >= self.eos_after:
@@ -344,15 +298,13 @@ class FakeEngine:
 
     def _append_text(self, seq: FakeSeq, token: int) -> str | None:
         """Add the token's text; return a finish reason when the sequence is done."""
-        params = seq.params
-        if token == EOS_ID or token in params.stop_token_ids:
+        if token == EOS_ID or token in seq.params.stop_token_ids:
             return "stop"
-        seq.text += chr(token)
-        hits = [seq.text.find(s) for s in params.stop if s in seq.text]
-        if hits:
-            seq.text = seq.text[: min(hits)]
+        text, hit = seq.stop.push(chr(token))
+        seq.unsent += text
+        if hit:
             return "stop"
-        return "length" if len(seq.output) >= params.max_tokens else None
+        return "length" if len(seq.output) >= seq.params.max_tokens else None
 
     def _fake_speculation(self, decode: list[FakeSeq], dt: float) -> None:
         draft_len = 1 + len(decode) % 4
@@ -368,15 +320,4 @@ class FakeEngine:
              "verify": (len(self._running) - prefilling) // 2}
         )  # fmt: skip
         self.observer.requests(len(self._running), len(self._waiting))
-        self.observer.kv_cache(self.kv_usage, len(self.pool.free))
-
-
-def _holdback(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best
+        self.observer.kv_cache(self.kv_usage, self.kv_blocks_free)

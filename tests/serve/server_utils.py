@@ -4,13 +4,12 @@ In-process: ``serve_engine(engine, ...)`` runs ``build_app`` on an aiohttp TestS
 always enables handler cancellation, like ``run_server``) and yields a :class:`Harness`.
 
 Subprocess: ``fake_server_command`` is the real ``run_server`` around a FakeEngine, for
-``helpers.start_server_process``. The SSE readers, ``bounded`` and the subprocess helpers live
-in tests/helpers.py and are re-exported here for the serve tests' imports.
+``helpers.start_server_process``. The SSE readers, ``bounded``, ``wait_until`` and the
+subprocess helpers live in tests/helpers.py and are re-exported here for the serve tests.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from helpers import (  # noqa: F401  (re-exported)
     read_event,
     start_server_process,
     verifypd_serve_command,
+    wait_until,
 )
 
 from verifypd.serve.app import build_app
@@ -59,9 +59,10 @@ class Harness:
 
     async def wait_engine_idle(self, timeout: float = 5.0) -> None:
         """Wait until the engine has no running/waiting work and the server nothing in flight."""
-        async with asyncio.timeout(timeout):
-            while self.engine.num_running or self.engine.num_waiting or self.state.inflight:
-                await asyncio.sleep(0.01)
+        engine, state = self.engine, self.state
+        await wait_until(
+            lambda: not (engine.num_running or engine.num_waiting or state.inflight), timeout
+        )
 
 
 @contextlib.asynccontextmanager

@@ -90,11 +90,11 @@ async def test_one_bad_prompt_fails_the_request_and_frees_the_others() -> None:
         payload = {"prompt": ["ab", "x" * 200, "cd"], "max_tokens": 4}
         resp = await h.client.post("/v1/completions", json=payload)
         assert resp.status == 400
-        assert (await resp.json())["error"]["param"] == "prompt"
+        assert (await resp.json())["error"]["param"] == "max_tokens"  # the KV-share refusal
         await h.wait_engine_idle()
         assert h.engine.aborted and h.engine.aborted[0].endswith("-0")
         h.engine.check_integrity()
-        assert h.engine.pool.owner == {}
+        assert h.engine.kv_usage == 0
         ok = await _complete(h, {"prompt": ["ab", "cd"], "max_tokens": 2})
         assert len(ok["choices"]) == 2
 
@@ -109,7 +109,7 @@ async def test_disconnect_aborts_every_prompt() -> None:
         await h.wait_engine_idle(timeout=10)
         assert len(set(h.engine.aborted)) == len(PROMPTS)
         h.engine.check_integrity()
-        assert h.engine.pool.owner == {}
+        assert h.engine.kv_usage == 0
 
 
 async def _complete(h: Harness, payload: dict) -> dict:

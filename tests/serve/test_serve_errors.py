@@ -125,14 +125,14 @@ async def test_chat_too_long_is_400_on_messages(harness: Harness) -> None:
 
 @bounded(10)
 async def test_engine_param_error_maps_to_400() -> None:
-    # The fake engine rejects requests that can never fit its 4 KV blocks (64 tokens).
+    # The engine's RequestLimits reject requests that can never fit its 4 KV blocks (64 tokens).
     async with serve_engine(FakeEngine(num_blocks=4)) as h:
         resp = await h.client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 100})
-        error = await expect_error(resp, 400, "invalid_request_error", "prompt")
+        error = await expect_error(resp, 400, "invalid_request_error", "max_tokens")
         assert "KV cache" in error["message"]
         payload = {"messages": CHAT, "max_tokens": 100, "stream": True}
         resp = await h.client.post("/v1/chat/completions", json=payload)
-        await expect_error(resp, 400, "invalid_request_error", "messages")
+        await expect_error(resp, 400, "invalid_request_error", "max_tokens")
         assert not h.state.inflight and h.engine.kv_usage == 0
 
 

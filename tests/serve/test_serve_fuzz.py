@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
+from helpers import tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_utils import Harness, parse_sse, serve_engine
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
+from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -171,10 +172,7 @@ def test_fuzz_both_endpoints_on_the_fake_engine(loop: asyncio.AbstractEventLoop)
 
 
 def test_fuzz_both_endpoints_on_the_real_engine(loop: asyncio.AbstractEventLoop) -> None:
-    config = EngineConfig(
-        model="dummy:tiny",
-        device="cpu",
-        cache=CacheConfig(num_blocks=64),
-        scheduler=SchedulerConfig(max_model_len=256),
+    config = tiny_config(
+        cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(max_model_len=256)
     )
     _fuzz(loop, AsyncEngine(config), num_batches=30, batch=10)

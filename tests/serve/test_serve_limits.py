@@ -11,7 +11,7 @@ import time
 
 import pytest
 from fake_engine import FakeEngine
-from server_utils import Harness, bounded, serve_engine
+from server_utils import Harness, bounded, serve_engine, wait_until
 
 from verifypd.serve.errors import APIError
 from verifypd.serve.limits import ServeLimits, check_request
@@ -151,8 +151,7 @@ async def test_full_queue_answers_429_before_tokenizing() -> None:
     limits = ServeLimits(max_prompt_chars=4 * MiB)
     async with serve_engine(engine, max_queue=1, limits=limits) as h:
         busy = asyncio.create_task(_post(h, "/v1/completions", {"prompt": "x", "max_tokens": 50}))
-        while not h.state.inflight:
-            await asyncio.sleep(0.005)
+        await wait_until(lambda: h.state.inflight)
         encodes = _count_encodes(engine)
         big = {"prompt": "b" * (2 * MiB), "max_tokens": 1}
         status, body = await _post(h, "/v1/completions", big)

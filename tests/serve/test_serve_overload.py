@@ -6,7 +6,7 @@ import asyncio
 import random
 
 from fake_engine import FakeEngine
-from server_utils import Harness, bounded, parse_sse, read_event, serve_engine
+from server_utils import Harness, bounded, parse_sse, read_event, serve_engine, wait_until
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -93,9 +93,7 @@ async def _dropped_stream(h: Harness, i: int, rng: random.Random) -> str:
 async def test_non_stream_disconnect_aborts(harness: Harness) -> None:
     payload = {"prompt": "x", "max_tokens": 400}
     task = asyncio.create_task(harness.client.post("/v1/completions", json=payload))
-    async with asyncio.timeout(5):
-        while not harness.engine.num_running:
-            await asyncio.sleep(0.01)
+    await wait_until(lambda: harness.engine.num_running)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await assert_clean(harness)
@@ -112,14 +110,11 @@ async def test_disconnect_while_waiting_in_engine_queue() -> None:
         waiting = asyncio.create_task(
             h.client.post("/v1/completions", json={"prompt": "w", "max_tokens": 5})
         )
-        async with asyncio.timeout(5):
-            while not h.engine.num_waiting:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: h.engine.num_waiting)
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
-        async with asyncio.timeout(0.5):  # at once: the blocker still holds the slot for 3 s
-            while h.engine.num_waiting or len(h.state.inflight) > 1:
-                await asyncio.sleep(0.01)
+        # at once: the blocker still holds the slot for 3 s
+        await wait_until(lambda: not (h.engine.num_waiting or len(h.state.inflight) > 1), 0.5)
         assert h.engine.num_running == 1 and len(h.engine.aborted) == 1
         blocker.close()
         await assert_clean(h)
@@ -130,13 +125,9 @@ async def test_disconnect_during_prefill() -> None:
     async with serve_engine(FakeEngine(prefill_steps=200, step_s=0.005)) as h:  # 1 s prefill
         payload = {"prompt": "x", "max_tokens": 5, "stream": True}
         task = asyncio.create_task(h.client.post("/v1/completions", json=payload))
-        async with asyncio.timeout(5):
-            while not h.engine.num_running:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: h.engine.num_running)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        async with asyncio.timeout(0.5):
-            while h.engine.num_running or h.state.inflight:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: not (h.engine.num_running or h.state.inflight), 0.5)
         assert h.engine.aborted == [h.engine.calls[0][0]]
         await assert_clean(h)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from helpers import tiny_config
 from server_utils import Harness, bounded, parse_sse, serve_engine
 from test_serve_limits import assert_openai_error
 
-from verifypd.config import CacheConfig, EngineConfig
+from verifypd.config import CacheConfig
 from verifypd.lanes.async_engine import AsyncEngine
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -74,7 +75,7 @@ async def _send(h: Harness, path: str, body: dict) -> tuple[int, object]:
 
 @bounded(120)
 async def test_poisoned_bodies_never_touch_their_batch_mates() -> None:
-    config = EngineConfig(model="dummy:tiny", device="cpu", cache=CacheConfig(num_blocks=256))
+    config = tiny_config(cache=CacheConfig(num_blocks=256))
     engine = AsyncEngine(config)
     async with serve_engine(engine) as h:
         alone = [await _send(h, path, body) for path, body in ORDINARY]

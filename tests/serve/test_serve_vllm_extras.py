@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from fake_engine import FakeEngine
-from server_utils import Harness, bounded, parse_sse, serve_engine
+from server_utils import Harness, bounded, parse_sse, serve_engine, wait_until
 from test_serve_engine_failures import ExplodingEngine
 
 import verifypd
@@ -103,9 +103,7 @@ async def test_usage_chunk_after_drain_abort() -> None:
             "stream_options": {"include_usage": True},
         }  # fmt: skip
         stream = asyncio.create_task(h.client.post("/v1/chat/completions", json=payload))
-        async with asyncio.timeout(5):
-            while not h.state.inflight:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: h.state.inflight)
         await asyncio.sleep(0.1)
         assert await drain(h.state, timeout=0.2, grace=3) is False
         events = parse_sse(await (await stream).text())
@@ -119,9 +117,7 @@ async def test_usage_chunk_after_engine_stop() -> None:
     async with serve_engine(FakeEngine(step_s=0.01)) as h:
         payload = {**WITH_USAGE, "max_tokens": 400}
         stream = asyncio.create_task(h.client.post("/v1/completions", json=payload))
-        async with asyncio.timeout(5):
-            while not h.engine.num_running:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: h.engine.num_running)
         await asyncio.sleep(0.1)
         await h.engine.stop()  # aborts every request
         usage = _usage_then_error(parse_sse(await (await stream).text()))

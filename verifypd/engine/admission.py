@@ -5,6 +5,10 @@ A request's worst case is every one of its ``n`` choices at full length (prompt 
 plus room for the longest draft when speculating; the drafter's pool has as many blocks as the
 target's, so one bound covers both. Under preemption a request beyond its share would evict
 everyone else and starve them; beyond the whole pool it could never finish.
+
+``resolve_max_tokens`` is the one context rule (prompt + max_tokens within the context): the
+server applies it before admitting a request (to default max_tokens and answer 400 early), and
+``RequestLimits.validate`` applies it again for callers that bypass the server (``LLM``, the CLI).
 """
 
 from __future__ import annotations
@@ -40,21 +44,13 @@ class RequestLimits:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ParamError (naming the field) for a request that must not enter the engine."""
         n = len(prompt_token_ids)
-        if n == 0:
-            raise ParamError("prompt", "prompt must contain at least one token")
+        resolve_max_tokens(n, params.max_tokens, self.max_model_len)
         _check_token_ids("prompt", prompt_token_ids, self.vocab_size)
         _check_token_ids("stop_token_ids", params.stop_token_ids, self.vocab_size)
         _check_token_ids("logit_bias", list(params.logit_bias or {}), self.vocab_size)
         if params.top_k > self.vocab_size:
             vocab = self.vocab_size
             raise ParamError("top_k", f"top_k must be -1, 0 or in [1, {vocab}] (the vocabulary)")
-        if n + params.max_tokens > self.max_model_len:
-            raise ParamError(
-                "max_tokens" if n < self.max_model_len else "prompt",
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {n + params.max_tokens} tokens ({n} in the prompt, "
-                f"{params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
-            )
         self._check_kv_need(n, params)
 
     def _check_kv_need(self, num_prompt: int, params: SamplingParams) -> None:
@@ -68,6 +64,42 @@ class RequestLimits:
                 f"needs {need} KV blocks, which {what}: one request may hold at most {limit} of "
                 f"the {total} blocks (max_request_kv_share). Lower max_tokens or n.",
             )
+
+
+def resolve_max_tokens(
+    num_prompt: int,
+    requested: int | None,
+    max_len: int,
+    param: str = "prompt",
+    max_tokens_param: str = "max_tokens",
+) -> int:
+    """The context rule: ``requested``, or the rest of the context ``max_len`` when it is None.
+    Raises ParamError naming ``max_tokens_param`` when max_tokens alone cannot fit, else the
+    prompt's field ``param`` (``prompt`` or ``messages``)."""
+    if requested is not None and requested >= max_len:
+        raise ParamError(
+            max_tokens_param,
+            f"{max_tokens_param}={requested} leaves no room for a prompt in this model's "
+            f"maximum context length (max_model_len) of {max_len} tokens.",
+        )
+    if num_prompt == 0:
+        raise ParamError(param, f"'{param}' must not be empty")
+    if num_prompt >= max_len:
+        raise ParamError(
+            param,
+            f"The prompt has {num_prompt} tokens but this model's maximum context length "
+            f"(max_model_len) is {max_len} tokens, leaving no room for max_tokens >= 1.",
+        )
+    if requested is None:
+        return max_len - num_prompt
+    if num_prompt + requested > max_len:
+        raise ParamError(
+            param,
+            f"This model's maximum context length (max_model_len) is {max_len} tokens, "
+            f"but the request needs {num_prompt + requested}: {num_prompt} prompt tokens plus "
+            f"{max_tokens_param}={requested}. Shorten the prompt or lower {max_tokens_param}.",
+        )
+    return requested
 
 
 def check_synthetic_acceptance(params: SamplingParams, engine_alpha: float | None) -> None:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from verifypd.serve.cors import CorsConfig, install_cors
 from verifypd.serve.dashboard import add_dashboard, refresh_engine_gauges
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
 from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
 from verifypd.serve.limits import ServeLimits, body_size_middleware
@@ -38,11 +39,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("verifypd.serve")
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
-EngineFactory = Callable[["EngineConfig", Observer], Any]
+EngineFactory = Callable[["EngineConfig", Observer], EngineClient]
 
 
 def build_app(
-    engine: Any,
+    engine: EngineClient | None,
     *,
     max_queue: int,
     served_model_name: str | None = None,
@@ -58,7 +59,7 @@ def build_app(
     PrometheusObserver, else a new one that is installed as ``engine.observer``. ``limits``
     bound what one request may send and take (``ServeLimits()`` when None).
     """
-    name = served_model_name or getattr(engine, "model_name", None) or "verifypd"
+    name = served_model_name or (engine.model_name if engine is not None else "verifypd")
     observer = observer or _engine_observer(engine, name)
     limits = limits or ServeLimits()
     state = ServerState(max_queue, observer, served_model_name, api_key, limits)
@@ -79,13 +80,13 @@ def build_app(
     return app
 
 
-def attach_engine(app: web.Application, engine: Any) -> None:
+def attach_engine(app: web.Application, engine: EngineClient) -> None:
     """Make an app built with ``engine=None`` serve ``engine`` (which must be started)."""
     app[STATE_KEY].attach(engine)
 
 
-def _engine_observer(engine: Any, name: str) -> PrometheusObserver:
-    existing = getattr(engine, "observer", None)
+def _engine_observer(engine: EngineClient | None, name: str) -> PrometheusObserver:
+    existing = engine.observer if engine is not None else None
     if isinstance(existing, PrometheusObserver):
         return existing
     observer = PrometheusObserver(name)
@@ -151,8 +152,7 @@ async def _models(request: web.Request) -> web.Response:
 
 def _model_root(state: ServerState) -> str:
     """What the model was loaded from (vLLM's ``root``): the --model spec, else its name."""
-    config = getattr(state.engine, "config", None)
-    return getattr(config, "model", None) or state.engine.model_name
+    return state.engine.config.model or state.engine.model_name
 
 
 def _metrics_handler(state: ServerState) -> Handler:
@@ -184,7 +184,7 @@ def _plain_metrics(state: ServerState) -> Handler:
 # -- process entry point -------------------------------------------------------------------
 
 
-def create_engine(config: EngineConfig, observer: Observer | None = None) -> Any:
+def create_engine(config: EngineConfig, observer: Observer | None = None) -> EngineClient:
     """Construct the real AsyncEngine (slow: loads the model). Imported lazily (torch)."""
     from verifypd.lanes.async_engine import AsyncEngine
 

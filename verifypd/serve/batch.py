@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator
-from typing import Any
 
+from verifypd.serve.engine_client import EngineClient
 from verifypd.types import RequestOutput, SamplingParams
 
 _DONE = object()
 
 
 async def start_generate(
-    engine: Any, request_id: str, prompt_ids: list[int], params: SamplingParams
+    engine: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams
 ) -> AsyncIterator[RequestOutput]:
     """``engine.generate`` (an async generator, or a coroutine returning an iterator)."""
     outputs = engine.generate(request_id, prompt_ids, params)
@@ -23,7 +23,7 @@ async def start_generate(
 
 
 async def merged_outputs(
-    engine: Any, request_id: str, prompts: list[list[int]], params: SamplingParams
+    engine: EngineClient, request_id: str, prompts: list[list[int]], params: SamplingParams
 ) -> AsyncIterator[RequestOutput]:
     """Deltas of every prompt's choices as they come, re-indexed. An error of any prompt
     (e.g. a ParamError when it is added) is raised here; closing this iterator closes every
@@ -50,7 +50,7 @@ async def merged_outputs(
 
 
 async def _pump(
-    engine: Any,
+    engine: EngineClient,
     request_id: str,
     prompt_ids: list[int],
     params: SamplingParams,

@@ -60,7 +60,7 @@ def dashboard_snapshot(state: ServerState) -> dict:
         "phase": state.phase.value,
         "inflight": len(state.inflight),
         "max_queue": state.max_queue,
-        "max_model_len": getattr(state.engine, "max_model_len", None),
+        "max_model_len": state.engine.max_model_len if state.engine is not None else None,
         **state.observer.live.snapshot(),
     }
 

@@ -15,7 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from verifypd.engine import admission
 from verifypd.serve.errors import APIError, Handler, invalid_request
+from verifypd.types import ParamError
 
 # A token of any real tokenizer spans far fewer characters than this (runs of spaces in code
 # are the longest, a few dozen at most): a prompt longer than 32 characters per token of
@@ -67,6 +69,23 @@ def check_request(
     _check_prompt_size(body, limits.prompt_chars(max_model_len), max_model_len)
 
 
+def resolve_max_tokens(
+    num_prompt: int,
+    requested: int | None,
+    max_model_len: int,
+    param: str,
+    max_tokens_param: str = "max_tokens",
+) -> int:
+    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit:
+    the engine's own rule (``admission.resolve_max_tokens``), answered before admission."""
+    try:
+        return admission.resolve_max_tokens(
+            num_prompt, requested, max_model_len, param, max_tokens_param
+        )
+    except ParamError as err:
+        raise invalid_request(str(err), err.param) from None
+
+
 def _check_vocab(body: Any, vocab_size: int) -> None:
     if body.top_k is not None and body.top_k > vocab_size:
         raise invalid_request(
@@ -98,12 +117,8 @@ def _check_prompt_size(body: Any, max_chars: int, max_model_len: int) -> None:
     """Text longer than ``max_chars`` (or more token ids than the context) is a 400 now,
     before tokenizing it would cost seconds of CPU."""
     num_ids = len(_prompt_ids(body))
-    if num_ids >= max_model_len:
-        raise invalid_request(
-            f"The prompt has {num_ids} tokens but the maximum context length "
-            f"is {max_model_len} tokens.",
-            "prompt",
-        )
+    if num_ids:  # token ids: the context rule applies already (text: after tokenizing)
+        resolve_max_tokens(num_ids, None, max_model_len, "prompt")
     param = "messages" if hasattr(body, "messages") else "prompt"
     if _num_chars(body) > max_chars:
         raise invalid_request(

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import invalid_request
 from verifypd.serve.schemas import ChatCompletionRequest, CompletionRequest
 from verifypd.types import RequestOutput, TokenLogprob
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM clamp to this
-DEFAULT_MAX_LOGPROBS = 20
 
 Scored = tuple[int, TokenLogprob | None]  # (token id, its log-prob or None)
 
@@ -130,9 +130,9 @@ def _clamp(value: float) -> float:
     return max(value, MIN_LOGPROB)
 
 
-def max_logprobs(engine: Any) -> int:
-    """The engine's ``max_logprobs`` (its config), or the default."""
-    return getattr(getattr(engine, "config", None), "max_logprobs", DEFAULT_MAX_LOGPROBS)
+def max_logprobs(engine: EngineClient) -> int:
+    """The engine's ``max_logprobs`` (its config)."""
+    return engine.config.max_logprobs
 
 
 def check_logprobs_limit(value: int | None, limit: int, param: str) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from verifypd.serve.batch import merged_outputs, start_generate
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import APIError, invalid_request, server_error, unavailable
-from verifypd.serve.limits import check_request, read_body
+from verifypd.serve.limits import check_request, read_body, resolve_max_tokens
 from verifypd.serve.logprobs import (
     chat_extras,
     check_logprobs_limit,
@@ -64,11 +65,7 @@ MAX_INLINE_ENCODE_CHARS = 32_768
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    state.check_accepting()
-    body = parse_request(CompletionRequest, await _read(request, state))
-    state.check_model(body.model)
-    check_before_tokenizing(state, body)
+    state, body = await _accept(request, CompletionRequest)
     tokenizer = state.engine.tokenizer
     texts = completion_prompts(body)
     prompts = [p if isinstance(p, list) else await encode(tokenizer, p, True) for p in texts]
@@ -84,11 +81,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    state.check_accepting()
-    body = parse_request(ChatCompletionRequest, await _read(request, state))
-    state.check_model(body.model)
-    check_before_tokenizing(state, body)
+    state, body = await _accept(request, ChatCompletionRequest)
     tools = chat_tool_plan(body)
     constraint = output_constraint(body, tools)
     ids = await encode_chat(state.engine.tokenizer, chat_messages(body), tools)
@@ -103,21 +96,30 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     return await generate_response(request, state, meta, [ids], params, body.is_stream)
 
 
-async def _read(request: web.Request, state: ServerState) -> bytes:
-    return await read_body(request, state.limits.request_read_timeout_s)
+async def _accept(
+    request: web.Request, schema: type[CompletionRequest | ChatCompletionRequest]
+) -> tuple[ServerState, Any]:
+    """What a generation request passes before any tokenizing, cheapest first: the server's
+    phase, the body (read in bounded time, then its schema), the model name, the limits."""
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    body = parse_request(schema, await read_body(request, state.limits.request_read_timeout_s))
+    state.check_model(body.model)
+    check_before_tokenizing(state, body)
+    return state, body
 
 
 def check_before_tokenizing(state: ServerState, body: Any) -> None:
     """The server's limits (400) and the admission bound (429): nothing tokenized yet."""
     engine = state.engine
-    check_request(body, state.limits, getattr(engine, "vocab_size", None), engine.max_model_len)
+    check_request(body, state.limits, engine.vocab_size, engine.max_model_len)
     state.check_capacity()
 
 
-def _context_limit(engine: Any, n: int, requested: int | None) -> int:
+def _context_limit(engine: EngineClient, n: int, requested: int | None) -> int:
     """What a default max_tokens fills up to: the context, or each choice's share of the
     KV pool when the engine bounds it (``max_choice_len``)."""
-    if requested is not None or not hasattr(engine, "max_choice_len"):
+    if requested is not None:
         return engine.max_model_len
     return engine.max_choice_len(n)
 
@@ -149,41 +151,6 @@ async def encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[in
     return await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
 
-def resolve_max_tokens(
-    num_prompt: int,
-    requested: int | None,
-    max_model_len: int,
-    param: str,
-    max_tokens_param: str = "max_tokens",
-) -> int:
-    """max_tokens to use (None: the rest of the context); 400 when the request cannot fit
-    (naming ``max_tokens_param`` when max_tokens alone cannot, else the prompt's ``param``)."""
-    if requested is not None and requested >= max_model_len:
-        raise invalid_request(
-            f"{max_tokens_param}={requested} leaves no room for a prompt in this model's "
-            f"maximum context length (max_model_len) of {max_model_len} tokens.",
-            max_tokens_param,
-        )
-    if num_prompt == 0:
-        raise invalid_request(f"'{param}' must not be empty", param)
-    if num_prompt >= max_model_len:
-        raise invalid_request(
-            f"The prompt has {num_prompt} tokens but this model's maximum context length "
-            f"(max_model_len) is {max_model_len} tokens, leaving no room for max_tokens >= 1.",
-            param,
-        )
-    if requested is None:
-        return max_model_len - num_prompt
-    if num_prompt + requested > max_model_len:
-        raise invalid_request(
-            f"This model's maximum context length (max_model_len) is {max_model_len} tokens, "
-            f"but the request needs {num_prompt + requested}: {num_prompt} prompt tokens plus "
-            f"max_tokens={requested}. Shorten the prompt or lower max_tokens.",
-            param,
-        )
-    return requested
-
-
 async def generate_response(
     request: web.Request,
     state: ServerState,
@@ -209,7 +176,11 @@ async def generate_response(
 
 
 async def _start(
-    engine: Any, request_id: str, prompts: list[list[int]], params: SamplingParams, param: str
+    engine: EngineClient,
+    request_id: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    param: str,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's deltas: of its one request, or merged over several prompts."""
     if len(prompts) > 1:

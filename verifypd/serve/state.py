@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import model_not_found, overloaded, unavailable
 from verifypd.serve.limits import ServeLimits
 
@@ -46,7 +47,7 @@ class ServerState:
         self.served_model_name = served_model_name
         self.api_key = api_key
         self.limits = limits or ServeLimits()
-        self.engine: Any = None
+        self.engine: EngineClient | None = None
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.inflight: dict[str, float] = {}  # request id -> admission time
@@ -63,7 +64,7 @@ class ServerState:
     def is_ready(self) -> bool:
         return self.phase is Phase.READY
 
-    def attach(self, engine: Any) -> None:
+    def attach(self, engine: EngineClient) -> None:
         """Hand a started engine to the server and become ready."""
         self.engine = engine
         self.observer.set_model_name(self.model_name)
@@ -81,7 +82,7 @@ class ServerState:
 
     def check_model(self, requested: str | None) -> None:
         """404 unless ``requested`` is None or one of the names this server answers to."""
-        names = {self.model_name, getattr(self.engine, "model_name", None)}
+        names = {self.model_name, self.engine.model_name if self.engine is not None else None}
         if requested is not None and requested not in names:
             raise model_not_found(requested, self.model_name)
 
