@@ -86,7 +86,7 @@ class EngineCore:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         use_triton = config.use_triton if config.use_triton is not None else self._is_cuda
-        self.ops = get_ops(use_triton)
+        self.ops = get_ops(use_triton, config.kernels)
         self.loaded: LoadedModel = load_model(
             config.model,
             self.device,
@@ -129,8 +129,14 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             observer=self.observer,
         )
-        self.runner = ModelRunner(self.loaded.model, self.pool, self.block_size, self.device)
-        self.runner.synthetic_acceptance = config.spec.synthetic_acceptance
+        self.runner = ModelRunner(
+            self.loaded.model,
+            self.pool,
+            self.block_size,
+            self.device,
+            synthetic_acceptance=config.spec.synthetic_acceptance,
+            always_pad_verify=config.spec.always_pad_verify,
+        )
         self.runner.logits_processor.eos_token_ids = frozenset(self.eos_token_ids)
         self.grammars = GrammarTable(
             GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
