@@ -7,7 +7,6 @@ how many kernels, how much GPU time in GEMMs vs everything else, against the byt
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -69,7 +68,7 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool 
     return {
         "model": spec,
         "batch": batch,
-        "kernels": dataclasses.asdict(cfg.kernels),
+        "config": cfg,  # every EngineConfig field, kernels included (common.json_default)
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
         "gpu_ms_by_kind": {k: round(sum(v), 4) for k, v in by_kind.items()},
