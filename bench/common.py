@@ -9,6 +9,7 @@ tested in CI; numbers only mean something on a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -241,6 +242,8 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 
 
 def json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # configs: every field
+        return dataclasses.asdict(obj)
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, (torch.dtype, torch.device, Path)):

@@ -4,7 +4,7 @@ a step/speculation recorder, decode timing and the memory-bandwidth floor of a d
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -20,6 +20,7 @@ from verifypd.config import (
     PRESETS,
     CacheConfig,
     EngineConfig,
+    KernelConfig,
     ModelConfig,
     SchedulerConfig,
     SpecConfig,
@@ -129,7 +130,8 @@ def engine_info(llm: Any) -> dict[str, Any]:
         "emit_after_launch": cfg.emit_after_launch,
         "calibrate_costs": cfg.calibrate_costs,
         "cost_table": _cost_table(core),
-        "spec": {k: getattr(cfg.spec, k) for k in cfg.spec.__dataclass_fields__},
+        "spec": dataclasses.asdict(cfg.spec),
+        "kernels": dataclasses.asdict(cfg.kernels),
         "max_num_seqs": cfg.scheduler.max_num_seqs,
         "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
         "max_model_len": getattr(core, "max_model_len", None),
@@ -427,43 +429,18 @@ def decode_floor(
     return out
 
 
-# Engine variants the latency and GPU-check benchmarks compare.
-VARIANTS = {
+# Engine variants the latency and GPU-check benchmarks compare. The kernel choices
+# (``EngineConfig.kernels``, A/B in one run): unfused = the GEMV after separate norm / SwiGLU
+# kernels; cublas = no GEMV at all; gemv1 = the GEMV for one row only (cuBLAS for batched
+# decode and verify); silu-separate = at 2..16 rows SwiGLU as its own kernel instead of
+# gate_up's epilogue.
+_GRAPHS = {"use_triton": True, "cuda_graphs": True}
+VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {"use_triton": False, "cuda_graphs": False},
     "triton": {"use_triton": True, "cuda_graphs": False},
-    "graphs": {"use_triton": True, "cuda_graphs": True},
-    "graphs-unfused": {"use_triton": True, "cuda_graphs": True},
-    "graphs-cublas": {"use_triton": True, "cuda_graphs": True},
-    "graphs-gemv1": {"use_triton": True, "cuda_graphs": True},
-    "graphs-silu-separate": {"use_triton": True, "cuda_graphs": True},
+    "graphs": _GRAPHS,
+    "graphs-unfused": {**_GRAPHS, "kernels": KernelConfig(fuse_norm=False, fuse_silu=False)},
+    "graphs-cublas": {**_GRAPHS, "kernels": KernelConfig(gemv_max_rows=0)},
+    "graphs-gemv1": {**_GRAPHS, "kernels": KernelConfig(gemv_max_rows=1)},
+    "graphs-silu-separate": {**_GRAPHS, "kernels": KernelConfig(fuse_silu_epilogue=False)},
 }
-# Kernel-choice switches per variant (A/B in one run), as "module.NAME" in verifypd.kernels:
-# unfused = the GEMV after separate norm / SwiGLU kernels; cublas = no GEMV at all;
-# gemv1 = the GEMV for one row only (cuBLAS for batched decode and verify); silu-separate =
-# at 2..16 rows SwiGLU as its own kernel instead of gate_up's epilogue.
-OPS_SWITCHES = {
-    "graphs-unfused": {"triton_ops.FUSE_NORM": False, "triton_ops.FUSE_SILU": False},
-    "graphs-cublas": {"triton_ops.GEMV_MAX_ROWS": 0},
-    "graphs-gemv1": {"triton_ops.GEMV_MAX_ROWS": 1},
-    "graphs-silu-separate": {"triton_ops.FUSE_SILU_EPILOGUE": False},
-}
-
-
-@contextlib.contextmanager
-def ops_switches(variant: str):
-    """Set the variant's kernel switches while its engine is built and run."""
-    import importlib
-
-    switches = OPS_SWITCHES.get(variant, {})
-    targets = {}
-    for key in switches:
-        module, name = key.split(".")
-        targets[key] = (importlib.import_module(f"verifypd.kernels.{module}"), name)
-    saved = {key: getattr(mod, name) for key, (mod, name) in targets.items()}
-    for key, value in switches.items():
-        setattr(*targets[key], value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(*targets[key], value)

@@ -40,7 +40,6 @@ from harness import (  # noqa: E402
     engine_config,
     engine_info,
     measure_decode,
-    ops_switches,
 )
 
 SCRIPT = "latency"
@@ -78,12 +77,11 @@ def bench_variant(args, model: str, variant: str, device, gbps) -> dict[str, Any
         lane_mode=args.lane_mode,
         **VARIANTS[variant],
     )
-    with ops_switches(variant):
-        llm = build_engine(cfg, args.front)
-        try:
-            return measure_variant(args, llm, device, gbps, variant)
-        finally:
-            close_engine(llm)
+    llm = build_engine(cfg, args.front)
+    try:
+        return measure_variant(args, llm, device, gbps, variant)
+    finally:
+        close_engine(llm)
 
 
 def measure_variant(args, llm, device, gbps, variant: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from common import metadata, result_path, write_json  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from verifypd.config import CacheConfig, EngineConfig, KernelConfig, SchedulerConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
 from verifypd.lanes.sync_driver import SyncDriver  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
@@ -32,10 +32,11 @@ def _kind(name: str) -> str:
     return "other"
 
 
-def profile_model(spec: str, copy_gbps: float | None, batch: int = 1) -> dict:
+def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True) -> dict:
     cache = CacheConfig(num_blocks=40 * batch + 256)
     sched = SchedulerConfig(max_num_seqs=max(8, batch), max_model_len=4096)
-    cfg = EngineConfig(model=spec, cuda_graphs=True, cache=cache, scheduler=sched)
+    cfg = EngineConfig(model=spec, cuda_graphs=True, cache=cache, scheduler=sched,
+                       kernels=KernelConfig(pdl=pdl))  # fmt: skip
     core = EngineCore(cfg)
     for i in range(batch):
         prompt = [100 + (i * 7 + j) % 30000 for j in range(512)]
@@ -69,6 +70,7 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1) -> dict:
     return {
         "model": spec,
         "batch": batch,
+        "config": cfg,  # every EngineConfig field, kernels included (common.json_default)
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
         "gpu_ms_by_kind": {k: round(sum(v), 4) for k, v in by_kind.items()},
@@ -91,11 +93,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
     args = p.parse_args()
-    if args.no_pdl:
-        from verifypd.kernels import pdl
-
-        pdl.ENABLED = False
-    rows = [profile_model(m, args.copy_gbps, args.batch) for m in args.models]
+    rows = [profile_model(m, args.copy_gbps, args.batch, not args.no_pdl) for m in args.models]
     print("model                kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
     for r in rows:
         g = r["gpu_ms_by_kind"]

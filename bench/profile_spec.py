@@ -97,9 +97,10 @@ def profile(args, spec_on: bool) -> dict:
                "gpu_ms": float(np.median([g for _, g in v]))}
         for name, v in log.items()
     }  # fmt: skip
-    return {"spec": spec_on, "steps": steps, "tokens": tokens, "tok_s": tokens / wall,
-            "tokens_per_step": tokens / steps, "step_ms": 1e3 * float(np.median(step_times)),
-            "phases": phases, "trace": trace}  # fmt: skip
+    return {"spec": spec_on, "config": cfg, "steps": steps, "tokens": tokens,
+            "tok_s": tokens / wall, "tokens_per_step": tokens / steps,
+            "step_ms": 1e3 * float(np.median(step_times)), "phases": phases,
+            "trace": trace}  # fmt: skip
 
 
 def kernel_trace(driver: SyncDriver, steps: int) -> dict:

@@ -146,8 +146,8 @@ async def run_mode(args, spec_on: bool, lane_mode: str) -> dict:
     await engine.stop()
     del engine, core
     torch.cuda.empty_cache()
-    return {"spec": spec_on, "lane_mode": lane_mode, "untraced": plain, "traced": traced,
-            "replay_ms": replays}  # fmt: skip
+    return {"spec": spec_on, "lane_mode": lane_mode, "config": cfg, "untraced": plain,
+            "traced": traced, "replay_ms": replays}  # fmt: skip
 
 
 def main() -> None:

@@ -190,6 +190,39 @@ class SchedulerConfig:
             raise ValueError("min_prefill_budget must be positive")
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which Triton kernel runs where (GPU; the torch references ignore it). Handed to the
+    kernels once, when an engine builds its op table (``kernels.get_ops``).
+
+    Measured on an H200 (bench/gemv.py, bench/latency.py): at one row the GEMV kernel beats
+    cuBLAS on every Qwen2.5 projection (cuBLAS also adds split-K reduction launches); at 2..16
+    rows (batched decode, verify of 1 + L tokens) its tensor-core path beats cuBLAS on most of
+    them. Every GEMV program re-reads its input and a fused prologue widens that re-read: the
+    fused norm won on the narrow q/k/v projection and lost on gate_up (thousands of programs),
+    the fused SwiGLU broke even or won, both only at one row (on the tensor-core path every
+    fused prologue lost). Programmatic dependent launch (PDL, Hopper and newer) overlaps each
+    decode-path kernel's launch with the tail of its predecessor.
+    """
+
+    gemv_max_rows: int = 16  # rows up to which a projection may run on the GEMV kernel
+    fuse_norm: bool = True  # one row: RMSNorm folded into the projection's GEMV ...
+    fuse_norm_max_n: int = 8192  # ... for projections of at most this many outputs
+    fuse_silu: bool = True  # one row: SwiGLU folded into the down projection's GEMV
+    fuse_silu_epilogue: bool = True  # 2..16 rows: SwiGLU on gate_up's GEMV epilogue
+    pdl: bool = True  # programmatic dependent launch where the GPU and Triton support it
+
+    def __post_init__(self) -> None:
+        rows, max_n = self.gemv_max_rows, self.fuse_norm_max_n
+        if type(rows) is not int or not 0 <= rows <= 16:
+            raise ValueError(f"gemv_max_rows must be an int in [0, 16], got {rows!r}")
+        if type(max_n) is not int or max_n <= 0:
+            raise ValueError(f"fuse_norm_max_n must be a positive int, got {max_n!r}")
+        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+
 SpecMethod = Literal["off", "ngram", "draft"]
 
 
@@ -216,6 +249,8 @@ class SpecConfig:
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
+    # Tests: pad a verify batch of mixed L to one width even without a CUDA graph for it.
+    always_pad_verify: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -228,6 +263,8 @@ class SpecConfig:
             raise ValueError("synthetic_acceptance must be in [0, 1]")
         if self.policy not in ("goodput", "feedback"):
             raise ValueError(f"spec policy must be goodput|feedback, got {self.policy!r}")
+        if not isinstance(self.always_pad_verify, bool):
+            raise ValueError(f"always_pad_verify must be a bool, got {self.always_pad_verify!r}")
 
 
 LANES = ("decode", "prefill", "verify")
@@ -258,6 +295,7 @@ class EngineConfig:
     use_triton: bool | None = None  # None: Triton kernels on GPU, torch references on CPU
     cuda_graphs: bool | None = None  # None: on for GPU
     lane_mode: Literal["three", "single"] = "three"
+    kernels: KernelConfig = field(default_factory=KernelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
@@ -273,6 +311,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if set(self.lane_streams) - set(LANES):
             raise ValueError(f"lane_streams must be a subset of {LANES}, got {self.lane_streams}")
+        if not isinstance(self.kernels, KernelConfig):
+            raise ValueError(f"kernels must be a KernelConfig, got {self.kernels!r}")
         if self.max_logprobs < 0:
             raise ValueError("max_logprobs must be >= 0")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

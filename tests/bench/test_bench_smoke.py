@@ -48,6 +48,8 @@ def test_latency(tmp_path: Path) -> None:
         assert m["decode_tok_s"] > 0 and m["e2e_tok_s"] > 0
         assert m["floor"]["weights_read_bytes"] > 0 and m["floor"]["kv_read_bytes"] > 0
         assert m["fraction_of_floor"] is None  # no bandwidth ceiling on CPU
+    assert eager["engine"]["kernels"]["gemv_max_rows"] == 16  # KernelConfig, recorded
+    assert eager["engine"]["spec"]["always_pad_verify"] is False
     assert (tmp_path / "latency-cpu.png").is_file()
 
 
@@ -138,14 +140,29 @@ def test_gemv_sweep_dry_run(tmp_path: Path, monkeypatch) -> None:
     assert all(f["fused_best"]["ok"] for f in data["fused"])
 
 
-def test_ops_switches_apply_only_inside_the_variant() -> None:
-    harness = load_bench("harness")
-    from verifypd.kernels import triton_ops
+def test_kernel_variants_are_engine_config_fields(tmp_path: Path) -> None:
+    """A latency variant's kernel choice is ``EngineConfig.kernels`` (no module global is set),
+    and ``engine_info`` records every ``KernelConfig`` and ``SpecConfig`` field of the engine
+    it ran, in the report's JSON."""
+    import dataclasses
 
-    assert set(harness.OPS_SWITCHES) <= set(harness.VARIANTS)
-    before = triton_ops.GEMV_MAX_ROWS
-    with harness.ops_switches("graphs-cublas"):
-        assert triton_ops.GEMV_MAX_ROWS == 0
-    with harness.ops_switches("graphs-unfused"):
-        assert triton_ops.FUSE_NORM is False and triton_ops.FUSE_SILU is False
-    assert triton_ops.GEMV_MAX_ROWS == before and triton_ops.FUSE_NORM and triton_ops.FUSE_SILU
+    from verifypd.config import KernelConfig, SpecConfig
+
+    harness, common = load_bench("harness"), load_bench("common")
+    assert harness.VARIANTS["graphs-cublas"]["kernels"] == KernelConfig(gemv_max_rows=0)
+    unfused = harness.VARIANTS["graphs-unfused"]["kernels"]
+    assert not unfused.fuse_norm and not unfused.fuse_silu and unfused.fuse_silu_epilogue
+    assert "kernels" not in harness.VARIANTS["graphs"]  # the default choice
+    knobs = KernelConfig(gemv_max_rows=1, fuse_silu_epilogue=False, pdl=False)
+    spec = SpecConfig(method="ngram", always_pad_verify=True)
+    cfg = harness.engine_config("dummy:tiny", "cpu", "float32", kernels=knobs, spec=spec)
+    llm = harness.build_engine(cfg)
+    try:
+        info = harness.engine_info(llm)
+    finally:
+        harness.close_engine(llm)
+    path = common.write_json(tmp_path / "info.json", {"engine": info, "variants": harness.VARIANTS})
+    data = json.loads(path.read_text())
+    assert data["engine"]["kernels"] == dataclasses.asdict(knobs)
+    assert data["engine"]["spec"]["always_pad_verify"] is True
+    assert data["variants"]["graphs-gemv1"]["kernels"]["gemv_max_rows"] == 1

@@ -16,8 +16,7 @@ def test_on_for_hopper_when_enabled_and_available(monkeypatch):
     monkeypatch.setattr(pdl, "_SUPPORTED", {0: True, 1: False})  # device 1: pre-Hopper
     assert pdl.launch_options(torch.device("cuda", 0)) == {"USE_PDL": True, "launch_pdl": True}
     assert pdl.launch_options(torch.device("cuda", 1))["USE_PDL"] is False
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.launch_options(torch.device("cuda", 0))["launch_pdl"] is False
+    assert pdl.launch_options(torch.device("cuda", 0), use_pdl=False)["launch_pdl"] is False
 
 
 def test_off_without_triton_support(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verifypd.config import KernelConfig
 from verifypd.kernels import reference, triton_ops
 from verifypd.kernels.triton_gemv import (
     MAX_ROWS,
@@ -117,12 +118,12 @@ def test_gemv_rejects_bad_inputs(target):
 @pytest.mark.parametrize("num_rows", [1, 3])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("gemv_max_rows", [0, 1, 16])
-def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused, gemv_max_rows):
+def test_ops_dispatch_matches_reference(target, num_rows, fused, gemv_max_rows):
     """The GEMV (one row, prologues fused or not; several rows on tensor cores) or the norm
     and SwiGLU kernels + matmul: the same math whichever way a projection is dispatched."""
-    monkeypatch.setattr(triton_ops, "FUSE_NORM", fused)
-    monkeypatch.setattr(triton_ops, "FUSE_SILU", fused)
-    monkeypatch.setattr(triton_ops, "GEMV_MAX_ROWS", gemv_max_rows)
+    ops = triton_ops.TritonOps(
+        KernelConfig(fuse_norm=fused, fuse_silu=fused, gemv_max_rows=gemv_max_rows)
+    )
     n, k = 48, 64
     gen = torch.Generator().manual_seed(num_rows)
     x, residual = _rand(target, num_rows, k, gen=gen), _rand(target, num_rows, k, gen=gen)
@@ -133,26 +134,26 @@ def test_ops_dispatch_matches_reference(target, monkeypatch, num_rows, fused, ge
 
     _close(
         target,
-        triton_ops.rms_norm_linear(x, norm_weight, 1e-6, weight, bias),
+        ops.rms_norm_linear(x, norm_weight, 1e-6, weight, bias),
         reference.rms_norm_linear(x, norm_weight, 1e-6, weight, bias),
     )
     for b in (None, bias):
-        _close(target, triton_ops.linear(x, weight, b), reference.linear(x, weight, b))
-    _close(target, triton_ops.linear(gate_up[:, :n], down, None, residual),
+        _close(target, ops.linear(x, weight, b), reference.linear(x, weight, b))
+    _close(target, ops.linear(gate_up[:, :n], down, None, residual),
            reference.linear(gate_up[:, :n], down, None, residual))  # fmt: skip
     _close(
         target,
-        triton_ops.silu_mul_linear(gate_up, down, residual),
+        ops.silu_mul_linear(gate_up, down, residual),
         reference.silu_mul_linear(gate_up, down, residual),
     )
 
 
 @pytest.mark.parametrize("num_rows", [1, 3, 16, 20])
 @pytest.mark.parametrize("epilogue", [False, True])
-def test_mlp_block_matches_reference(target, monkeypatch, num_rows, epilogue):
+def test_mlp_block_matches_reference(target, num_rows, epilogue):
     """The SwiGLU block whichever way it is split: prologues at one row, SwiGLU on the gate_up
     epilogue at 2..16 rows (or the separate kernels), cuBLAS past 16."""
-    monkeypatch.setattr(triton_ops, "FUSE_SILU_EPILOGUE", epilogue)
+    ops = triton_ops.TritonOps(KernelConfig(fuse_silu_epilogue=epilogue))
     hidden, inter = 64, 80
     gen = torch.Generator().manual_seed(30 + num_rows)
     residual = _rand(target, num_rows, hidden, gen=gen)
@@ -161,7 +162,7 @@ def test_mlp_block_matches_reference(target, monkeypatch, num_rows, epilogue):
     gate_up = _rand(target, 2 * inter, hidden, gen=gen, scale=0.2)
     down = _rand(target, hidden, inter, gen=gen, scale=0.1)
 
-    out = triton_ops.mlp(residual, norm_weight, 1e-6, gate_up, down)
+    out = ops.mlp(residual, norm_weight, 1e-6, gate_up, down)
 
     _close(target, out, reference.mlp(residual, norm_weight, 1e-6, gate_up, down))
 

@@ -7,7 +7,8 @@ import inspect
 import pytest
 import torch
 
-from verifypd.kernels import reference, triton_ops
+from verifypd.config import KernelConfig
+from verifypd.kernels import REFERENCE_OPS, get_ops, reference, triton_ops
 
 OPS = [
     "store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul", "rope_store_kv",
@@ -17,11 +18,58 @@ OPS = [
 
 @pytest.mark.parametrize("name", OPS)
 def test_same_signature_as_reference(name):
-    ours = inspect.signature(getattr(triton_ops, name))
-    theirs = inspect.signature(getattr(reference, name))
-    assert list(ours.parameters) == list(theirs.parameters)
-    defaults = [p.default for p in ours.parameters.values()]
-    assert defaults == [p.default for p in theirs.parameters.values()]
+    """The reference's parameters; a kernel may add keyword-only launch options (``use_pdl``)
+    with defaults, which callers through ``Ops`` never pass."""
+    params = inspect.signature(getattr(triton_ops, name)).parameters.values()
+    ours = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    assert all(p.default is not p.empty for p in params if p.kind is p.KEYWORD_ONLY)
+    theirs = inspect.signature(getattr(reference, name)).parameters.values()
+    assert [p.name for p in ours] == [p.name for p in theirs]
+    assert [p.default for p in ours] == [p.default for p in theirs]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_get_ops_dispatches_by_kernel_config(pdl):
+    """``get_ops`` builds the Triton table under the given ``KernelConfig``; the torch
+    references ignore it."""
+    knobs = KernelConfig(gemv_max_rows=1, fuse_silu_epilogue=False, pdl=pdl)
+    ops = get_ops(use_triton=True, knobs=knobs)
+    assert ops.linear.__self__.knobs == knobs and ops.mlp.__self__.gemv_max_rows == 1
+    assert (ops.rms_norm is triton_ops.rms_norm) == pdl  # PDL on: the kernel itself
+    assert get_ops(use_triton=False, knobs=knobs) is REFERENCE_OPS
+
+
+def test_two_op_tables_keep_their_own_dispatch(monkeypatch):
+    """Two tables built from different ``KernelConfig``s in one process, called in turn, each
+    dispatch (and launch with PDL) as their own config says: no shared switch between them."""
+    launches = []
+
+    def record(kind):
+        def launch(x, weight, *args, use_pdl=True, **kw):
+            launches.append((kind, x.shape[0], use_pdl))
+            return torch.zeros(x.shape[0], weight.shape[0])
+
+        return launch
+
+    def rms_norm(x, weight, eps, *, use_pdl=True):
+        launches.append(("rms_norm", x.shape[0], use_pdl))
+        return x, x
+
+    def rms_norm_gemv(x, norm_weight, eps, weight, bias=None, *, use_pdl=True):
+        return record("norm_gemv")(x, weight, use_pdl=use_pdl)
+
+    monkeypatch.setattr(triton_ops, "gemv", record("gemv"))
+    monkeypatch.setattr(triton_ops, "rms_norm_gemv", rms_norm_gemv)
+    monkeypatch.setattr(triton_ops, "rms_norm", rms_norm)
+    fused = get_ops(True, KernelConfig(gemv_max_rows=4, pdl=True))
+    cublas = get_ops(True, KernelConfig(gemv_max_rows=0, fuse_norm=False, pdl=False))
+    x, w, nw = torch.randn(1, 8), torch.randn(6, 8), torch.ones(8)
+    for ops in (fused, cublas, fused, cublas):
+        ops.linear(x, w)
+        ops.rms_norm_linear(x, nw, 1e-6, w)
+        ops.linear(torch.randn(5, 8), w)  # past gemv_max_rows=4 (and 0): cuBLAS in both
+    per_round = [("gemv", 1, True), ("norm_gemv", 1, True)]  # cublas: no kernel but the norm
+    assert launches == (per_round + [("rms_norm", 1, False)]) * 2
 
 
 BATCHES = [([1, 1, 1], [3, 300, 41]), ([1, 5], [9, 60]), ([1, 20], [9, 60])]  # last: prefill path

@@ -126,9 +126,9 @@ async def _bounded(agen, seconds: float):
 async def test_padded_mixed_length_verify_is_lossless(reference):
     """Different L per request in one verify batch (drafts cut at each request's max_tokens),
     padded to the longest as the GPU does to replay one graph: greedy output is unchanged."""
-    spec = tiny_draft_spec()
+    spec = tiny_draft_spec(always_pad_verify=True)
     engine = _engine("three", spec)
-    engine.core.runner.always_pad_verify = True
+    assert engine.core.runner.always_pad_verify  # the config field reaches the runner
     padded_steps = []
     launch = engine.core.runner.launch
 

@@ -36,10 +36,15 @@ class MemoryBound:
 
 
 def _engine(
-    mixed_level: float = 1.0, useless_drafter: bool = False, follow: bool = False, **cfg
+    mixed_level: float = 1.0,
+    useless_drafter: bool = False,
+    follow: bool = False,
+    pad: bool = False,
+    **cfg,
 ) -> AsyncEngine:
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
-                           initial_draft_len=3, follow_prefill=follow)  # fmt: skip
+                           initial_draft_len=3, follow_prefill=follow,
+                           always_pad_verify=pad)  # fmt: skip
     engine = AsyncEngine(tiny_config(spec=spec, **cfg))
     costs = engine.core.costs
     costs.shape = MemoryBound()
@@ -168,12 +173,11 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
                            speculate=False)  # fmt: skip
 
     async def run(pad: bool):
-        engine = _engine(mixed_level=1.0)
+        engine = _engine(mixed_level=1.0, pad=pad)
         policy = engine.core.controller
         policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0, padded_fused=True)
         policy.population = AcceptanceEstimate(0.02, 0.97)
         runner = engine.core.runner
-        runner.always_pad_verify = pad
         widths = []
         width_of = runner._verify_width
         runner._verify_width = lambda plan: widths.append(width_of(plan)) or widths[-1]

@@ -96,16 +96,27 @@ class PendingStep:
 class ModelRunner:
     """Executes plans for one model over its KV pool."""
 
-    def __init__(self, model: DecoderLM, pool: KVPool, block_size: int, device: torch.device):
+    def __init__(
+        self,
+        model: DecoderLM,
+        pool: KVPool,
+        block_size: int,
+        device: torch.device,
+        *,
+        synthetic_acceptance: float | None = None,
+        always_pad_verify: bool = False,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.block_size = block_size
         self.device = device
         self.is_cuda = device.type == "cuda"
-        # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric.
-        self.synthetic_acceptance: float | None = None
+        # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric
+        # (``SpecConfig.synthetic_acceptance``).
+        self.synthetic_acceptance = synthetic_acceptance
         self.graphs: dict[int, StepGraphs] = {}  # query length -> captured graphs (GPU only)
-        self.always_pad_verify = False  # tests: pad mixed-L verify batches without graphs
+        # Tests (``SpecConfig.always_pad_verify``): pad mixed-L verify batches without graphs.
+        self.always_pad_verify = always_pad_verify
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)

@@ -78,7 +78,7 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
-    ops = get_ops(use_triton)
+    ops = get_ops(use_triton, config.kernels)
     loaded = load_model(
         config.model, device, dtype, ops, seed=config.seed, tokenizer=config.tokenizer
     )
@@ -101,8 +101,14 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         eos_token_ids=eos,
         observer=observer,
     )
-    runner = ModelRunner(loaded.model, pool, pool.block_size, device)
-    runner.synthetic_acceptance = config.spec.synthetic_acceptance
+    runner = ModelRunner(
+        loaded.model,
+        pool,
+        pool.block_size,
+        device,
+        synthetic_acceptance=config.spec.synthetic_acceptance,
+        always_pad_verify=config.spec.always_pad_verify,
+    )
     runner.logits_processor.eos_token_ids = frozenset(eos)
     grammars = GrammarTable(GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, eos))
     runner.grammars = grammars

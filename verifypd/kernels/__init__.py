@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from verifypd.config import KernelConfig
 from verifypd.kernels import reference
 from verifypd.kernels.metadata import AttentionMetadata
 
@@ -45,29 +46,33 @@ REFERENCE_OPS = Ops(
 )
 
 
-def get_ops(use_triton: bool = False) -> Ops:
-    """The torch reference ops, or the Triton kernels when ``use_triton``."""
+def get_ops(use_triton: bool = False, knobs: KernelConfig | None = None) -> Ops:
+    """The torch reference ops, or the Triton kernels when ``use_triton``, dispatched as
+    ``knobs`` says (the references ignore it)."""
     if not use_triton:
         return REFERENCE_OPS
-    return _triton_ops()
+    return _triton_ops(knobs or KernelConfig())
 
 
-def _triton_ops() -> Ops:
+def _triton_ops(knobs: KernelConfig) -> Ops:
     try:
         from verifypd.kernels import triton_ops
     except ImportError as exc:  # no triton installed, or the kernels module is missing
         raise RuntimeError(
             f"Triton ops are unavailable ({exc}); use use_triton=False (torch reference ops)"
         ) from exc
+    chosen = triton_ops.TritonOps(knobs)
+    # With PDL on (the kernels' default) the model calls the two kernels directly.
+    direct = knobs.pdl
     return Ops(
         store_kv=triton_ops.store_kv,
-        paged_attention=triton_ops.paged_attention,
-        rms_norm=triton_ops.rms_norm,
+        paged_attention=chosen.paged_attention,
+        rms_norm=triton_ops.rms_norm if direct else chosen.rms_norm,
         rope=triton_ops.rope,
         silu_and_mul=triton_ops.silu_and_mul,
-        rope_store_kv=triton_ops.rope_store_kv,
-        linear=triton_ops.linear,
-        rms_norm_linear=triton_ops.rms_norm_linear,
-        silu_mul_linear=triton_ops.silu_mul_linear,
-        mlp=triton_ops.mlp,
+        rope_store_kv=triton_ops.rope_store_kv if direct else chosen.rope_store_kv,
+        linear=chosen.linear,
+        rms_norm_linear=chosen.rms_norm_linear,
+        silu_mul_linear=chosen.silu_mul_linear,
+        mlp=chosen.mlp,
     )

@@ -9,8 +9,9 @@ successor may launch. Waiting before *any* access (reads and writes) keeps it sa
 buffer is reused by the caching allocator; kernels launched without PDL (cuBLAS, torch ops)
 simply run after their predecessor as usual.
 
-``ENABLED`` is the switch (benchmarks A/B it); ``launch_options(device)`` gives the extra
-launch arguments of a kernel that calls ``wait_for_previous(USE_PDL)`` first.
+``launch_options(device, use_pdl)`` gives the extra launch arguments of a kernel that calls
+``wait_for_previous(USE_PDL)`` first; ``use_pdl`` is ``KernelConfig.pdl`` (benchmarks A/B it),
+passed down by each kernel wrapper.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ try:
 except ImportError:  # an older Triton: no grid dependency control
     AVAILABLE = False
 
-ENABLED = True
 _SUPPORTED: dict[int, bool] = {}
 
 
@@ -38,9 +38,10 @@ def wait_for_previous(USE_PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-def launch_options(device: torch.device) -> dict[str, bool]:
-    """``USE_PDL`` (the kernel's constexpr) and ``launch_pdl`` (Triton's launch option)."""
-    use = ENABLED and AVAILABLE and device.type == "cuda" and _supported(device)
+def launch_options(device: torch.device, use_pdl: bool = True) -> dict[str, bool]:
+    """``USE_PDL`` (the kernel's constexpr) and ``launch_pdl`` (Triton's launch option): on
+    where asked for (``use_pdl``) and the device and Triton support it."""
+    use = use_pdl and AVAILABLE and device.type == "cuda" and _supported(device)
     return {"USE_PDL": use, "launch_pdl": use}
 
 

@@ -212,6 +212,7 @@ def decode_attention(
     num_splits: int | None = None,
     tiles: DecodeTiles | None = None,
     out: torch.Tensor | None = None,
+    use_pdl: bool = True,
 ) -> torch.Tensor:
     """Causal attention of a few query tokens per sequence (decode, verify) over paged K/V.
 
@@ -252,14 +253,14 @@ def decode_attention(
         GROUP_SIZE=group_size, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=max(tiles.block_n, block_size), DIRECT_OUT=direct,
         DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(q.device),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(q.device, use_pdl),
     )  # fmt: skip
     if not direct:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, meta.query_start_loc, out, *po_strides, *pl_strides,
             out.stride(0), out.stride(1), num_seqs, num_splits, HEAD_DIM=head_dim,
             SPLITS_PAD=MAX_SPLITS, num_warps=4,
-            **launch_options(q.device),
+            **launch_options(q.device, use_pdl),
         )  # fmt: skip
     return out
 

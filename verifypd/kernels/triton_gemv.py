@@ -183,10 +183,12 @@ def gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    *,
+    use_pdl: bool = True,
     **config,
 ) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T (+ bias [N]) (+ residual [M, N])`` -> [M, N], M <= MAX_ROWS."""
-    return _launch(PROLOGUE_NONE, x, weight, bias, residual, config)
+    return _launch(PROLOGUE_NONE, x, weight, bias, residual, config, use_pdl)
 
 
 def rms_norm_gemv(
@@ -195,26 +197,37 @@ def rms_norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    *,
+    use_pdl: bool = True,
     **config,
 ) -> torch.Tensor:
     """``(rms_norm(x) * norm_weight) @ weight^T (+ bias)`` -> [M, N]."""
     assert norm_weight.shape == (x.shape[1],) and norm_weight.is_contiguous(), "norm_weight: [K]"
-    return _launch(PROLOGUE_RMS_NORM, x, weight, bias, None, config, norm=(norm_weight, eps))
+    return _launch(
+        PROLOGUE_RMS_NORM, x, weight, bias, None, config, use_pdl, norm=(norm_weight, eps)
+    )
 
 
-def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, **config) -> torch.Tensor:
+def gemv_silu(
+    x: torch.Tensor, gate_up_weight: torch.Tensor, *, use_pdl: bool = True, **config
+) -> torch.Tensor:
     """``silu(x @ W_gate^T) * (x @ W_up^T)`` with gate_up_weight [2I, K] = [W_gate; W_up] ->
     [M, I]; 2..MAX_ROWS rows (one row folds SwiGLU into the down projection instead)."""
     assert gate_up_weight.shape[0] % 2 == 0, "gate_up_weight: [2I, K]"
     assert x.dim() == 2 and 2 <= x.shape[0] <= MAX_ROWS, f"gemv_silu takes 2..{MAX_ROWS} rows"
-    return _launch(PROLOGUE_NONE, x, gate_up_weight, None, None, config, silu_out=True)
+    return _launch(PROLOGUE_NONE, x, gate_up_weight, None, None, config, use_pdl, silu_out=True)
 
 
 def silu_mul_gemv(
-    gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, **config
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    use_pdl: bool = True,
+    **config,
 ) -> torch.Tensor:
     """``(silu(gate) * up) @ weight^T (+ residual)`` with gate_up [M, 2K] = [gate | up]."""
-    return _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, residual, config)
+    return _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, residual, config, use_pdl)
 
 
 def _launch(
@@ -224,6 +237,7 @@ def _launch(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     config: dict,
+    use_pdl: bool,
     norm: tuple[torch.Tensor, float] | None = None,
     silu_out: bool = False,
 ) -> torch.Tensor:
@@ -253,6 +267,6 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device, use_pdl),
     )  # fmt: skip
     return out

@@ -7,15 +7,20 @@ tokens (decode, speculative verify: ``max_query_len * G <= 64``, host-side ints 
 variable-length prefill kernel otherwise (prefill chunks, extends, mixed batches). The
 projections of a single token (batch-1 decode) run on the GEMV kernel with their neighbouring
 norm, SwiGLU or bias folded in; more rows go to cuBLAS after the separate kernels.
+
+Which kernel runs where is ``KernelConfig`` (GEMV row limit, fusions, PDL): a ``TritonOps``
+holds one such choice. The module-level functions are the default choice.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from verifypd.config import KernelConfig
 from verifypd.kernels.triton_decode_attention import decode_attention, is_short_query
 from verifypd.kernels.triton_gemv import (
     beats_gemm,
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
     from verifypd.kernels.metadata import AttentionMetadata
 
 __all__ = [
+    "TritonOps",
     "linear",
     "mlp",
     "paged_attention",
@@ -46,86 +52,103 @@ __all__ = [
     "silu_mul_linear",
     "store_kv",
 ]
-# Rows up to which a projection may run on the GEMV kernel (``beats_gemm`` says for which
-# shapes). Measured on an H200 (bench/gemv.py, bench/latency.py): at one row it beats cuBLAS
-# on every Qwen2.5 projection (cuBLAS also adds split-K reduction launches); at 2..16 rows
-# (batched decode, verify of 1 + L tokens) its tensor-core path beats cuBLAS on most of them.
-GEMV_MAX_ROWS = 16
-# Whether the GEMV folds the preceding RMSNorm / SwiGLU in (one launch) or a separate kernel
-# runs first. Every GEMV program re-reads its input, and a prologue widens that re-read: on an
-# H200 (bench/gemv.py) the fused norm won on the narrow q/k/v projection and lost on gate_up
-# (thousands of programs), the fused SwiGLU broke even or won. Both only at one row: on the
-# tensor-core path (several rows) every fused prologue lost.
-FUSE_NORM = True
-FUSE_NORM_MAX_N = 8192
-FUSE_SILU = True
-# At 2..16 rows SwiGLU rides on the gate_up projection's epilogue instead (once per output).
-FUSE_SILU_EPILOGUE = True
 
 
-def paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """Causal GQA attention of the packed query tokens q [T, Hq, D] over the paged cache."""
-    if is_short_query(meta.max_query_len, q.shape[1], k_cache.shape[2]):
-        return decode_attention(q, k_cache, v_cache, meta, scale)
-    return prefill_attention(q, k_cache, v_cache, meta, scale)
+class TritonOps:
+    """The projection and attention ops under one kernel choice (``KernelConfig``); each
+    method has its torch reference's signature."""
+
+    def __init__(self, knobs: KernelConfig | None = None) -> None:
+        knobs = knobs or KernelConfig()
+        self.knobs = knobs
+        # Unpacked: read on every projection of an eager step.
+        self.gemv_max_rows = knobs.gemv_max_rows
+        self.fuse_norm = knobs.fuse_norm and knobs.gemv_max_rows >= 1
+        self.fuse_norm_max_n = knobs.fuse_norm_max_n
+        self.fuse_silu = knobs.fuse_silu and knobs.gemv_max_rows >= 1
+        self.fuse_silu_epilogue = knobs.fuse_silu_epilogue
+        self.use_pdl = knobs.pdl
+        # The two kernels the model calls directly, under this choice's PDL.
+        self.rms_norm = functools.partial(rms_norm, use_pdl=knobs.pdl)
+        self.rope_store_kv = functools.partial(rope_store_kv, use_pdl=knobs.pdl)
+
+    def paged_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal GQA attention of the packed query tokens q [T, Hq, D] over the paged cache."""
+        if is_short_query(meta.max_query_len, q.shape[1], k_cache.shape[2]):
+            return decode_attention(q, k_cache, v_cache, meta, scale, use_pdl=self.use_pdl)
+        return prefill_attention(q, k_cache, v_cache, meta, scale)
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]."""
+        if 0 < x.shape[0] <= self.gemv_max_rows and beats_gemm(x.shape[0], *weight.shape):
+            return gemv(x, weight, bias, residual, use_pdl=self.use_pdl)
+        if residual is not None and bias is None:
+            return torch.addmm(residual, x, weight.t())  # the add rides on the GEMM epilogue
+        out = F.linear(x, weight, bias)
+        return out if residual is None else out + residual
+
+    def rms_norm_linear(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """RMSNorm of x [T, K] then the projection -> [T, N]."""
+        if self.fuse_norm and x.shape[0] == 1 and weight.shape[0] <= self.fuse_norm_max_n:
+            return rms_norm_gemv(x, norm_weight, eps, weight, bias, use_pdl=self.use_pdl)
+        normed, _ = rms_norm(x, norm_weight, eps, use_pdl=self.use_pdl)
+        return self.linear(normed, weight, bias)
+
+    def silu_mul_linear(
+        self, gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
+        if self.fuse_silu and gate_up.shape[0] == 1:
+            return silu_mul_gemv(gate_up, weight, residual, use_pdl=self.use_pdl)
+        return self.linear(silu_and_mul(gate_up), weight, None, residual)
+
+    def mlp(
+        self,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        gate_up_weight: torch.Tensor,
+        down_weight: torch.Tensor,
+    ) -> torch.Tensor:
+        """Pre-norm SwiGLU block -> residual + MLP [T, H]. One row: the norm and SwiGLU fold
+        into the projections' prologues; 2..16 rows: SwiGLU into gate_up's epilogue; more:
+        cuBLAS."""
+        rows = residual.shape[0]
+        if (
+            self.fuse_silu_epilogue
+            and 1 < rows <= self.gemv_max_rows
+            and beats_gemm(rows, *gate_up_weight.shape)
+        ):
+            normed, _ = rms_norm(residual, norm_weight, eps, use_pdl=self.use_pdl)
+            gated = gemv_silu(normed, gate_up_weight, use_pdl=self.use_pdl)
+            return self.linear(gated, down_weight, None, residual)
+        gate_up = self.rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
+        return self.silu_mul_linear(gate_up, down_weight, residual)
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]."""
-    if 0 < x.shape[0] <= GEMV_MAX_ROWS and beats_gemm(x.shape[0], *weight.shape):
-        return gemv(x, weight, bias, residual)
-    if residual is not None and bias is None:
-        return torch.addmm(residual, x, weight.t())  # the add rides on the GEMM epilogue
-    out = F.linear(x, weight, bias)
-    return out if residual is None else out + residual
-
-
-def rms_norm_linear(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """RMSNorm of x [T, K] then the projection -> [T, N]."""
-    if FUSE_NORM and x.shape[0] == 1 and GEMV_MAX_ROWS >= 1 and weight.shape[0] <= FUSE_NORM_MAX_N:
-        return rms_norm_gemv(x, norm_weight, eps, weight, bias)
-    normed, _ = rms_norm(x, norm_weight, eps)
-    return linear(normed, weight, bias)
-
-
-def silu_mul_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None
-) -> torch.Tensor:
-    """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
-    if FUSE_SILU and gate_up.shape[0] == 1 and GEMV_MAX_ROWS >= 1:
-        return silu_mul_gemv(gate_up, weight, residual)
-    return linear(silu_and_mul(gate_up), weight, None, residual)
-
-
-def mlp(
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    gate_up_weight: torch.Tensor,
-    down_weight: torch.Tensor,
-) -> torch.Tensor:
-    """Pre-norm SwiGLU block -> residual + MLP [T, H]. One row: the norm and SwiGLU fold into
-    the projections' prologues; 2..16 rows: SwiGLU into gate_up's epilogue; more: cuBLAS."""
-    rows = residual.shape[0]
-    if FUSE_SILU_EPILOGUE and 1 < rows <= GEMV_MAX_ROWS and beats_gemm(rows, *gate_up_weight.shape):
-        normed, _ = rms_norm(residual, norm_weight, eps)
-        return linear(gemv_silu(normed, gate_up_weight), down_weight, None, residual)
-    gate_up = rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
-    return silu_mul_linear(gate_up, down_weight, residual)
+_DEFAULT = TritonOps()
+paged_attention = _DEFAULT.paged_attention
+linear = _DEFAULT.linear
+rms_norm_linear = _DEFAULT.rms_norm_linear
+silu_mul_linear = _DEFAULT.silu_mul_linear
+mlp = _DEFAULT.mlp

@@ -51,6 +51,8 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    *,
+    use_pdl: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x) * weight, x)``, or with a residual ``r = x + residual``:
     ``(rms_norm(r) * weight, r)``. x [..., N] (e.g. [T, hidden] or per-head [T, H, D])."""
@@ -74,7 +76,7 @@ def rms_norm(
         x2, res2, weight, out.view(-1, n_cols), res_out2, n_cols, eps,
         x2.stride(0), res2.stride(0), n_cols, res_out2.stride(0),
         HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=_num_warps(block_n),
-        **launch_options(x.device),
+        **launch_options(x.device, use_pdl),
     )  # fmt: skip
     return out, res_out
 

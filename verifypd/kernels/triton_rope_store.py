@@ -103,6 +103,8 @@ def rope_store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    use_pdl: bool = True,
 ) -> torch.Tensor:
     """Rotate q [T, Hq, D] in place, store rotated k and v [T, Hkv, D] at ``slot_mapping``.
 
@@ -137,7 +139,7 @@ def rope_store_kv(
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HALF_DIM=head_dim // 2,
         Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
         KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads), num_warps=4,
-        **launch_options(q.device),
+        **launch_options(q.device, use_pdl),
     )  # fmt: skip
     return q
 
