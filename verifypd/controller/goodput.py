@@ -224,14 +224,6 @@ class GoodputPolicy(DraftController):
                 g.probe_min_steps if found else min(2 * self._probe_interval, g.probe_max_steps)
             )
 
-    def observe_step(self, lane: str, seconds: float, num_seqs: int, num_tokens: int) -> None:
-        """As ``DraftController``'s; also refines the batch cost model. A "draft" observation
-        is a whole proposal (L drafter steps): it is folded in per step."""
-        super().observe_step(lane, seconds, num_seqs, num_tokens)
-        if lane == "draft" and num_seqs:
-            steps = max(1, round(num_tokens / num_seqs))
-            self.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
-
     def expects_speculation(self, seq_id: int) -> bool:
         """Whether the drafter should follow this request's prefill: it may speculate and the
         population is not parked."""
