@@ -358,3 +358,19 @@ def test_catch_up_pays_back_over_the_following_steps():
     d = policy.decide(_views(ids, behind=1000))
     assert d.reason == "catch_up" and all(n > 0 for n in d.draft_lens.values())
     assert policy.costs.catch_up(10 * 1000) > 3 * d.plain_step_s  # a real one-off
+
+
+def test_drafters_within_the_catch_up_graphs_are_not_planned_eager():
+    """A drafter a few tokens behind (its request decoded plainly for a few steps) starts with
+    a graph replay when catch-up graphs reach it: its plan pays no eager one-off, so the policy
+    resumes speculation where an eager first step would not pay."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.3e-3)
+    plans = {}
+    for reach in (2, 8):
+        policy = _policy(shape, graph_catch_up=reach, eager_draft_s=40e-3, amortize_steps=1)
+        ids = _add(policy, 8)
+        for i in ids:
+            _teach(policy, i, 0.8)
+        plans[reach] = policy.decide(_views(ids, behind=5))
+    assert plans[8].reason == "speculate" and all(n > 0 for n in plans[8].draft_lens.values())
+    assert plans[2].reason == "no_gain"  # the same batch, planned with an eager first step

@@ -1,6 +1,7 @@
 """On the GPU: draft steps that advance the q = 1 graph's inputs on the device (``run_next``:
 every step after a proposal's first) draft the same tokens as steps prepared on the host,
-across block boundaries, catch-ups and rollbacks."""
+across block boundaries, catch-ups and rollbacks; and a drafter a few tokens behind (plain
+steps between rounds) that catches up in a catch-up graph drafts what an eager catch-up drafts."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _drafts(core: EngineCore, prompts, accepted: list[list[int]], use_graph_step
         out.append(drafts)
         for s, d, k in zip(seqs, drafts, per_seq, strict=True):
             s.token_ids += d[:k] + [(d[-1] + 1) % 500]
+            drafter.verified(s.seq_id, k)
     for s in seqs:
         drafter.free(s.seq_id)
     return out, drafter.runner.num_graph_steps
@@ -51,3 +53,35 @@ def test_graph_steps_draft_what_host_prepared_steps_draft():
     (with_steps, full_runs_with), (without, full_runs_without) = results
     assert with_steps == without
     assert full_runs_with < full_runs_without / 2  # most steps advanced on the device
+
+
+def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (9, 30, 64)]
+    rounds = [(rng.integers(0, 5, 3).tolist(), rng.integers(0, 7, 3).tolist()) for _ in range(20)]
+    results = []
+    for catch_up_graphs in ((4, 8), ()):
+        spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
+                          initial_draft_len=4, controller=False,
+                          catch_up_graphs=catch_up_graphs)  # fmt: skip
+        core = EngineCore(EngineConfig(
+            model="dummy:tiny", device="cuda", dtype="float32", spec=spec, cuda_graphs=True,
+            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
+            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
+        ))  # fmt: skip
+        drafter = core.spec.drafter
+        seqs = [Sequence(f"c{i}", p, SamplingParams(max_tokens=256, temperature=0))
+                for i, p in enumerate(prompts)]  # fmt: skip
+        drafts_out = []
+        for accepted, plain in rounds:  # a verify, then a few plain steps, then a proposal
+            entries = [ScheduledSeq(s, 1) for s in seqs]
+            drafter.propose(entries, [4] * len(seqs), [0.0] * len(seqs))
+            drafts = [e.draft_ids() for e in entries]
+            drafts_out.append(drafts)
+            for s, d, k, m in zip(seqs, drafts, accepted, plain, strict=True):
+                s.token_ids += d[:k] + [(d[-1] + 1 + j) % 500 for j in range(1 + m)]
+                drafter.verified(s.seq_id, k)
+        results.append((drafts_out, drafter.runner.num_eager_steps))
+    (with_graphs, eager_with), (without, eager_without) = results
+    assert with_graphs == without
+    assert eager_with < eager_without / 2  # most catch-ups replayed a catch-up graph

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from helpers import tiny_config, tiny_draft_spec
 
@@ -45,8 +47,13 @@ def test_view_rolls_back_to_the_accepted_prefix_and_frees():
 
 def test_first_draft_step_feeds_one_token_unless_a_view_accepted_every_draft():
     """The catch-up step is uniform (a CUDA graph of q = 1 or q = 2), and q = 2 only when some
-    view must add both its last draft and the bonus token."""
+    view must add both its last draft and the bonus token; a view further behind (plain steps)
+    makes every view feed the smallest catch-up graph's q that covers it."""
     prop = _proposer()
+    # The graphs' shapes as on a GPU (this CPU captures none: each step still runs eager).
+    prop.runner.graphs = {
+        q: SimpleNamespace(max_batch=64, can_run=lambda *a: False) for q in (1, 2, 4, 8)
+    }
     seqs = [Sequence(f"r{i}", list(range(1, 9)), SamplingParams(max_tokens=32, temperature=0))
             for i in range(2)]  # fmt: skip
     entries = [ScheduledSeq(s, 1) for s in seqs]
@@ -56,18 +63,43 @@ def test_first_draft_step_feeds_one_token_unless_a_view_accepted_every_draft():
     prop.runner.prepare = lambda plan: (
         fed.append([e.num_new_tokens for e in plan.seqs]) or (real_prepare(plan))
     )
-    seqs[0].token_ids += entries[0].draft_ids()[:1] + [5]  # one draft accepted
-    seqs[1].token_ids += entries[1].draft_ids()[:1] + [6]
+
+    def verify(accepted, *extra):  # what a landed verify does to the sequence and its view
+        for s, e, a, bonus in zip(seqs, entries, accepted, extra, strict=True):
+            s.token_ids += e.draft_ids()[:a] + bonus
+            prop.verified(s.seq_id, a)
+
+    verify([1, 1], [5], [6])  # one draft accepted each
     entries = [ScheduledSeq(s, 1) for s in seqs]
     prop.propose(entries, [3, 3], [0.0, 0.0])
     assert fed[0] == [1, 1]  # both caught up but the bonus token
-    seqs[0].token_ids += entries[0].draft_ids() + [5]  # every draft accepted
-    seqs[1].token_ids += entries[1].draft_ids()[:2] + [6]
+    verify([3, 2], [5], [6])  # every draft accepted in the first
+    entries = [ScheduledSeq(s, 1) for s in seqs]
     fed.clear()
-    prop.propose([ScheduledSeq(s, 1) for s in seqs], [3, 3], [0.0, 0.0])
+    prop.propose(entries, [3, 3], [0.0, 0.0])
     assert fed[0] == [2, 2]  # the second view re-feeds one token to match the first
     for s in seqs:
         assert prop.views[s.seq_id].token_ids[: s.num_tokens] == s.token_ids
+    verify([1, 1], [5, 7, 9], [6])  # then the first decodes plainly for two steps
+    fed.clear()
+    prop.propose([ScheduledSeq(s, 1) for s in seqs], [3, 3], [0.0, 0.0])
+    # Its second draft's KV (at the position of 5) is stale: it re-feeds 5, 7, 9; three tokens
+    # behind, both views feed the q = 4 graph's four.
+    assert fed[0] == [4, 4]
+    for s in seqs:
+        assert prop.views[s.seq_id].token_ids[: s.num_tokens] == s.token_ids
+
+
+def test_drafts_whose_verify_never_landed_are_not_kept():
+    """Without a landed verify the drafter cannot know which drafts were right: at its next
+    proposal it keeps the KV up to its first draft only."""
+    prop = _proposer()
+    seq = Sequence("r", list(range(1, 9)), SamplingParams(max_tokens=32, temperature=0))
+    entry = ScheduledSeq(seq, 1)
+    prop.propose([entry], [3], [0.0])
+    seq.token_ids += entry.draft_ids()[:2] + [7]  # as if accepted, but never verified
+    prop.propose([ScheduledSeq(seq, 1)], [3], [0.0])
+    assert prop.last_catch_up == 3  # the two drafts and the bonus token, fed again
 
 
 def test_greedy_accept_equals_rejection_sampling_on_one_hot_targets():

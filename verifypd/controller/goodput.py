@@ -94,9 +94,13 @@ class GoodputConfig:
     # up in a catch-up round: at most one every this many steps (arrivals batch into one
     # eager drafter forward), its one-off cost left out of the latency guard.
     catch_up_every_steps: int = 8
-    # A first draft step that cannot replay its graph (some drafter more than two tokens
-    # behind: after a plain step, or a catch-up) runs eager: mostly host time.
+    # A first draft step that cannot replay a graph (some drafter more than
+    # ``graph_catch_up`` tokens behind: after plain steps, or a catch-up) runs eager: mostly
+    # host time.
     eager_draft_s: float = 4e-3
+    # Most tokens a drafter may be behind and still start with a graph replay (the drafter's
+    # largest catch-up graph, ``SpecConfig.catch_up_graphs``; 2 without them).
+    graph_catch_up: int = 2
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
     # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
     # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
@@ -123,6 +127,7 @@ class GoodputConfig:
             (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
+            (self.graph_catch_up >= 1, "graph_catch_up >= 1"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -323,7 +328,7 @@ class GoodputPolicy(DraftController):
         it runs on the host before every decode step."""
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
-        groups = _groups(cands, g.alpha_bucket)
+        groups = _groups(cands, g.alpha_bucket, g.graph_catch_up)
         best: _Plan | None = None
         for L in range(1, self.config.max_draft_len + 1):
             tokens, least = float(rows), math.inf
@@ -398,11 +403,12 @@ class _Group:
     last_gain: float = 0.0  # rows on their last token yield nothing more
     steady: int = 0  # cumulative: catch-up tokens of steady drafters (beyond two)
     far: int = 0  # cumulative: context tokens of drafters in a catch-up round
-    eager: bool = False  # cumulative: some drafter more than two tokens behind
+    eager: bool = False  # cumulative: some drafter further behind than its graphs reach
 
 
-def _groups(cands: list[_Candidate], bucket: float) -> list[_Group]:
-    """Runs of candidates in one α̂ bucket (they enter the speculating set together)."""
+def _groups(cands: list[_Candidate], bucket: float, graph_catch_up: int) -> list[_Group]:
+    """Runs of candidates in one α̂ bucket (they enter the speculating set together); a group
+    is ``eager`` once some drafter in or before it is more than ``graph_catch_up`` behind."""
     out: list[_Group] = []
     steady = far = 0
     eager = False
@@ -410,7 +416,7 @@ def _groups(cands: list[_Candidate], bucket: float) -> list[_Group]:
     for i, c in enumerate(cands):
         steady += 0 if c.far else max(0, c.behind - 2)
         far += c.behind if c.far else 0
-        eager = eager or c.behind > 2
+        eager = eager or c.behind > graph_catch_up
         if not c.last:
             alphas.append(c.alpha)
         nxt = cands[i + 1] if i + 1 < len(cands) else None

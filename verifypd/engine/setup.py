@@ -186,8 +186,9 @@ def target_pool(
 
 
 def capture_graphs(parts: EngineParts) -> None:
-    """The target's decode and verify graphs, the drafter's q = 1 and q = 2 graphs and its
-    chained steps, after an eager warm-up of every kernel."""
+    """The target's decode and verify graphs, the drafter's q = 1 and q = 2 graphs, its
+    catch-up graphs (``SpecConfig.catch_up_graphs``) and its chained steps, after an eager
+    warm-up of every kernel."""
     if not parts.is_cuda:
         raise ValueError("cuda_graphs needs device=cuda")
     max_batch, max_len = parts.config.scheduler.max_num_seqs, parts.max_model_len
@@ -205,6 +206,8 @@ def capture_graphs(parts: EngineParts) -> None:
     if drafter is not None:
         drafter.runner.capture_graphs(1, max_batch, max_len)
         drafter.runner.capture_graphs(2, max_batch, max_len)
+        for q in parts.config.spec.catch_up_graphs:  # a few tokens behind: one replay
+            drafter.runner.capture_graphs(q, verify_batch, max_len)
         drafter.warm_up_chain()
 
 

@@ -12,6 +12,7 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from verifypd.kernels.triton_advance import (
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
+if TYPE_CHECKING:
+    from verifypd.engine.cuda_graphs import StepGraphs
+
 _DRAFT_SEED_SALT = 0x5DEECE66D  # drafter noise must not reuse the target's sampling stream
 
 
@@ -45,6 +49,9 @@ class DraftView:
         self.params = seq.params
         self.seed = seq.seed ^ _DRAFT_SEED_SALT
         self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow``)
+        # The first drafted position whose verify has not landed: the KV from there on is the
+        # drafts'. ``verified`` keeps the accepted ones; without it none is kept.
+        self.draft_start: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -113,8 +120,11 @@ class DraftModelProposer:
             return
         self._follow_last_work()
         self._wait_for_follow([v for _, v, _, _ in active])
-        _uniform_catch_up([v for _, v, _, _ in active])
-        self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for _, v, _, _ in active)
+        views = [v for _, v, _, _ in active]
+        self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for v in views)
+        _uniform_catch_up(views, self.runner.graphs)
+        for v in views:
+            v.draft_start = v.num_tokens
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
         drafted: list[torch.Tensor] = []  # per step j: [B_j] token ids on the device
         probs: list[torch.Tensor | None] = []
@@ -331,6 +341,7 @@ class DraftModelProposer:
             e.draft_ready = c.ready
             view = self.views[sid]
             view.num_computed_tokens = e.seq.num_tokens + c.num_drafts - 1
+            view.draft_start = e.seq.num_tokens
             adopted.add(id(e))
         self.num_adopted += bool(adopted)
         return adopted
@@ -340,7 +351,10 @@ class DraftModelProposer:
         if view is None:
             view = self.views[seq.seq_id] = DraftView(seq)
         view.token_ids = self._drafter_ids(seq.token_ids)
-        view.num_computed_tokens = min(view.num_computed_tokens, seq.num_tokens - 1)
+        known = seq.num_tokens - 1
+        if view.draft_start is not None:  # drafts whose verify never landed: none is known
+            known, view.draft_start = min(known, view.draft_start), None
+        view.num_computed_tokens = min(view.num_computed_tokens, known)
         self.kv.truncate(view.block_table, view.num_computed_tokens)
         if not self.kv.allocate(view.block_table, seq.num_tokens + num_drafts - 1):
             return None
@@ -428,6 +442,15 @@ class DraftModelProposer:
         )
         return sample(logits, t), processed_probs(logits, t)
 
+    def verified(self, seq_id: int, num_accepted: int) -> None:
+        """A verify of this sequence's drafts landed: the KV of its accepted drafts stays, the
+        rest is stale (the sequence may decode plainly for a while before it drafts again)."""
+        view = self.views.get(seq_id)
+        if view is not None and view.draft_start is not None:
+            limit = view.draft_start + num_accepted
+            view.num_computed_tokens = min(view.num_computed_tokens, limit)
+            view.draft_start = None
+
     def free(self, seq_id: int) -> None:
         if self.chained is not None:
             self.chained.confirmed.pop(seq_id, None)
@@ -508,6 +531,8 @@ class SpecDecoder:
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_verifies += 1
+        if self.drafter is not None:
+            self.drafter.verified(seq.seq_id, num_accepted)
         return num_accepted
 
     def forget(self, seq: Sequence) -> None:
@@ -517,17 +542,23 @@ class SpecDecoder:
             self.drafter.free(seq.seq_id)
 
 
-def _uniform_catch_up(views: list[DraftView]) -> None:
-    """Makes the first draft step uniform so it replays a CUDA graph: every view feeds one
-    token when all are caught up (the last verify rejected a draft), else any view one token
-    behind (all drafts accepted: the last draft and the bonus token are new) makes the others
-    re-feed their last two. Recomputing an already-stored token's KV writes the same values."""
-    behind = [v.num_tokens - v.num_computed_tokens for v in views]
-    if max(behind) != 2:
-        return  # all at one token, or a longer catch-up (a new request): an eager step anyway
-    for v, n in zip(views, behind, strict=True):
-        if n == 1 and v.num_computed_tokens > 0:
-            v.num_computed_tokens -= 1
+def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> None:
+    """Makes the first draft step uniform so it replays a CUDA graph: every view feeds the same
+    q tokens, q the smallest captured query length that covers the view furthest behind and
+    holds the batch (1 when all are caught up, 2 after a round whose drafts were all accepted,
+    up to ``SpecConfig.catch_up_graphs`` after plain steps). Views less far behind re-feed
+    their last tokens: recomputing an already-stored token's KV writes the same values (up to
+    rounding, which only touches drafts; the verify decides). With a view further behind than
+    every graph (a new request's prompt) nothing is rewound and the step runs eager."""
+    behind = max(v.num_tokens - v.num_computed_tokens for v in views)
+    fits = [q for q, g in graphs.items() if q >= behind and g.max_batch >= len(views)]
+    if behind <= 1 or not fits:
+        return
+    q = min(fits)
+    if any(v.num_tokens < q for v in views):
+        return  # a context shorter than q (a tiny prompt): eager
+    for v in views:
+        v.num_computed_tokens = v.num_tokens - q
 
 
 def _step_buffers(num_tokens: int, num_seqs: int, device) -> tuple[torch.Tensor, ...]:

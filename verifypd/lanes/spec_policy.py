@@ -26,14 +26,16 @@ logger = logging.getLogger("verifypd")
 
 def goodput_config(core: EngineCore) -> GoodputConfig:
     """The goodput policy's limits from the engine's: no speculation for more rows than the
-    verify graphs hold (an eager verify of a large batch costs more than it yields), and none
-    while a prompt has waited half its TTFT budget for its prefill."""
+    verify graphs hold (an eager verify of a large batch costs more than it yields), none
+    while a prompt has waited half its TTFT budget for its prefill, and how far behind a
+    drafter may be while its first draft step still replays a graph."""
     graphs = core.use_cuda_graphs and core.spec.enabled
     sched = core.config.scheduler
     return GoodputConfig(
         prefill_wait_guard_s=sched.ttft_budget_s / 2,
         max_spec_rows=min(sched.max_num_seqs, 64) if graphs else None,
         padded_fused=graphs,
+        graph_catch_up=max((2, *core.config.spec.catch_up_graphs)) if graphs else 2,
     )
 
 
