@@ -256,6 +256,11 @@ class SpecConfig:
     # catches up in one graph replay of the smallest q that covers it, not in an eager forward
     # (~10 ms of host time for a 0.5B drafter on an H100). () = none.
     catch_up_graphs: tuple[int, ...] = (4, 8)
+    # A drafter further behind (a request fresh from its prefill) catches up in replays of a
+    # chunk graph of this many tokens a row (for up to 8 rows), at most ``catch_up_chunks``
+    # replays (a longer context: one eager forward). 0 = none.
+    catch_up_chunk: int = 64
+    catch_up_chunks: int = 8
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -279,6 +284,13 @@ class SpecConfig:
             raise ValueError(
                 f"catch_up_graphs must be ascending distinct ints in [3, 64], got {lens!r}"
             )
+        if self.catch_up_chunk and not max(lens, default=2) < self.catch_up_chunk <= 256:
+            raise ValueError(
+                f"catch_up_chunk must be 0 or above every catch_up_graphs length and at most"
+                f" 256, got {self.catch_up_chunk!r}"
+            )
+        if self.catch_up_chunks < 0:
+            raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
 
 
 LANES = ("decode", "prefill", "verify")

@@ -366,11 +366,13 @@ def test_drafters_within_the_catch_up_graphs_are_not_planned_eager():
     resumes speculation where an eager first step would not pay."""
     shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.3e-3)
     plans = {}
-    for reach in (2, 8):
-        policy = _policy(shape, graph_catch_up=reach, eager_draft_s=40e-3, amortize_steps=1)
+    for reach in ({"graph_catch_up": 2}, {"graph_catch_up": 8}, {"chunk_catch_up": 520}):
+        policy = _policy(shape, eager_draft_s=40e-3, amortize_steps=1, **reach)
         ids = _add(policy, 8)
         for i in ids:
             _teach(policy, i, 0.8)
-        plans[reach] = policy.decide(_views(ids, behind=5))
-    assert plans[8].reason == "speculate" and all(n > 0 for n in plans[8].draft_lens.values())
+        plans[tuple(reach.values())[0]] = policy.decide(_views(ids, behind=5))
+    for reached in (8, 520):
+        d = plans[reached]
+        assert d.reason == "speculate" and all(n > 0 for n in d.draft_lens.values())
     assert plans[2].reason == "no_gain"  # the same batch, planned with an eager first step

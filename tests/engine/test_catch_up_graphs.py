@@ -48,3 +48,61 @@ def test_no_rewind_past_a_graphs_batch_or_a_short_context():
 def test_catch_up_graphs_are_validated(bad):
     with pytest.raises(ValueError, match="catch_up_graphs"):
         SpecConfig(catch_up_graphs=bad)
+
+
+def _proposer():
+    import torch
+
+    from verifypd.engine.loader import load_model
+    from verifypd.engine.speculative import DraftModelProposer
+    from verifypd.kernels import get_ops
+
+    loaded = load_model("dummy:tiny", torch.device("cpu"), torch.float32, get_ops())
+    return DraftModelProposer(loaded, 64, 4, torch.device("cpu"), torch.float32)
+
+
+def _fake_graphs(prop, *qs):
+    """The graph table a GPU would have (this CPU captures none: each step still runs eager)."""
+    prop.runner.graphs = {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in qs}
+
+
+def _propose(prop, prompts, chunk, chunks):
+    from verifypd.types import SamplingParams, ScheduledSeq, Sequence
+
+    prop.catch_up_chunk, prop.catch_up_chunks = chunk, chunks
+    fed: list[list[int]] = []
+    real_prepare = prop.runner.prepare
+    prop.runner.prepare = lambda plan: (
+        fed.append([e.num_new_tokens for e in plan.seqs]) or real_prepare(plan)
+    )
+    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8, temperature=0))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    entries = [ScheduledSeq(s, 1) for s in seqs]
+    prop.propose(entries, [3] * len(seqs), [0.0] * len(seqs))
+    return fed, [e.draft_ids() for e in entries]
+
+
+def test_a_fresh_drafter_catches_up_in_chunk_replays_and_drafts_the_same():
+    prompts = [
+        [(7 * i + 3) % 97 + 1 for i in range(150)],
+        [(5 * i + 1) % 89 + 1 for i in range(90)],
+    ]
+    prop = _proposer()
+    _fake_graphs(prop, 1, 2, 4, 8, 64)
+    fed, drafts = _propose(prop, prompts, chunk=64, chunks=8)
+    # 150 and 90 behind: two replays of both (the second re-feeds stored tokens of the 90),
+    # a third of the first alone; then each feeds its last token and drafts.
+    assert fed[:4] == [[64, 64], [64, 64], [64], [1, 1]]
+    assert prop.last_catch_up == 150
+    eager = _proposer()
+    _fake_graphs(eager, 1, 2, 4, 8, 64)
+    fed_eager, drafts_eager = _propose(eager, prompts, chunk=0, chunks=0)
+    assert fed_eager[0] == [150, 90]  # one eager forward over both contexts
+    assert drafts == drafts_eager
+
+
+def test_a_context_past_the_chunk_budget_is_left_to_the_eager_step():
+    prop = _proposer()
+    _fake_graphs(prop, 1, 2, 4, 8, 64)
+    fed, _ = _propose(prop, [[1 + i % 50 for i in range(200)]], chunk=64, chunks=2)
+    assert fed[0] == [200]

@@ -1,7 +1,8 @@
 """On the GPU: draft steps that advance the q = 1 graph's inputs on the device (``run_next``:
 every step after a proposal's first) draft the same tokens as steps prepared on the host,
 across block boundaries, catch-ups and rollbacks; and a drafter a few tokens behind (plain
-steps between rounds) that catches up in a catch-up graph drafts what an eager catch-up drafts."""
+steps between rounds, or a whole prompt) that catches up in catch-up or chunk graphs drafts what
+an eager catch-up drafts."""
 
 from __future__ import annotations
 
@@ -57,13 +58,13 @@ def test_graph_steps_draft_what_host_prepared_steps_draft():
 
 def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 500, n).tolist() for n in (9, 30, 64)]
+    prompts = [rng.integers(0, 500, n).tolist() for n in (70, 100, 200)]
     rounds = [(rng.integers(0, 5, 3).tolist(), rng.integers(0, 7, 3).tolist()) for _ in range(20)]
     results = []
-    for catch_up_graphs in ((4, 8), ()):
+    for catch_up_graphs, chunk in (((4, 8), 64), ((), 0)):
         spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
                           initial_draft_len=4, controller=False,
-                          catch_up_graphs=catch_up_graphs)  # fmt: skip
+                          catch_up_graphs=catch_up_graphs, catch_up_chunk=chunk)  # fmt: skip
         core = EngineCore(EngineConfig(
             model="dummy:tiny", device="cuda", dtype="float32", spec=spec, cuda_graphs=True,
             scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
@@ -84,4 +85,5 @@ def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
         results.append((drafts_out, drafter.runner.num_eager_steps))
     (with_graphs, eager_with), (without, eager_without) = results
     assert with_graphs == without
-    assert eager_with < eager_without / 2  # most catch-ups replayed a catch-up graph
+    assert eager_with == 0  # the prompts in chunk replays, every later catch-up in one replay
+    assert eager_without >= 10

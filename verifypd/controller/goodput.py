@@ -101,6 +101,9 @@ class GoodputConfig:
     # Most tokens a drafter may be behind and still start with a graph replay (the drafter's
     # largest catch-up graph, ``SpecConfig.catch_up_graphs``; 2 without them).
     graph_catch_up: int = 2
+    # Most tokens a drafter may be behind and still catch up in chunk-graph replays
+    # (``SpecConfig.catch_up_chunk``); 0 without them. Neither kind pays the eager one-off.
+    chunk_catch_up: int = 0
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
     # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
     # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
@@ -127,7 +130,7 @@ class GoodputConfig:
             (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
-            (self.graph_catch_up >= 1, "graph_catch_up >= 1"),
+            (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -328,7 +331,7 @@ class GoodputPolicy(DraftController):
         it runs on the host before every decode step."""
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
-        groups = _groups(cands, g.alpha_bucket, g.graph_catch_up)
+        groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
         best: _Plan | None = None
         for L in range(1, self.config.max_draft_len + 1):
             tokens, least = float(rows), math.inf

@@ -31,6 +31,7 @@ from verifypd.types import Observer
 logger = logging.getLogger("verifypd")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VERIFY_GRAPH_BATCH = 64  # larger verify batches are compute-bound: eager
+CATCH_UP_CHUNK_BATCH = 8  # drafters catching up on a context at once in one chunk-graph replay
 
 
 def resolve_device(name: str) -> torch.device:
@@ -206,8 +207,15 @@ def capture_graphs(parts: EngineParts) -> None:
     if drafter is not None:
         drafter.runner.capture_graphs(1, max_batch, max_len)
         drafter.runner.capture_graphs(2, max_batch, max_len)
-        for q in parts.config.spec.catch_up_graphs:  # a few tokens behind: one replay
+        spec = parts.config.spec
+        for q in spec.catch_up_graphs:  # a few tokens behind: one replay
             drafter.runner.capture_graphs(q, verify_batch, max_len)
+        if spec.catch_up_chunk and spec.catch_up_chunks:  # a new request: a few replays
+            drafter.runner.capture_graphs(spec.catch_up_chunk, CATCH_UP_CHUNK_BATCH, max_len)
+            drafter.catch_up_chunk, drafter.catch_up_chunks = (
+                spec.catch_up_chunk,
+                spec.catch_up_chunks,
+            )
         drafter.warm_up_chain()
 
 

@@ -93,6 +93,9 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
+        # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graph's q and the
+        # most replays of it a proposal's catch-up may take (0: no chunked catch-up).
+        self.catch_up_chunk = self.catch_up_chunks = 0
         self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
         self.chained: ChainedDrafts | None = None
         self.num_adopted = 0  # proposals served by chained drafts (tests, benchmarks)
@@ -122,6 +125,7 @@ class DraftModelProposer:
         self._wait_for_follow([v for _, v, _, _ in active])
         views = [v for _, v, _, _ in active]
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for v in views)
+        _chunked_catch_up(self.runner, views, self.catch_up_chunk, self.catch_up_chunks)
         _uniform_catch_up(views, self.runner.graphs)
         for v in views:
             v.draft_start = v.num_tokens
@@ -540,6 +544,31 @@ class SpecDecoder:
             self.ngram.forget(seq.seq_id)
         if self.drafter is not None:
             self.drafter.free(seq.seq_id)
+
+
+def _chunked_catch_up(runner: ModelRunner, views: list[DraftView], q: int, max_chunks: int) -> None:
+    """Views further behind than the catch-up graphs reach (a request fresh from its prefill)
+    feed their context in replays of the chunk graph (q tokens a row, for a few rows):
+    every far view feeds the same q tokens per replay, ending at least one token short of its
+    last (the first draft step feeds that), so each replay is uniform; a view less than q
+    behind re-feeds stored tokens to match. At most ``max_chunks`` replays: a context longer
+    than that (or more far views than the graph holds) is left to the eager first step."""
+    graphs = runner.graphs
+    if max_chunks <= 0 or q not in graphs:
+        return
+    reach = max((k for k in graphs if k < q), default=1)
+    far = [v for v in views if v.num_tokens - v.num_computed_tokens > reach]
+    if not far or len(far) > graphs[q].max_batch or any(v.num_tokens <= q for v in far):
+        return
+    if max(v.num_tokens - 1 - v.num_computed_tokens for v in far) > max_chunks * q:
+        return
+    while far:
+        for v in far:
+            v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - 1 - q)
+        runner.logits(runner.prepare(StepPlan("draft", [ScheduledSeq(v, q) for v in far])), [])
+        for v in far:
+            v.num_computed_tokens += q
+        far = [v for v in far if v.num_tokens - v.num_computed_tokens > reach]
 
 
 def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> None:

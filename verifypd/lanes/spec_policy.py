@@ -30,12 +30,15 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
     while a prompt has waited half its TTFT budget for its prefill, and how far behind a
     drafter may be while its first draft step still replays a graph."""
     graphs = core.use_cuda_graphs and core.spec.enabled
-    sched = core.config.scheduler
+    sched, spec = core.config.scheduler, core.config.spec
+    reach = max((2, *spec.catch_up_graphs)) if graphs else 2
+    chunks = spec.catch_up_chunk * spec.catch_up_chunks + reach if graphs else 0
     return GoodputConfig(
         prefill_wait_guard_s=sched.ttft_budget_s / 2,
         max_spec_rows=min(sched.max_num_seqs, 64) if graphs else None,
         padded_fused=graphs,
-        graph_catch_up=max((2, *core.config.spec.catch_up_graphs)) if graphs else 2,
+        graph_catch_up=reach,
+        chunk_catch_up=chunks if spec.catch_up_chunk else 0,
     )
 
 
