@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
+from functools import partial
 from typing import Any
 
 from common import csv_list, error_record, progress, release_memory
@@ -135,7 +136,7 @@ def engine_sweep(
             core.kv.reset_prefix_cache()  # a replayed trace must not hit the last run's cache
             recorder.reset()
             preemptions = core.scheduler.num_preemptions
-            snapshot = core.controller.snapshot if MODES[name].controller else None
+            snapshot = partial(policy_snapshot, core) if MODES[name].controller else None
             try:
                 res = llm.loop.run_until_complete(run_trace(
                     llm.engine, plan, rate, profile, temp, send_alpha=spec_on,
@@ -228,3 +229,14 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
                 row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
                        "mode": args.mode_label, **error_record(exc)}  # fmt: skip
             record_run(run, row, [])
+
+
+def policy_snapshot(core) -> dict:
+    """The policy's snapshot with the drafter's step counts (graph replays against eager
+    forwards: catch-ups that missed the graphs show here)."""
+    snap = core.controller.snapshot()
+    drafter = core.spec.drafter
+    if drafter is not None:
+        snap["drafter_graph_steps"] = drafter.runner.num_graph_steps
+        snap["drafter_eager_steps"] = drafter.runner.num_eager_steps
+    return snap

@@ -376,3 +376,22 @@ def test_drafters_within_the_catch_up_graphs_are_not_planned_eager():
         d = plans[reached]
         assert d.reason == "speculate" and all(n > 0 for n in d.draft_lens.values())
     assert plans[2].reason == "no_gain"  # the same batch, planned with an eager first step
+
+
+def test_the_decode_cadence_is_timed_against_the_prediction():
+    """From one decision to the next: speculating and plain steps apart, idle gaps left out."""
+    clock = FakeClock()
+    policy = _policy(clock=clock)
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    first = policy.decide(_views(ids))
+    assert first.draft_len > 0
+    clock.advance(2 * first.predicted_step_s)
+    policy.decide(_views(ids))
+    clock.advance(100.0)  # nothing to decode for a while
+    policy.decide(_views(ids))
+    snap = policy.snapshot()
+    assert snap["cadence_spec_steps"] == 1 and snap["cadence_plain_steps"] is None
+    assert snap["cadence_spec_s"] == pytest.approx(2 * first.predicted_step_s)
+    assert snap["cadence_spec_predicted_s"] == pytest.approx(first.predicted_step_s)

@@ -1,6 +1,7 @@
 """On the GPU: start-up calibration is on by default with speculation, times decode and verify
-points by replaying the captured graphs (only the mixed shapes and prefill chunks run eagerly),
-and gives every scratch block back."""
+points by replaying the captured graphs (the mixed shapes too: their plain rows are padded to
+the verify width, as in a fused step; only prefill chunks run eagerly), and gives every scratch
+block back."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ def test_calibration_replays_the_graphs_and_frees_its_blocks() -> None:
     runs = 1 + table.meta["repeats"]
     graphed = [k for k in table.target if k[1] != MIXED]
     assert {q for _, q in graphed} == {1, 2, 3, 4}
-    assert table.meta["target_graph_steps"] == runs * len(graphed)
     mixed = [k for k in table.target if k[1] == MIXED]
-    assert table.meta["target_eager_steps"] == runs * (len(mixed) + len(table.prefill))
+    assert mixed  # 8 rows fit the verify graphs (16 rows)
+    assert table.meta["target_graph_steps"] == runs * (len(graphed) + len(mixed))
+    assert table.meta["target_eager_steps"] == runs * len(table.prefill)
     assert table.meta["draft_graph_steps"] == runs * len(table.draft)
     assert all(t > 0 for t in table.target.values())
     assert core.kv.num_free_blocks == core.spec.drafter.kv.num_free_blocks == 1024

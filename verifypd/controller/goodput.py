@@ -207,6 +207,10 @@ class GoodputPolicy(DraftController):
         self._next_probe = self.goodput.probe_min_steps
         self._probed: set[int] = set()  # seq ids drafted in the last probe, not yet verified
         self._next_catch_up = 0
+        # Decode cadence: the time from one decision to the next against the prediction, for
+        # speculating and plain steps (what a request waits between its decode steps).
+        self.cadence = {k: [0, 0.0, 0.0] for k in ("spec", "plain")}  # steps, actual, predicted
+        self._last_decision: tuple[float, str, float] | None = None
 
     # ------------------------------------------------------------------ requests, learning
     def add_request(
@@ -251,7 +255,18 @@ class GoodputPolicy(DraftController):
         decision = self._decide(batch, load, t0)
         decision.plain_step_s = t0
         self._record(decision, batch)
+        self._time_cadence(decision, t0)
         return decision
+
+    def _time_cadence(self, d: BatchDecision, t0: float) -> None:
+        now = self.clock()
+        if self._last_decision is not None:
+            at, kind, predicted = self._last_decision
+            if now - at < 10 * predicted:  # not an idle gap between requests
+                c = self.cadence[kind]
+                c[0], c[1], c[2] = c[0] + 1, c[1] + now - at, c[2] + predicted
+        kind = "spec" if d.draft_len else "plain"
+        self._last_decision = (now, kind, d.predicted_step_s if d.draft_len else t0)
 
     def _decide(self, batch: list[SeqView], load: LoadSignals, t0: float) -> BatchDecision:
         off = {v.seq_id: 0 for v in batch}
@@ -390,6 +405,11 @@ class GoodputPolicy(DraftController):
                 "plain_step_s": d.plain_step_s if d else None,
                 "probe_interval": self._probe_interval,
                 "cost_levels": self.costs.snapshot(),
+                **{
+                    f"cadence_{k}_{name}": (v[i] / v[0] if i else v[0]) if v[0] else None
+                    for k, v in self.cadence.items()
+                    for i, name in enumerate(("steps", "s", "predicted_s"))
+                },
             }
         )
         return snap
