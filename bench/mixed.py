@@ -94,6 +94,7 @@ class Mode:
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
+    spec_options: tuple[tuple[str, float], ...] = ()  # other SpecConfig fields set
 
 
 MODES = {
@@ -108,6 +109,15 @@ MODES = {
     # The sweep's names (issue 14): single-fixed and three-fixed as above.
     "off": Mode("three", False),
     "policy": Mode("three", True, True, policy="goodput"),
+    # The goodput policy with a tight guard: speculators no slower per token than plain
+    # decoding, riders at most 5 % slower.
+    "policy-tight": Mode(
+        "three",
+        True,
+        True,
+        policy="goodput",
+        spec_options=(("guard_slack", 0.0), ("rider_slack", 0.05)),
+    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
@@ -265,6 +275,7 @@ def mode_config(args, name: str) -> EngineConfig:
         spec = synthetic_spec(args, mode.controller, mode.chain_drafts)
         if mode.policy is not None:
             spec = dataclasses.replace(spec, policy=mode.policy)
+        spec = dataclasses.replace(spec, **dict(mode.spec_options))
     cfg = engine_config(
         args.model, args.device, args.dtype, args.seed,
         max_num_seqs=args.max_num_seqs,

@@ -17,7 +17,14 @@ from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
 from http_load import HttpEngine, served_model
 from loadgen import run_load
-from sweep import SweepPlan, criteria, criteria_lines, run_trace, summary_row
+from sweep import (
+    SweepPlan,
+    criteria,
+    criteria_lines,
+    policy_variants,
+    run_trace,
+    summary_row,
+)
 from sweep_report import plot_all, table
 
 SCRIPT = "mixed"
@@ -101,6 +108,11 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
     rows = report["sweep"]
     report["criteria"] = criteria(rows)
     text = table(rows) + "\n\n" + "\n".join(criteria_lines(report["criteria"]))
+    variants = policy_variants(rows)
+    if variants:
+        report["criteria_variants"] = {v: criteria(rows, v) for v in variants}
+        for v, block in report["criteria_variants"].items():
+            text += f"\n\n{v}:\n" + "\n".join(criteria_lines(block))
     text += (f"\nms; SLO TTFT <= {plan.slo_ttft_ms} ms and TPOT <= {plan.slo_tpot_ms} ms; "
              f"synthetic acceptance per request (profiles {', '.join(plan.profiles)})")  # fmt: skip
     run.finish(text, lambda png: plot_all(png, rows, report["policy_timeline"]))

@@ -297,12 +297,20 @@ def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: 
     return out
 
 
-def criteria(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def criteria(rows: list[dict[str, Any]], policy: str = "policy") -> dict[str, Any]:
+    """The issue's criteria for one policy mode against the modes that are not a policy
+    variant (``policy-*``: the same policy with other settings, judged on its own)."""
+    rows = [r for r in rows if r["mode"] == policy or not r["mode"].startswith("policy")]
     return {
-        "policy_within_5pct_of_best": within_best(rows),
-        "hetero_goodput_gain_15pct": hetero_goodput_gain(rows),
-        "light_load_tpot_p50_1p5x_off": light_load_tpot(rows),
+        "policy_within_5pct_of_best": within_best(rows, policy),
+        "hetero_goodput_gain_15pct": hetero_goodput_gain(rows, policy),
+        "light_load_tpot_p50_1p5x_off": light_load_tpot(rows, policy),
     }
+
+
+def policy_variants(rows: list[dict[str, Any]]) -> list[str]:
+    """The policy modes other than ``policy`` in the rows (``policy-tight``, ...)."""
+    return sorted({r["mode"] for r in rows if r["mode"].startswith("policy-")})
 
 
 def criteria_lines(block: dict[str, Any]) -> list[str]:

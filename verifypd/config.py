@@ -261,6 +261,11 @@ class SpecConfig:
     # replays (a longer context: one eager forward). 0 = none.
     catch_up_chunk: int = 64
     catch_up_chunks: int = 8
+    # The goodput policy's latency guard: a speculating request's expected time per token may
+    # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
+    # may wait up to (1 + ``rider_slack``) plain steps for its token.
+    guard_slack: float = 0.10
+    rider_slack: float = 0.25
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -289,6 +294,8 @@ class SpecConfig:
                 f"catch_up_chunk must be 0 or above every catch_up_graphs length and at most"
                 f" 256, got {self.catch_up_chunk!r}"
             )
+        if not (0.0 <= self.guard_slack <= 1.0 and 0.0 <= self.rider_slack <= 1.0):
+            raise ValueError("guard_slack and rider_slack must be in [0, 1]")
         if self.catch_up_chunks < 0:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
 

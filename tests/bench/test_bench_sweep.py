@@ -160,6 +160,13 @@ def test_criteria_on_constructed_rows() -> None:
     assert sum(line.startswith("MISS") for line in lines) == 3
     assert any("metric=itl_p99_ms" in line and "MISS" in line for line in lines)
     assert sweep.criteria([_row("off", 2)])["hetero_goodput_gain_15pct"]["verdict"] == "N/A"
+    # A policy variant is judged on its own against the non-policy modes, and does not count
+    # as a rival of ``policy``.
+    tight = [_row("policy-tight", 2, itl=10.0, good=5.0, p50=6.0)]
+    assert sweep.policy_variants(rows + tight) == ["policy-tight"]
+    assert sweep.criteria(rows + tight) == crit
+    crit_tight = sweep.criteria(rows + tight, "policy-tight")
+    assert crit_tight["light_load_tpot_p50_1p5x_off"]["checks"][0]["speedup"] == 10.0 / 6.0
 
 
 def test_merge_with_vllm_and_http(tmp_path: Path) -> None:

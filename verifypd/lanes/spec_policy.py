@@ -39,6 +39,8 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         padded_fused=graphs,
         graph_catch_up=reach,
         chunk_catch_up=chunks if spec.catch_up_chunk else 0,
+        latency_slack=spec.guard_slack,
+        rider_slack=spec.rider_slack,
     )
 
 
