@@ -95,6 +95,7 @@ class Mode:
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float], ...] = ()  # other SpecConfig fields set
+    sched_options: tuple[tuple[str, float], ...] = ()  # SchedulerConfig fields set
 
 
 MODES = {
@@ -286,7 +287,10 @@ def mode_config(args, name: str) -> EngineConfig:
         lane_mode=mode.lane_mode,
     )  # fmt: skip
     sched = dataclasses.replace(
-        cfg.scheduler, max_prefill_chunk=args.max_prefill_chunk, ttft_budget_s=args.ttft_budget_s
+        cfg.scheduler,
+        max_prefill_chunk=args.max_prefill_chunk,
+        ttft_budget_s=args.ttft_budget_s,
+        **dict(mode.sched_options),
     )
     return cfg.replace(scheduler=sched)
 
