@@ -119,6 +119,15 @@ MODES = {
         policy="goodput",
         spec_options=(("guard_slack", 0.0), ("rider_slack", 0.05)),
     ),
+    # The goodput policy with the Sarathi-style prefill bound: a prefill step takes the tokens
+    # the cost model predicts to run in 20 ms.
+    "policy-bounded": Mode(
+        "three",
+        True,
+        True,
+        policy="goodput",
+        sched_options=(("prefill_step_target_s", 0.02),),
+    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
