@@ -95,7 +95,7 @@ class Mode:
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float], ...] = ()  # other SpecConfig fields set
-    sched_options: tuple[tuple[str, float], ...] = ()  # SchedulerConfig fields set
+    sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
 
 
 MODES = {
@@ -110,24 +110,20 @@ MODES = {
     # The sweep's names (issue 14): single-fixed and three-fixed as above.
     "off": Mode("three", False),
     "policy": Mode("three", True, True, policy="goodput"),
-    # The goodput policy with a tight guard: speculators no slower per token than plain
-    # decoding, riders at most 5 % slower.
-    "policy-tight": Mode(
+    # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
+    # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
+    # the policy and `off` without the Sarathi-style prefill bound.
+    "policy-loose": Mode(
         "three",
         True,
         True,
         policy="goodput",
-        spec_options=(("guard_slack", 0.0), ("rider_slack", 0.05)),
+        spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
     ),
-    # The goodput policy with the Sarathi-style prefill bound: a prefill step takes the tokens
-    # the cost model predicts to run in 20 ms.
-    "policy-bounded": Mode(
-        "three",
-        True,
-        True,
-        policy="goodput",
-        sched_options=(("prefill_step_target_s", 0.02),),
+    "policy-unbounded": Mode(
+        "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", None),)
     ),
+    "off-unbounded": Mode("three", False, sched_options=(("prefill_step_target_s", None),)),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

@@ -71,6 +71,11 @@ class BatchCostModel:
         self.level = {"target": 1.0, "mixed": mixed_prior, "draft": 1.0, "prefill": 1.0}
         self.num_observations = dict.fromkeys(KINDS, 0)
 
+    @property
+    def measured(self) -> bool:
+        """Whether the costs have a measured shape (a start-up calibration), not the prior."""
+        return self.shape is not None
+
     # ------------------------------------------------------------------ shape
     def _target(self, rows: int, query_len: int) -> float:
         t = self.shape.target_time(rows, query_len) if self.shape is not None else None

@@ -170,9 +170,15 @@ class SchedulerConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
     # Sarathi-style bound: a prefill step's tokens are what the cost model predicts to run in
-    # this many seconds (at least min_prefill_budget); None: max_num_batched_tokens.
-    prefill_step_target_s: float | None = None
+    # this many seconds (at least min_prefill_budget); None: max_num_batched_tokens. A prompt
+    # chunk shares the GPU with the decode step running on the decode stream: on an H100
+    # (dummy 7B, 0.5B drafter, 3 and 8 req/s) 20 ms cut the decode ITL p99 by 8-35 %.
+    prefill_step_target_s: float | None = 0.02
     min_prefill_budget: int = 256
+    # The bound is lifted while the oldest waiting prompt has waited more than this fraction
+    # of ttft_budget_s: under a backlog, prefill throughput comes first (without the lift the
+    # same H100 run's TTFT p99 at 11 req/s was 549 ms against 142 ms unbounded).
+    prefill_bound_lift: float = 0.25
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
     max_request_kv_share: float = 0.5
@@ -188,6 +194,8 @@ class SchedulerConfig:
             raise ValueError("prefill_step_target_s must be positive (or None)")
         if self.min_prefill_budget <= 0:
             raise ValueError("min_prefill_budget must be positive")
+        if not 0.0 <= self.prefill_bound_lift <= 1.0:
+            raise ValueError("prefill_bound_lift must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -264,8 +272,8 @@ class SpecConfig:
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
     # may wait up to (1 + ``rider_slack``) plain steps for its token.
-    guard_slack: float = 0.10
-    rider_slack: float = 0.25
+    guard_slack: float = 0.0
+    rider_slack: float = 0.05
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

@@ -196,3 +196,17 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
     unpadded, _, _ = await run(False)
     assert padded == unpadded
     assert policy.num_fused > 0 and any(w > 0 for w in widths)  # plain rows were padded
+
+
+def test_the_prefill_bound_needs_measured_costs_and_lifts_under_a_backlog():
+    core = AsyncEngine(tiny_config()).core  # the default 20 ms target, no calibration (CPU)
+    high = core.config.scheduler.max_num_batched_tokens
+    assert core.prefill_budget() == high  # the prior's costs are not the hardware's
+    core.costs.shape = MemoryBound()
+    bounded = core.prefill_budget()
+    assert bounded < high
+    core.add_request("r", list(range(1, 40)), SamplingParams(max_tokens=4))
+    arrival = core.scheduler.waiting[0].arrival_time
+    lift = core.config.scheduler.prefill_bound_lift * core.config.scheduler.ttft_budget_s
+    assert core.prefill_budget(now=arrival + 0.9 * lift) == bounded
+    assert core.prefill_budget(now=arrival + 1.1 * lift) == high

@@ -239,13 +239,22 @@ class EngineCore:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""
         return self.runner.launch(plan)
 
-    def prefill_budget(self) -> int:
+    def prefill_budget(self, now: float | None = None) -> int:
         """Prefill tokens for the next prefill step: ``max_num_batched_tokens``, or with
-        ``prefill_step_target_s`` the most the cost model predicts to run within it."""
+        ``prefill_step_target_s`` the most the cost model predicts to run within it, unless
+        the oldest waiting prompt has waited past ``prefill_bound_lift`` of the TTFT budget.
+        The bound needs measured step costs (start-up calibration, on a GPU): without them the
+        budget is not bounded."""
         cfg = self.config.scheduler
         high = cfg.max_num_batched_tokens
-        if cfg.prefill_step_target_s is None:
+        if cfg.prefill_step_target_s is None or not self.costs.measured:
             return high
+        waiting = self.scheduler.waiting
+        if waiting:
+            now = time.monotonic() if now is None else now
+            oldest = min(s.arrival_time for s in waiting)
+            if now - oldest > cfg.prefill_bound_lift * cfg.ttft_budget_s:
+                return high
         low = min(cfg.min_prefill_budget, high)
         return self.costs.prefill_tokens_within(cfg.prefill_step_target_s, low, high)
 

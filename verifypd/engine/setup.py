@@ -222,8 +222,9 @@ def capture_graphs(parts: EngineParts) -> None:
 def calibrate(parts: EngineParts) -> CostTable | None:
     """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
     on = parts.config.calibrate_costs
-    if on is None:
-        on = parts.is_cuda and parts.spec.enabled
+    if on is None:  # the policy and the prefill bound read it
+        bound = parts.config.scheduler.prefill_step_target_s is not None
+        on = parts.is_cuda and (parts.spec.enabled or bound)
     if not on:
         return None
     try:
