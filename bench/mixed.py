@@ -112,7 +112,7 @@ MODES = {
     "policy": Mode("three", True, True, policy="goodput"),
     # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
     # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
-    # the policy and `off` without the Sarathi-style prefill bound.
+    # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
     "policy-loose": Mode(
         "three",
         True,
@@ -120,10 +120,10 @@ MODES = {
         policy="goodput",
         spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
     ),
-    "policy-unbounded": Mode(
-        "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", None),)
+    "policy-bounded": Mode(
+        "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
-    "off-unbounded": Mode("three", False, sched_options=(("prefill_step_target_s", None),)),
+    "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

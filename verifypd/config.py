@@ -170,14 +170,15 @@ class SchedulerConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
     # Sarathi-style bound: a prefill step's tokens are what the cost model predicts to run in
-    # this many seconds (at least min_prefill_budget); None: max_num_batched_tokens. A prompt
-    # chunk shares the GPU with the decode step running on the decode stream: on an H100
-    # (dummy 7B, 0.5B drafter, 3 and 8 req/s) 20 ms cut the decode ITL p99 by 8-35 %.
-    prefill_step_target_s: float | None = 0.02
+    # this many seconds (at least min_prefill_budget; only where step costs are measured);
+    # None: max_num_batched_tokens. Off by default: on an H100 (dummy 7B + 0.5B drafter,
+    # hetero traffic, f52259d) 20 ms cut the policy's ITL p99 at 3 and 8 req/s (16.5 and 29.5
+    # ms against 24.1 and 37.9) but chunked long prompts so finely that TTFT p99 reached
+    # 314-549 ms where unbounded it was 93-142 ms, and goodput at 11 req/s fell by half.
+    prefill_step_target_s: float | None = None
     min_prefill_budget: int = 256
     # The bound is lifted while the oldest waiting prompt has waited more than this fraction
-    # of ttft_budget_s: under a backlog, prefill throughput comes first (without the lift the
-    # same H100 run's TTFT p99 at 11 req/s was 549 ms against 142 ms unbounded).
+    # of ttft_budget_s (a backlog: prefill throughput first).
     prefill_bound_lift: float = 0.25
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.

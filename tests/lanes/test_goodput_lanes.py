@@ -147,7 +147,8 @@ def test_prefill_budget_follows_the_step_target():
 
 
 async def test_prefill_chunks_stay_within_the_budget(reference):
-    cfg = SchedulerConfig(prefill_step_target_s=0.00405, min_prefill_budget=16)
+    # A TTFT budget a slow CPU never reaches: the bound is not lifted for a backlog here.
+    cfg = SchedulerConfig(prefill_step_target_s=0.00405, min_prefill_budget=16, ttft_budget_s=600)
     engine = AsyncEngine(tiny_config(scheduler=cfg))
     engine.core.costs.shape = MemoryBound()
     engine.core.costs.observe = lambda *a, **k: None
@@ -199,7 +200,8 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
 
 
 def test_the_prefill_bound_needs_measured_costs_and_lifts_under_a_backlog():
-    core = AsyncEngine(tiny_config()).core  # the default 20 ms target, no calibration (CPU)
+    sched = SchedulerConfig(prefill_step_target_s=0.02)
+    core = AsyncEngine(tiny_config(scheduler=sched)).core  # no calibration (CPU)
     high = core.config.scheduler.max_num_batched_tokens
     assert core.prefill_budget() == high  # the prior's costs are not the hardware's
     core.costs.shape = MemoryBound()
