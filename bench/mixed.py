@@ -94,7 +94,7 @@ class Mode:
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
-    spec_options: tuple[tuple[str, float], ...] = ()  # other SpecConfig fields set
+    spec_options: tuple[tuple[str, float | None], ...] = ()  # other SpecConfig fields set
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
 
 
@@ -119,6 +119,9 @@ MODES = {
         True,
         policy="goodput",
         spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
+    ),
+    "policy-uncapped": Mode(
+        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", None),)
     ),
     "policy-bounded": Mode(
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)

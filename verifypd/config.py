@@ -275,6 +275,8 @@ class SpecConfig:
     # may wait up to (1 + ``rider_slack``) plain steps for its token.
     guard_slack: float = 0.0
     rider_slack: float = 0.05
+    # ... and no speculating step may take longer than this many plain steps (None: no cap).
+    max_step_ratio: float | None = 1.25
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -305,6 +307,8 @@ class SpecConfig:
             )
         if not (0.0 <= self.guard_slack <= 1.0 and 0.0 <= self.rider_slack <= 1.0):
             raise ValueError("guard_slack and rider_slack must be in [0, 1]")
+        if self.max_step_ratio is not None and self.max_step_ratio < 1.0:
+            raise ValueError(f"max_step_ratio must be >= 1 (or None), got {self.max_step_ratio!r}")
         if self.catch_up_chunks < 0:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
 

@@ -395,3 +395,34 @@ def test_the_decode_cadence_is_timed_against_the_prediction():
     assert snap["cadence_spec_steps"] == 1 and snap["cadence_plain_steps"] is None
     assert snap["cadence_spec_s"] == pytest.approx(2 * first.predicted_step_s)
     assert snap["cadence_spec_predicted_s"] == pytest.approx(first.predicted_step_s)
+
+
+def test_the_step_cap_bounds_the_speculating_step_itself():
+    """The guard bounds the expected time per token; the cap bounds the step (the gap a
+    request sees when its first draft is rejected): with it, L shrinks until the step fits."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3)
+    decisions = {}
+    for cap in (None, 1.25):
+        policy = _policy(shape, max_step_ratio=cap)
+        ids = _add(policy, 4)
+        for i in ids:
+            _teach(policy, i, 0.9)
+        decisions[cap] = policy.decide(_views(ids))
+    free, capped = decisions[None], decisions[1.25]
+    assert free.draft_len > capped.draft_len > 0
+    assert free.predicted_step_s > 1.25 * free.plain_step_s
+    assert capped.predicted_step_s <= 1.25 * capped.plain_step_s
+
+
+def test_drafters_only_an_eager_catch_up_reaches_are_not_drafted_for():
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3, prefill_token=20e-6)
+    policy = _policy(
+        shape, max_catch_up=64, catch_up_every_steps=1, chunk_catch_up=520, rider_slack=5.0
+    )  # the long prompt's request rides along: no rider limit
+    ids = _add(policy, 10)
+    for i in ids:
+        _teach(policy, i, 0.8)
+    views = _views(ids[:8]) + [SeqView(8, 300), SeqView(9, 3000)]  # a short and a long prompt
+    d = policy.decide(views)
+    assert d.reason == "catch_up" and d.draft_lens[8] > 0  # chunk replays reach 300
+    assert d.draft_lens[9] == 0  # 3000 only an eager forward reaches

@@ -103,7 +103,13 @@ class GoodputConfig:
     graph_catch_up: int = 2
     # Most tokens a drafter may be behind and still catch up in chunk-graph replays
     # (``SpecConfig.catch_up_chunk``); 0 without them. Neither kind pays the eager one-off.
+    # With chunk graphs, a drafter further behind (a long prompt) is not drafted for at all:
+    # its eager catch-up is ~10 ms of host time that stalls every lane.
     chunk_catch_up: int = 0
+    # No speculating step may take longer than this many plain steps (None: no cap). The
+    # guard above bounds the expected time per token; this bounds the step itself, which is
+    # the inter-token gap a request sees when its first draft is rejected (the ITL tail).
+    max_step_ratio: float | None = None
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
     # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
     # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
@@ -131,6 +137,7 @@ class GoodputConfig:
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
+            (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
         ]
         for ok, rule in checks:
             if not ok:
@@ -324,6 +331,8 @@ class GoodputPolicy(DraftController):
             far = v.drafter_behind > g.max_catch_up
             if st is None or not st.speculate or (far and not catching_up):
                 continue
+            if g.chunk_catch_up and v.drafter_behind > g.chunk_catch_up:
+                continue  # only an eager catch-up reaches it: not worth its host time
             if v.tokens_left < 2:  # its last token: it rides along, outside the guard
                 out.append(_Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
                 continue
@@ -346,6 +355,7 @@ class GoodputPolicy(DraftController):
         it runs on the host before every decode step."""
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
+        cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
         best: _Plan | None = None
         for L in range(1, self.config.max_draft_len + 1):
@@ -356,7 +366,7 @@ class GoodputPolicy(DraftController):
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 one_off = self.costs.catch_up(grp.far) + (g.eager_draft_s if grp.eager else 0.0)
                 draft_s = L * self.costs.draft(k) + self.costs.catch_up(grp.steady)
-                bound = limit * least
+                bound = min(limit * least, cap)
                 if k < rows:  # plain rows wait a whole step for their one token
                     bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):

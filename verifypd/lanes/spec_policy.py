@@ -41,6 +41,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         chunk_catch_up=chunks if spec.catch_up_chunk else 0,
         latency_slack=spec.guard_slack,
         rider_slack=spec.rider_slack,
+        max_step_ratio=spec.max_step_ratio,
     )
 
 
