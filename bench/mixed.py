@@ -120,8 +120,8 @@ MODES = {
         policy="goodput",
         spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
     ),
-    "policy-uncapped": Mode(
-        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", None),)
+    "policy-capped": Mode(
+        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.25),)
     ),
     "policy-bounded": Mode(
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
