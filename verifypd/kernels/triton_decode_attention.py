@@ -31,7 +31,7 @@ import triton.language as tl
 
 from verifypd.kernels.pdl import launch_options, wait_for_previous
 from verifypd.kernels.triton_prefill_attention import (
-    attend_tile,
+    attend_range,
     check_attention_inputs,
     dot_precision,
 )
@@ -116,20 +116,11 @@ def _split_kv_attention_kernel(
     # them (for decode, all but the chunk's last partial tile) go unmasked.
     num_full = tl.maximum(tl.minimum(end, seq_len - q_len + 1) - start, 0) // BLOCK_N
     full_end = start + num_full * BLOCK_N
-    for tile_start in range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, end,
-            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
-            stride_vc_b, stride_vc_s, stride_vc_h,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
-        )  # fmt: skip
-    for tile_start in range(full_end, end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, end,
-            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
-            stride_vc_b, stride_vc_s, stride_vc_h,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_range(
+        q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, start, full_end, end, q_pos,
+        kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+        stride_vc_b, stride_vc_s, stride_vc_h, HEAD_DIM, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+    )  # fmt: skip
 
     has_keys = l_i > 0.0  # false for an empty split or a row that sees none of its keys
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]

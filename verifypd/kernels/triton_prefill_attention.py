@@ -89,6 +89,38 @@ def attend_tile(
     return acc, m_new, l_i
 
 
+@triton.jit
+def attend_range(
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr,
+    start,  # first key position
+    full_end,  # keys in [start, full_end) are visible to every row: whole tiles, unmasked
+    kv_end,  # keys at positions >= kv_end are never read; [full_end, kv_end) is masked
+    q_pos, kv_head, qk_scale,
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over the keys [start, kv_end), tile by tile (also the split-K kernel's
+    loop over its chunk)."""
+    for tile_start in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, tile_start, q_pos, kv_end,
+            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+            stride_vc_b, stride_vc_s, stride_vc_h,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
+        )  # fmt: skip
+    for tile_start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, tile_start, q_pos, kv_end,
+            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+            stride_vc_b, stride_vc_s, stride_vc_h,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
 # Ints that change from step to step are not specialized (Triton would compile a variant
 # for 1 / multiples of 16): a batch shape first seen under traffic must not compile mid-run.
 @triton.jit(do_not_specialize=["stride_bt_b"])
@@ -148,20 +180,11 @@ def _prefill_attention_kernel(
     kv_end = tl.where(num_tok > 0, ctx_len + first_tok + num_tok, 0)  # one past the last key
     # Keys < ctx_len + first_tok are visible to every row: whole tiles of them go unmasked.
     full_end = tl.minimum((ctx_len + first_tok) // BLOCK_N * BLOCK_N, kv_end)
-    for tile_start in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, kv_end,
-            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
-            stride_vc_b, stride_vc_s, stride_vc_h,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
-        )  # fmt: skip
-    for tile_start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, tile_start, q_pos, kv_end,
-            kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
-            stride_vc_b, stride_vc_s, stride_vc_h,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_range(
+        q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, 0, full_end, kv_end, q_pos,
+        kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+        stride_vc_b, stride_vc_s, stride_vc_h, HEAD_DIM, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+    )  # fmt: skip
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]

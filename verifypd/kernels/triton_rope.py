@@ -33,19 +33,24 @@ def _rope_kernel(
     offs_d = tl.arange(0, HALF_DIM)
     cos, sin = load_cos_sin(cos_sin_ptr, positions_ptr, t, stride_cs_p, offs_d, HALF_DIM)
 
-    offs_hq = tl.arange(0, Q_HEADS_PAD)
-    q_mask = (offs_hq[:, None] < num_q_heads) & (offs_d[None, :] < HALF_DIM)  # [Hq_pad, D/2]
-    q1_ptrs = q_ptr + t * stride_q_t + offs_hq[:, None] * stride_q_h + offs_d[None, :]
-    q1, q2 = rotated_halves(q1_ptrs, q_mask, cos, sin, HALF_DIM)
-    tl.store(q1_ptrs, q1.to(q_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(q1_ptrs + HALF_DIM, q2.to(q_ptr.dtype.element_ty), mask=q_mask)
+    rotate_in_place(q_ptr, t, stride_q_t, stride_q_h, num_q_heads, offs_d, cos, sin,
+                    Q_HEADS_PAD, HALF_DIM)  # fmt: skip
+    rotate_in_place(k_ptr, t, stride_k_t, stride_k_h, num_kv_heads, offs_d, cos, sin,
+                    KV_HEADS_PAD, HALF_DIM)  # fmt: skip
 
-    offs_hk = tl.arange(0, KV_HEADS_PAD)
-    k_mask = (offs_hk[:, None] < num_kv_heads) & (offs_d[None, :] < HALF_DIM)
-    k1_ptrs = k_ptr + t * stride_k_t + offs_hk[:, None] * stride_k_h + offs_d[None, :]
-    k1, k2 = rotated_halves(k1_ptrs, k_mask, cos, sin, HALF_DIM)
-    tl.store(k1_ptrs, k1.to(k_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(k1_ptrs + HALF_DIM, k2.to(k_ptr.dtype.element_ty), mask=k_mask)
+
+@triton.jit
+def rotate_in_place(
+    ptr, t, stride_t, stride_h, num_heads, offs_d, cos, sin,
+    HEADS_PAD: tl.constexpr, HALF_DIM: tl.constexpr,
+):  # fmt: skip
+    """Rotates token t's first ``num_heads`` heads (of ``HEADS_PAD``) in place."""
+    offs_h = tl.arange(0, HEADS_PAD)
+    mask = (offs_h[:, None] < num_heads) & (offs_d[None, :] < HALF_DIM)  # [H_pad, D/2]
+    first = ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :]
+    x1, x2 = rotated_halves(first, mask, cos, sin, HALF_DIM)
+    tl.store(first, x1.to(ptr.dtype.element_ty), mask=mask)
+    tl.store(first + HALF_DIM, x2.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from verifypd.kernels.pdl import launch_options, wait_for_previous
-from verifypd.kernels.triton_rope import load_cos_sin, rotated_halves
+from verifypd.kernels.triton_rope import load_cos_sin, rotate_in_place, rotated_halves
 
 
 @triton.jit
@@ -55,12 +55,8 @@ def _rope_store_kv_kernel(
     cos, sin = load_cos_sin(cos_sin_ptr, positions_ptr, t, stride_cs_p, offs_d, HALF_DIM)
 
     # q: rotated in place, padding tokens included.
-    offs_hq = tl.arange(0, Q_HEADS_PAD)
-    q_mask = (offs_hq[:, None] < num_q_heads) & (offs_d[None, :] < HALF_DIM)  # [Hq_pad, D/2]
-    q1_ptrs = q_ptr + t * stride_q_t + offs_hq[:, None] * stride_q_h + offs_d[None, :]
-    q1, q2 = rotated_halves(q1_ptrs, q_mask, cos, sin, HALF_DIM)
-    tl.store(q1_ptrs, q1.to(q_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(q1_ptrs + HALF_DIM, q2.to(q_ptr.dtype.element_ty), mask=q_mask)
+    rotate_in_place(q_ptr, t, stride_q_t, stride_q_h, num_q_heads, offs_d, cos, sin,
+                    Q_HEADS_PAD, HALF_DIM)  # fmt: skip
 
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     block_id = slot // BLOCK_SIZE
