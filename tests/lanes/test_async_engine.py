@@ -128,7 +128,7 @@ async def test_padded_mixed_length_verify_is_lossless(reference):
     padded to the longest as the GPU does to replay one graph: greedy output is unchanged."""
     spec = tiny_draft_spec(always_pad_verify=True)
     engine = _engine("three", spec)
-    assert engine.core.runner.always_pad_verify  # the config field reaches the runner
+    assert engine.core.runner.inputs.always_pad_verify  # the config field reaches the runner
     padded_steps = []
     launch = engine.core.runner.launch
 

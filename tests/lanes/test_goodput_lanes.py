@@ -180,8 +180,8 @@ async def test_plain_rows_padded_into_a_fused_verify_sample_exactly_as_unpadded(
         policy.population = AcceptanceEstimate(0.02, 0.97)
         runner = engine.core.runner
         widths = []
-        width_of = runner._verify_width
-        runner._verify_width = lambda plan: widths.append(width_of(plan)) or widths[-1]
+        width_of = runner.inputs.verify_width
+        runner.inputs.verify_width = lambda plan: widths.append(width_of(plan)) or widths[-1]
 
         async def one(rid, prompt, p):
             return [t async for o in engine.generate(rid, prompt, p) for t in o.new_token_ids]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
@@ -24,8 +23,8 @@ from verifypd.engine.rejection import (
     synthetic_num_accepted,
 )
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.engine.step_inputs import StepInputBuilder, StepInputs
 from verifypd.engine.timing import Span
-from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kvcache import KVPool
 from verifypd.types import RequestFailure, ScheduledSeq, StepPlan
 
@@ -40,17 +39,6 @@ class VerifyOutputs:
     first_rows: list[int]  # per seq: its row of ``input_ids`` holding its last known token
     out: torch.Tensor  # [B, 1 + L] accepted drafts, then the final token
     num_accepted: torch.Tensor  # [B] int64
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    meta: AttentionMetadata
-    sample_rows: list[int]  # rows of [T] whose logits sample one token (plain seqs)
-    sample_seqs: list[int]  # plan index of each sample row
-    verify_seqs: list[int]  # plan indices of seqs with drafts
-    verify_rows: list[list[int]]  # per verify seq: the 1 + L rows of [T]
 
 
 class PendingStep:
@@ -114,9 +102,8 @@ class ModelRunner:
         # Benchmark only (DESIGN.md): accepted counts drawn from a truncated geometric
         # (``SpecConfig.synthetic_acceptance``).
         self.synthetic_acceptance = synthetic_acceptance
-        self.graphs: dict[int, StepGraphs] = {}  # query length -> captured graphs (GPU only)
-        # Tests (``SpecConfig.always_pad_verify``): pad mixed-L verify batches without graphs.
-        self.always_pad_verify = always_pad_verify
+        # Plans into tensors; it holds the captured graphs (query length -> graphs, GPU only).
+        self.inputs = StepInputBuilder(block_size, device, {}, always_pad_verify)
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)
@@ -132,122 +119,21 @@ class ModelRunner:
         graphs.capture()
         self.graphs[query_len] = graphs
 
+    @property
+    def graphs(self) -> dict[int, StepGraphs]:
+        """Query length -> captured graphs (GPU only)."""
+        return self.inputs.graphs
+
+    @graphs.setter
+    def graphs(self, graphs: dict[int, StepGraphs]) -> None:
+        self.inputs.graphs = graphs
+
     # ------------------------------------------------------------------ inputs
     def prepare(self, plan: StepPlan) -> StepInputs:
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        sample_seqs: list[int] = []
-        verify_seqs: list[int] = []
-        verify_rows: list[list[int]] = []
-        on_device: list[tuple[int, torch.Tensor]] = []  # (row of ids, drafts on the device)
-        pad_to = self._verify_width(plan)
-        for i, s in enumerate(plan.seqs):
-            start, toks = self._query_tokens(s, pad_to)
-            end = start + len(toks)
-            if s.draft_ids_device is not None and s.draft_token_ids:
-                on_device.append((len(ids) + s.num_new_tokens, s.draft_ids_device))
-            ids += toks
-            pos += range(start, end)
-            slots += self._slots(s.seq.block_table, start, end)
-            qsl.append(qsl[-1] + len(toks))
-            seq_lens.append(end)
-            if not s.samples:
-                continue
-            first = qsl[-1] - len(toks) + s.num_new_tokens - 1  # the row of its last real token
-            if s.draft_token_ids:
-                verify_seqs.append(i)
-                verify_rows.append(list(range(first, qsl[-1])))
-            else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
-                sample_seqs.append(i)
-                sample_rows.append(first)
-        return self._upload(plan, ids, pos, slots, qsl, seq_lens, on_device, sample_rows,
-                            sample_seqs, verify_seqs, verify_rows)  # fmt: skip
-
-    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, on_device, *rows) -> StepInputs:
-        """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
-        int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
-        Drafts still on the device are copied into their rows of the ids there (the rows ride
-        along in the int64 buffer).
-
-        Every view starts 16-byte aligned. Triton specializes pointer arguments on that
-        alignment, so a view whose offset depended on the token or sequence count would make
-        some steps compile a second variant of a kernel, under traffic (a stall of ~1 s)."""
-        num_tokens, num_seqs = len(ids), len(seq_lens)
-        width = num_tokens + num_tokens % 2  # int64 rows of an even length: 16-byte aligned
-        patch_rows = [r + j for r, d in on_device for j in range(d.shape[0])]
-        wide_host = np.zeros((4 if patch_rows else 3, width), dtype=np.int64)
-        wide_host[:3, :num_tokens] = (ids, pos, slots)
-        wide_host[3:, : len(patch_rows)] = patch_rows
-        wide = self._to_device(wide_host, torch.int64)[:, :num_tokens]
-        if patch_rows:
-            drafts = torch.cat([d for _, d in on_device]) if len(on_device) > 1 else on_device[0][1]
-            wide[0].index_copy_(0, wide[3, : len(patch_rows)], drafts)
-        tables = self._tables(plan, seq_lens)
-        narrow_host, (starts, lens, table) = _aligned_concat(
-            [np.asarray(qsl, np.int32), np.asarray(seq_lens, np.int32), tables.ravel()]
-        )
-        narrow = self._to_device(narrow_host, torch.int32)
-        query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
-        meta = AttentionMetadata(
-            slot_mapping=wide[2],
-            query_start_loc=narrow[starts : starts + num_seqs + 1],
-            seq_lens=narrow[lens : lens + num_seqs],
-            block_tables=narrow[table : table + tables.size].view(num_seqs, -1),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-        )
-        return StepInputs(wide[0], wide[1], meta, *rows)
-
-    def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
-        start = s.seq.num_computed_tokens
-        toks = s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
-        if pad_to and len(s.draft_token_ids) < pad_to:
-            toks += [0] * (pad_to - len(s.draft_token_ids))  # never accepted: num_drafts says
-        return start, toks
-
-    def _verify_width(self, plan: StepPlan) -> int:
-        """Pads every verify entry to the longest L, and every plain decode entry of a step
-        that also verifies (its one token's logits are read before the padding, so it samples
-        exactly as unpadded), when a graph exists for that width and every padded seq has its
-        slots reserved: the step replays one graph instead of running eager; 0 = no padding."""
-        lens = {len(s.draft_token_ids) for s in plan.seqs}
-        if len(lens) < 2:
-            return 0
-        if 0 in lens and not all(s.draft_token_ids or _is_decode(s) for s in plan.seqs):
-            return 0  # prompt chunks are never padded
-        width = max(lens)
-        bs = self.block_size
-        reserved = all(
-            len(s.seq.block_table) * bs >= s.seq.num_computed_tokens + 1 + width for s in plan.seqs
-        )
-        graphed = (1 + width) in self.graphs or self.always_pad_verify
-        return width if reserved and graphed else 0
-
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
-
-    def _tables(self, plan: StepPlan, seq_lens: list[int]) -> np.ndarray:
-        """[B, max_blocks] int32: every allocated block of each seq (blocks reserved for later
-        positions included, so a graph can advance on the device), padded with 0."""
-        bs = self.block_size
-        width = max(max(len(s.seq.block_table) for s in plan.seqs), -(-max(seq_lens) // bs))
-        tables = np.zeros((len(plan.seqs), width), dtype=np.int32)
-        for i, s in enumerate(plan.seqs):
-            tables[i, : len(s.seq.block_table)] = s.seq.block_table
-        return tables
+        return self.inputs.prepare(plan)
 
     def _to_device(self, data, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.as_tensor(np.asarray(data), dtype=dtype)
-        if not self.is_cuda:
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return self.inputs.to_device(data, dtype)
 
     # ------------------------------------------------------------------ execution
     @torch.inference_mode()
@@ -471,28 +357,9 @@ def _build_sampling(seqs, positions: list[int], device) -> SamplingTensors:
     )
 
 
-def _is_decode(s: ScheduledSeq) -> bool:
-    """One new token at the end of a decoding sequence."""
-    return s.num_new_tokens == 1 and s.seq.num_computed_tokens + 1 == s.seq.num_tokens
-
-
 def _fails(seq, position: int) -> bool:
     try:
         _build_sampling([seq], [position], "cpu")
     except Exception:
         return True
     return False
-
-
-def _aligned_concat(parts: list[np.ndarray], align_bytes: int = 16) -> tuple[np.ndarray, list[int]]:
-    """Concatenates 1-D arrays of one dtype, each starting at a multiple of ``align_bytes``;
-    returns the buffer and each part's element offset."""
-    step = max(1, align_bytes // parts[0].itemsize)
-    offsets, total = [], 0
-    for part in parts:
-        offsets.append(total)
-        total += -(-part.size // step) * step
-    out = np.zeros(total, dtype=parts[0].dtype)
-    for off, part in zip(offsets, parts, strict=True):
-        out[off : off + part.size] = part
-    return out, offsets

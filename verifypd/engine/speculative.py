@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from verifypd.config import SpecConfig
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
-from verifypd.engine.runner import ModelRunner, StepInputs, VerifyOutputs
+from verifypd.engine.runner import ModelRunner, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.engine.step_inputs import StepInputs
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kernels.triton_advance import (
     advance_reference,
