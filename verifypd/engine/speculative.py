@@ -11,7 +11,6 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,17 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from verifypd.config import SpecConfig
+from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
-from verifypd.engine.step_inputs import StepInputs
-from verifypd.kernels.metadata import AttentionMetadata
-from verifypd.kernels.triton_advance import (
-    advance_reference,
-    chain_inputs,
-    chain_inputs_reference,
-)
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -59,24 +52,6 @@ class DraftView:
         return len(self.token_ids)
 
 
-@dataclass
-class ChainedDrafts:
-    """The next round's drafts, made on the device right behind a verify (``chain``), before
-    the host knows how many drafts it accepted. A sequence adopts its row once the verify has
-    landed and it has exactly the tokens that verify gave it (``confirmed``)."""
-
-    verify: StepPlan  # the verify it follows
-    matrix: torch.Tensor  # [B, L] drafts on the device
-    ready: object | None  # CUDA event after the drafting
-    rows: dict[int, int]  # seq id -> row of ``matrix``
-    base: dict[int, tuple[int, int]]  # seq id -> (its tokens before the verify, the verify's L)
-    confirmed: dict[int, int] = field(default_factory=dict)  # seq id -> its tokens after it
-
-    @property
-    def num_drafts(self) -> int:
-        return self.matrix.shape[1]
-
-
 class DraftModelProposer:
     """Drafts with a smaller model sharing the target's tokenizer."""
 
@@ -98,12 +73,33 @@ class DraftModelProposer:
         # most replays of it a proposal's catch-up may take (0: no chunked catch-up).
         self.catch_up_chunk = self.catch_up_chunks = 0
         self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
-        self.chained: ChainedDrafts | None = None
-        self.num_adopted = 0  # proposals served by chained drafts (tests, benchmarks)
+        self.chainer = DraftChainer(self)  # the next round drafted behind a verify
         # Drafting runs on the decode stream (proposals) or behind a verify (chains); the
         # graphs' static buffers, the views' blocks and the pool are shared, so each drafting
         # waits for the one before it on the GPU.
         self._last_work = None
+
+    # ------------------------------------------------------------------ chained drafting
+    @property
+    def chained(self) -> ChainedDrafts | None:
+        return self.chainer.chained
+
+    @chained.setter
+    def chained(self, chained: ChainedDrafts | None) -> None:
+        self.chainer.chained = chained
+
+    @property
+    def num_adopted(self) -> int:
+        return self.chainer.num_adopted
+
+    def chain(self, verify: StepPlan, verified: VerifyOutputs, num_drafts: int, max_len: int):
+        return self.chainer.chain(verify, verified, num_drafts, max_len)
+
+    def confirm(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
+        self.chainer.confirm(plan, token_ids)
+
+    def warm_up_chain(self) -> None:
+        self.chainer.warm_up_chain()
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
         """Attaches each entry's drafts, left on the device (``draft_ids_device``; and
@@ -113,7 +109,7 @@ class DraftModelProposer:
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
         launched behind it while the GPU still drafts. Entries whose next round was already
         drafted behind their verify (``chain``) adopt those drafts instead."""
-        adopted = self.last_adopted = self._adopt(entries, lens, temps)
+        adopted = self.last_adopted = self.chainer.adopt(entries, lens, temps)
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
@@ -173,135 +169,6 @@ class DraftModelProposer:
         return self._last_work
 
     # ------------------------------------------------------------------ chained drafting
-    @torch.inference_mode()
-    def chain(
-        self, verify: StepPlan, verified: VerifyOutputs, num_drafts: int, max_len: int
-    ) -> int:
-        """Drafts the next round of the verified greedy-drafting sequences on the device,
-        behind the verify: each row feeds the token before the verify's final one and the final
-        one (both found on the device from the accepted count; re-feeding a token whose KV is
-        stored writes the same KV), then ``num_drafts - 1`` single-token steps. Every row
-        reserves drafter blocks for the most the verify can accept. Returns the rows drafted."""
-        self.chained = None
-        if num_drafts < 1:
-            return 0
-        picks = []  # (row of verified, view, tokens before the verify, the verify's L)
-        for k, i in enumerate(verified.seqs):
-            e = verify.seqs[i]
-            view = self.views.get(e.seq.seq_id)
-            n, width = e.seq.num_tokens, len(e.draft_token_ids)
-            if (
-                view is None
-                or not e.seq.params.is_greedy
-                or n + width + num_drafts > max_len
-                or view.num_computed_tokens < n + width - 1
-                or not self.kv.allocate(view.block_table, n + width + num_drafts)
-            ):
-                continue
-            picks.append((k, view, n, width))
-        if not picks:
-            return 0
-        self._follow_last_work()
-        self._wait_for_follow([v for _, v, _, _ in picks])
-        host = np.array(
-            [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
-             [n - 1 for _, _, n, _ in picks]],
-            dtype=np.int64,
-        )  # fmt: skip
-        rows = self.runner._to_device(host, torch.int64)  # verify row, first input, position
-        tables = self._tables([v for _, v, _, _ in picks])
-        if self._chain_fits_graphs(len(picks), tables.shape[1], max_len):
-            drafted = [self._greedy(self._chain_graph_step(rows, tables, verified))]
-            next_step = self.runner.graphs[1].run_next
-        else:
-            logits, base = self._chain_eager_step(rows, tables, verified, max_len)
-            drafted = [self._greedy(logits)]
-            next_step = lambda prev: self._chain_eager_next_step(base, prev)  # noqa: E731
-        for _ in range(num_drafts - 1):
-            drafted.append(self._greedy(next_step(drafted[-1])))
-        matrix = torch.stack(drafted, dim=1)
-        self.chained = ChainedDrafts(
-            verify=verify,
-            matrix=matrix,
-            ready=self._record_work(),
-            rows={v.seq_id: r for r, (_, v, _, _) in enumerate(picks)},
-            base={v.seq_id: (n, w) for _, v, n, w in picks},
-        )
-        self._graph_ready = False
-        return len(picks)
-
-    def warm_up_chain(self) -> None:
-        """Compiles the chain's input kernel at start-up (every argument that changes from call
-        to call is unspecialized, so one call covers all), not under traffic."""
-        dev = self.runner.device
-        one = torch.zeros(1, dtype=torch.int64, device=dev)
-        step = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(3)]
-        step.append(torch.zeros(1, dtype=torch.int32, device=dev))
-        chain_inputs(
-            torch.zeros(3, 1, dtype=torch.int64, device=dev), one, one, one.view(1, 1),
-            torch.zeros(1, 1, dtype=torch.int32, device=dev), step,
-            (one.clone(), step[3].clone()), 1, self.vocab_size, self.block_size,
-        )  # fmt: skip
-
-    def _chain_fits_graphs(self, num_rows: int, width: int, max_len: int) -> bool:
-        graphs = [self.runner.graphs.get(q) for q in (1, 2)]
-        return all(
-            g is not None
-            and num_rows <= g.max_batch
-            and width <= g.block_tables.shape[1]
-            and max_len <= g.max_len
-            for g in graphs
-        )
-
-    def _chain_graph_step(self, rows, tables, verified: VerifyOutputs) -> torch.Tensor:
-        """The two-token step on its graph, its inputs written into the graph's buffers by one
-        kernel (``kernels.triton_advance.chain_inputs``), which also seeds the single-token
-        graph's ``run_next``; returns the logits of each row's last token."""
-        two, one = self.runner.graphs[2], self.runner.graphs[1]
-        b = rows.shape[1]
-        padded = two.padded_size(b)
-        for g in (two, one):
-            g.set_tables(tables)
-        chain_inputs(
-            rows, verified.num_accepted, verified.input_ids, verified.out, tables,
-            two.step_buffers(), (one.positions, one.seq_lens), padded, self.vocab_size,
-            self.block_size,
-        )  # fmt: skip
-        self.runner.num_graph_steps += 1
-        return two.replay(b)[1::2]
-
-    def _chain_eager_step(self, rows, tables, verified: VerifyOutputs, max_len: int):
-        """``_chain_graph_step`` with the torch reference of its input kernel and an eager
-        forward (CPU, or a batch past the graphs); also returns the buffers the single-token
-        steps continue from."""
-        b, dev = rows.shape[1], rows.device
-        step = _step_buffers(2 * b, b, dev)
-        base = _step_buffers(b, b, dev)  # input ids, positions, slots, lengths of the next steps
-        chain_inputs_reference(
-            rows, verified.num_accepted, verified.input_ids, verified.out, tables, step,
-            (base[1], base[3]), b, self.vocab_size, self.block_size,
-        )  # fmt: skip
-        logits = self._eager_forward(step, tables, 2, max_len, list(range(1, 2 * b, 2)))
-        return logits, (base, tables, max_len)
-
-    def _chain_eager_next_step(self, base, prev: torch.Tensor) -> torch.Tensor:
-        """One single-token step of every chained row, its inputs advanced on the device."""
-        step, tables, max_len = base
-        advance_reference(prev, *step[:2], step[3], tables, step[2], self.block_size)
-        return self._eager_forward(step, tables, 1, max_len, list(range(prev.shape[0])))
-
-    def _eager_forward(self, step, tables, q: int, max_len: int, rows: list[int]):
-        ids, positions, slots, seq_lens = step
-        b = seq_lens.shape[0]
-        meta = AttentionMetadata(
-            slot_mapping=slots,
-            query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=ids.device) * q,
-            seq_lens=seq_lens,
-            block_tables=tables,
-            max_query_len=q,
-            max_seq_len=max_len,
-        )
-        return self.runner.forward(StepInputs(ids, positions, meta, [], [], [], []), rows)
 
     def _tables(self, views: list[DraftView]) -> torch.Tensor:
         width = max(len(v.block_table) for v in views)
@@ -313,43 +180,6 @@ class DraftModelProposer:
     @staticmethod
     def _greedy(logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(dim=-1)
-
-    def confirm(self, plan: StepPlan, token_ids: list[list[int]]) -> None:
-        """A verify landed (and was applied): its chained rows whose sequences took all of its
-        tokens and go on may be adopted by their next proposal."""
-        c = self.chained
-        if c is None or c.verify is not plan:
-            return
-        for e, new_ids in zip(plan.seqs, token_ids, strict=True):
-            sid = e.seq.seq_id
-            if sid not in c.base or e.seq.status.is_finished:
-                continue
-            n, width = c.base[sid]
-            if 1 <= len(new_ids) <= width + 1 and e.seq.num_tokens == n + len(new_ids):
-                c.confirmed[sid] = e.seq.num_tokens
-
-    def _adopt(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> set:
-        """Serves entries from the chained drafts where they are still valid: the sequence has
-        exactly the tokens of the verify they followed, and drafts greedily."""
-        c = self.chained
-        if c is None or not c.confirmed:
-            return set()
-        adopted = set()
-        for e, n, t in zip(entries, lens, temps, strict=True):
-            sid = e.seq.seq_id
-            if n <= 0 or t != 0 or c.confirmed.get(sid) != e.seq.num_tokens:
-                continue
-            del c.confirmed[sid]
-            m = min(n, c.num_drafts)
-            e.draft_token_ids = [DRAFT_ON_DEVICE] * m
-            e.draft_ids_device = c.matrix[c.rows[sid], :m]
-            e.draft_ready = c.ready
-            view = self.views[sid]
-            view.num_computed_tokens = e.seq.num_tokens + c.num_drafts - 1
-            view.draft_start = e.seq.num_tokens
-            adopted.add(id(e))
-        self.num_adopted += bool(adopted)
-        return adopted
 
     def _prepare_view(self, seq: Sequence, num_drafts: int) -> DraftView | None:
         view = self.views.get(seq.seq_id)
@@ -589,12 +419,6 @@ def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> 
         return  # a context shorter than q (a tiny prompt): eager
     for v in views:
         v.num_computed_tokens = v.num_tokens - q
-
-
-def _step_buffers(num_tokens: int, num_seqs: int, device) -> tuple[torch.Tensor, ...]:
-    """Input ids, positions, slots [num_tokens] int64 and context lengths [num_seqs] int32."""
-    longs = (torch.zeros(num_tokens, dtype=torch.int64, device=device) for _ in range(3))
-    return (*longs, torch.zeros(num_seqs, dtype=torch.int32, device=device))
 
 
 def _drafter_temp(params: SamplingParams, controller_temp: float | None) -> float:
