@@ -91,7 +91,7 @@ def add_front_args(p: argparse.ArgumentParser) -> None:
         "--front",
         default="llm",
         choices=["llm", "async"],
-        help="llm: LLM.generate (fused SyncDriver.step loop); async: AsyncEngine lanes",
+        help="llm: LLM.generate (lanes on its private loop); async: AsyncEngine lanes",
     )
     p.add_argument("--lane-mode", default="three", choices=["three", "single"], help="async only")
 

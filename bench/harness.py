@@ -318,7 +318,7 @@ class AsyncOutput:
 
 
 def build_engine(config: EngineConfig, front: str = "llm") -> Any:
-    """``front``: "llm" (``LLM.generate``, the fused single-loop ``SyncDriver.step``) or
+    """``front``: "llm" (``LLM.generate``: the lane dispatcher on the LLM's private event loop) or
     "async" (``AsyncEngine`` with the lane dispatcher; ``config.lane_mode`` applies)."""
     if front == "async":
         return AsyncLLM(config)

@@ -58,7 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         nargs="+",
         default=["three", "single"],
         choices=["three", "single", "sync"],
-        help="three|single: AsyncEngine lane dispatcher; sync: LLM.generate (fused loop)",
+        help="three|single: AsyncEngine lane dispatcher; sync: LLM.generate (the dispatcher too)",
     )
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -98,7 +98,8 @@ def bench_engine(
     args, device, lane_mode: str, spec_on: bool, chain: bool | None = None
 ) -> dict[str, Any]:
     """One engine (plain or speculative) measured at every batch size. ``lane_mode`` three or
-    single drives AsyncEngine's lane dispatcher; "sync" drives LLM.generate (SyncDriver.step)."""
+    single drives AsyncEngine's lane dispatcher; "sync" drives LLM.generate (the same
+    dispatcher, behind the offline API)."""
     max_batch = max(args.batches)
     engine_kw = {} if lane_mode == "sync" else {"lane_mode": lane_mode}
     if args.use_triton is not None:

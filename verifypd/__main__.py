@@ -35,13 +35,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from verifypd.engine.core import EngineCore
-    from verifypd.lanes.sync_driver import SyncDriver
+    from verifypd.llm import LLM
     from verifypd.types import SamplingParams
 
-    core = EngineCore(engine_config(args))
-    driver = SyncDriver(core)
-    tok = core.tokenizer
+    llm = LLM(config=engine_config(args))
+    tok = llm.tokenizer
     if args.raw:
         ids = list(tok.encode(args.prompt))
     else:
@@ -51,11 +49,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sample_seed
     )
-    core.add_request("cli", ids, params)
-    while core.has_unfinished():
-        for out in driver.step():
+
+    async def stream() -> None:
+        async for out in llm.engine.generate("cli", ids, params):
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
+
+    llm.run(stream())
+    llm.close()
     sys.stdout.write("\n")
     return 0
 

@@ -1,12 +1,17 @@
-"""Offline API: ``LLM(model="default").generate(prompts, SamplingParams(...))``."""
+"""Offline API: ``LLM(model="default").generate(prompts, SamplingParams(...))``.
+
+It runs the product's own driver: an ``AsyncEngine`` (the lane dispatcher; ``lane_mode``
+honoured) on a private event loop, every prompt submitted at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from verifypd.config import EngineConfig
-from verifypd.engine.core import EngineCore
-from verifypd.lanes.sync_driver import SyncDriver
+from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import RequestOutput, SamplingParams, TokenLogprob
 
 
@@ -43,12 +48,15 @@ class GenerationOutput:
 
 
 class LLM:
-    """Synchronous engine for batch generation (continuous batching under the hood)."""
+    """Synchronous front for batch generation: the lane dispatcher under the hood, on a private
+    event loop (so ``generate`` cannot be called from inside a running loop: use
+    ``AsyncEngine`` there)."""
 
     def __init__(self, model: str = "default", config: EngineConfig | None = None, **kw) -> None:
         config = config or EngineConfig(model=model, **kw)
-        self.core = EngineCore(config)
-        self.driver = SyncDriver(self.core)
+        self.loop = asyncio.new_event_loop()
+        self.engine = AsyncEngine(config)
+        self.core = self.engine.core
         self.tokenizer = self.core.tokenizer
         self._next_id = 0
 
@@ -58,22 +66,45 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[GenerationOutput]:
         """Submits every prompt at once and steps until all are finished."""
+        _no_running_loop()
         prompts = _as_list(prompts)
         params_list = (
             params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         )
         results: dict[str, GenerationOutput] = {}
+        jobs = []
         for prompt, p in zip(prompts, params_list, strict=True):
             ids = self._encode(prompt)
             rid = f"llm-{self._next_id}"
             self._next_id += 1
-            self.core.add_request(rid, ids, p)
-            choices = [CompletionChoice(i) for i in range(p.n)]
-            results[rid] = GenerationOutput(rid, ids, choices)
-        while self.core.has_unfinished():
-            for out in self.driver.step():
-                _merge(results[out.request_id], out)
+            results[rid] = GenerationOutput(rid, ids, [CompletionChoice(i) for i in range(p.n)])
+            jobs.append(self._collect(results[rid], self.engine.generate(rid, ids, p)))
+        self.run(_gather(jobs))
         return list(results.values())
+
+    def run(self, coro):
+        """Runs ``coro`` to completion on this LLM's event loop (also for tests that drive the
+        engine a few deltas at a time)."""
+        try:
+            _no_running_loop()
+        except RuntimeError:
+            coro.close()
+            raise
+        try:
+            return self.loop.run_until_complete(coro)
+        finally:
+            self.loop.run_until_complete(self.engine.pause())
+
+    @staticmethod
+    async def _collect(result: GenerationOutput, deltas: AsyncIterator[RequestOutput]) -> None:
+        async for out in deltas:
+            _merge(result, out)
+
+    def close(self) -> None:
+        """Stops the engine's task and closes the loop (aborting anything still running)."""
+        if not self.loop.is_closed():
+            self.loop.run_until_complete(self.engine.stop())
+            self.loop.close()
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> GenerationOutput:
         text = self.tokenizer.apply_chat_template(
@@ -86,6 +117,18 @@ class LLM:
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt))
         return list(prompt)
+
+
+def _no_running_loop() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError("LLM.generate cannot run inside a running event loop; use AsyncEngine")
+
+
+async def _gather(jobs: list) -> list:
+    return await asyncio.gather(*jobs)
 
 
 def _as_list(prompts) -> list:

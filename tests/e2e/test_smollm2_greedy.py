@@ -8,6 +8,8 @@ clean: ``_assert_clean``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -135,16 +137,29 @@ def test_no_cross_sequence_leakage_when_sampling(default_llm):
 
 def test_abort_mid_generation_frees_everything(default_llm):
     llm = default_llm
-    core = llm.core
     ids = llm.tokenizer.encode(PROMPTS[5])
-    core.add_request("a", ids, SamplingParams(max_tokens=50, temperature=0.0))
-    core.add_request("b", ids, SamplingParams(max_tokens=50, temperature=0.0))
-    for _ in range(5):
-        llm.driver.step()
-    core.abort_request("a")
-    while core.has_unfinished():
-        llm.driver.step()
+    params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True)
+
+    async def abort_one_mid_way():
+        a = llm.engine.generate("a", ids, params)
+        b = llm.engine.generate("b", ids, params)
+        tail = asyncio.ensure_future(_drain(b))
+        got = 0
+        while got < 5:
+            got += len((await anext(a)).new_token_ids)
+        await a.aclose()  # the consumer leaves: "a" is aborted
+        return await tail
+
+    got_b = llm.run(abort_one_mid_way())
+    assert len(got_b) == 50 and not llm.core.has_unfinished()
     _assert_clean(llm)
+
+
+async def _drain(deltas) -> list[int]:
+    ids = []
+    async for out in deltas:
+        ids += out.new_token_ids
+    return ids
 
 
 def test_generate_answers_capital_of_france(default_llm):
@@ -155,3 +170,11 @@ def test_generate_answers_capital_of_france(default_llm):
     )
     assert "Paris" in out.text
     assert out.finish_reason in ("stop", "length")
+
+
+def test_generate_refuses_to_run_inside_an_event_loop(default_llm):
+    async def inside():
+        default_llm.generate("Hello", SamplingParams(max_tokens=2))
+
+    with pytest.raises(RuntimeError, match="running event loop"):
+        asyncio.run(inside())

@@ -1,6 +1,7 @@
 """Engine core: model + KV pool + scheduler + runner + output processing: mechanism only.
 
-The drivers above it (``lanes.dispatcher.LaneDispatcher``, ``lanes.sync_driver.SyncDriver``)
+The drivers above it (``lanes.dispatcher.LaneDispatcher``; for profiling
+``lanes.sync_driver.SyncDriver``)
 plan with the scheduler (``plan_*``), launch (``launch``), fold landed steps back in
 (``record_step``, ``apply_step``) and emit deltas (``emit``; ``finish_step`` is both). Every
 speculative decision comes from the speculation policy (``lanes.spec_policy``), handed down

@@ -9,6 +9,7 @@ and the scheduler are touched only from the event-loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,18 @@ class AsyncEngine:
         if self._task is None:
             self._wakeup = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="verifypd-engine")
+
+    async def pause(self) -> None:
+        """Ends the dispatch task once no step is in flight; ``generate`` starts it again.
+        The offline ``LLM`` pauses after each call, so its private loop holds no pending task
+        between calls."""
+        while self.dispatcher.in_flight:
+            await asyncio.sleep(0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
     async def stop(self) -> None:
         for rid in list(self._queues):

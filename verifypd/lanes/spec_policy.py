@@ -2,7 +2,7 @@
 
 ``SpeculationPolicy`` owns the controller (``verifypd.controller``: the goodput policy, the
 feedback controller or fixed L) and makes every speculative decision the drivers (the lane
-dispatcher, the synchronous ``SyncDriver``) hand down to the engine: each request's draft
+dispatcher; the profilers' ``SyncDriver``) hand down to the engine: each request's draft
 length L and drafter temperature, whether a round's verify is fused into the decode step,
 whether to chain the next round's drafts behind a verify, and for whom the drafter follows a
 prompt's prefill. It learns from what the engine reports (``SpecListener``: requests coming

@@ -1,5 +1,6 @@
-"""The synchronous single-lane driver: one step at a time, waited for (``LLM``, the CLI, the
-profile benchmarks). Its ``step`` is one speculative round, top to bottom:
+"""The synchronous single-lane driver: one step at a time, waited for (the profile benchmarks
+and tests that step the engine by hand; ``LLM`` and the CLI run the lane dispatcher).
+Its ``step`` is one speculative round, top to bottom:
 
 1. decide and draft (``SpeculationPolicy.plan_mixed``): the policy picks each request's draft
    length L; the scheduler reserves 1 + L slots per speculating sequence
