@@ -140,6 +140,6 @@ def test_two_engines_each_run_their_own_kernel_config() -> None:
 def test_always_pad_verify_reaches_only_its_engines_runner() -> None:
     padded = EngineCore(tiny_config(spec=tiny_draft_spec(always_pad_verify=True)))
     plain = EngineCore(tiny_config(spec=tiny_draft_spec()))
-    assert padded.runner.always_pad_verify and not plain.runner.always_pad_verify
-    assert not padded.spec.drafter.runner.always_pad_verify  # the drafter never verifies
+    assert padded.runner.inputs.always_pad_verify and not plain.runner.inputs.always_pad_verify
+    assert not padded.spec.drafter.runner.inputs.always_pad_verify  # the drafter never verifies
     assert torch.device("cpu") == padded.device
