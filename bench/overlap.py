@@ -56,7 +56,7 @@ from harness import blocks_for, engine_config, engine_info  # noqa: E402
 
 from verifypd.engine.core import EngineCore  # noqa: E402
 from verifypd.kernels import REFERENCE_OPS  # noqa: E402
-from verifypd.lanes.dispatcher import LaneStreams  # noqa: E402
+from verifypd.lanes.executor import LaneStreams  # noqa: E402
 from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, Sequence, StepPlan  # noqa: E402
 
 SCRIPT = "overlap"

@@ -249,3 +249,26 @@ def test_async_engine_is_the_servers_engine_client():
     engine = _engine()
     assert isinstance(engine, EngineClient)
     assert engine.max_model_len == engine.max_choice_len(1) == engine.core.limits.max_choice_len(1)
+
+
+async def test_cpu_steps_run_in_the_worker_thread_off_the_loop():
+    """The executor strategy on CPU: every forward runs in the one worker thread (the event
+    loop stays free), and deltas are made as steps land (a CPU launch does not only enqueue)."""
+    import threading
+
+    from verifypd.lanes.executor import ThreadExecutor
+
+    engine = _engine("three", tiny_draft_spec())
+    assert isinstance(engine.executor, ThreadExecutor)
+    assert not engine.dispatcher.emit_after_launch
+    threads: set[str] = set()
+    launch = engine.core.launch
+
+    def spy(plan):
+        threads.add(threading.current_thread().name)
+        return launch(plan)
+
+    engine.core.launch = spy
+    await _run_all(engine, GREEDY)
+    assert threads and threading.main_thread().name not in threads
+    assert len(threads) == 1

@@ -41,13 +41,44 @@ class VerifyOutputs:
     num_accepted: torch.Tensor  # [B] int64
 
 
+@dataclass(frozen=True)
+class ResultSlot:
+    """Where one plan entry's tokens sit in a step's packed result (flat int64 ``[N]``).
+
+    - no token (a prompt chunk short of the prompt's end): ``start == -1``;
+    - one sampled token: ``packed[start]`` (``accepted_at == -1``);
+    - a verify of L drafts: ``packed[start : start + 1 + L]`` holds the accepted drafts, then
+      the final token; ``packed[accepted_at]`` says how many drafts were accepted, so the
+      entry's tokens are ``packed[start : start + packed[accepted_at] + 1]``.
+    """
+
+    start: int = -1
+    accepted_at: int = -1
+
+    def tokens(self, flat: list[int]) -> list[int]:
+        if self.start < 0:
+            return []
+        if self.accepted_at < 0:
+            return [flat[self.start]]
+        return flat[self.start : self.start + flat[self.accepted_at] + 1]
+
+
+NO_TOKEN = ResultSlot()
+
+
 class PendingStep:
     """A launched step. ``done()`` polls without blocking; ``result()`` returns token ids."""
 
-    def __init__(self, plan: StepPlan, packed: torch.Tensor | None, layout: list, event=None):
+    def __init__(
+        self,
+        plan: StepPlan,
+        packed: torch.Tensor | None,
+        layout: list[ResultSlot],
+        event=None,
+    ):
         self.plan = plan
         self._packed = packed  # host tensor (pinned on CUDA) filled by a non-blocking copy
-        self._layout = layout  # per plan seq: ("none",) | ("one", i) | ("verify", off, L, acc_i)
+        self._layout = layout  # one slot per plan entry
         self._event = event
         self.span: Span | None = None  # from when its drafts were ready (device drafts only)
         self.verified: VerifyOutputs | None = None  # a verify's results, still on the device
@@ -67,15 +98,7 @@ class PendingStep:
         if self._event is not None:
             self._event.synchronize()
         flat = self._packed.tolist() if self._packed is not None else []
-        out: list[list[int]] = []
-        for entry in self._layout:
-            if entry[0] == "none":
-                out.append([])
-            elif entry[0] == "one":
-                out.append([flat[entry[1]]])
-            else:
-                _, off, _, acc_i = entry
-                out.append(flat[off : off + flat[acc_i] + 1])
+        out = [slot.tokens(flat) for slot in self._layout]
         if self.logprobs is not None:
             self.logprobs.unpack(self._packed, self.plan, out)
         return out
@@ -156,7 +179,7 @@ class ModelRunner:
         logits, logprobs = self._logits_and_logprobs(plan, inputs, verify_flat)  # raw log-probs
         logits = self.process_logits(plan, inputs, logits, drafts)  # grammar masks, draft cuts
         pieces: list[torch.Tensor] = []
-        layout: list = [("none",)] * len(plan.seqs)
+        layout = [NO_TOKEN] * len(plan.seqs)
         n_plain = len(inputs.sample_rows)
         if n_plain:
             seqs = [plan.seqs[i].seq for i in inputs.sample_seqs]
@@ -167,7 +190,7 @@ class ModelRunner:
                 t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
                 pieces.append(sample(plain, t))
             for j, i in enumerate(inputs.sample_seqs):
-                layout[i] = ("one", j)
+                layout[i] = ResultSlot(j)
         if inputs.verify_seqs:
             out, acc = self._verify(plan, inputs, logits[n_plain:])
             first_rows = [rows[0] for rows in inputs.verify_rows]
@@ -177,7 +200,7 @@ class ModelRunner:
             acc_base = base + out.numel()
             pieces += [out.flatten(), acc]
             for k, i in enumerate(inputs.verify_seqs):
-                layout[i] = ("verify", base + k * width, width, acc_base + k)
+                layout[i] = ResultSlot(base + k * width, acc_base + k)
         if logprobs is not None:  # after the ids: the layout's offsets stay as they are
             logprobs.offset = sum(p.numel() for p in pieces)
             sampled = pieces[0] if n_plain else None
@@ -243,7 +266,9 @@ class ModelRunner:
             return logits
         return apply_token_bitmask(logits, self._to_device(bitmask.numpy(), torch.int32))
 
-    def _pack(self, plan: StepPlan, pieces: list[torch.Tensor], layout: list) -> PendingStep:
+    def _pack(
+        self, plan: StepPlan, pieces: list[torch.Tensor], layout: list[ResultSlot]
+    ) -> PendingStep:
         if not pieces:
             return PendingStep(plan, None, layout)
         packed = torch.cat([p.to(torch.int64) for p in pieces])

@@ -1,9 +1,9 @@
 """AsyncEngine: the asyncio front of the engine core.
 
 ``generate`` is an async iterator of ``RequestOutput`` deltas. A background task drives the
-steps; on GPU a step is launched and its CUDA event polled, so the event loop never blocks on the
-device; on CPU the step runs in one worker thread for the same reason. The KV cache allocator
-and the scheduler are touched only from the event-loop thread.
+lane dispatcher; steps launch through the device's executor strategy (``lanes.executor``: CUDA
+streams on GPU, one worker thread on CPU), so the event loop never blocks on the device. The KV
+cache allocator and the scheduler are touched only from the event-loop thread.
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
-
-import torch
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
-from verifypd.engine.runner import PendingStep
-from verifypd.lanes.dispatcher import LaneDispatcher, LaneStreams
+from verifypd.lanes.dispatcher import LaneDispatcher
+from verifypd.lanes.executor import executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
-from verifypd.types import Observer, RequestOutput, SamplingParams, StepPlan
+from verifypd.types import Observer, RequestOutput, SamplingParams
 
 logger = logging.getLogger("verifypd")
 
@@ -43,18 +40,18 @@ class AsyncEngine:
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._executor = None if self.core.device.type == "cuda" else ThreadPoolExecutor(1)
-        self.streams = LaneStreams(self.core.device, config.lane_streams)
+        self.executor = executor_for(self.core, self.policy, config.lane_streams)
+        self.streams = self.executor.streams
         self.dispatcher = LaneDispatcher(
             self.core,
-            self._launch,
+            self.executor.launch,
             self._deliver,
             ttft_budget_s=config.scheduler.ttft_budget_s,
             single_lane=config.lane_mode == "single",
             lane_context=self.streams.context,
             # A GPU launch only enqueues: make a landed step's deltas after the next launch.
             # EngineConfig.emit_after_launch=False turns that off (A/B runs).
-            emit_after_launch=self._executor is None and config.emit_after_launch,
+            emit_after_launch=self.executor.enqueues and config.emit_after_launch,
             policy=self.policy,
         )
 
@@ -86,8 +83,7 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        self.executor.close()
 
     # ------------------------------------------------------------------ requests
     async def generate(
@@ -177,19 +173,6 @@ class AsyncEngine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
 
-    async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
-        if self._executor is not None:  # CPU: keep the event loop free while the step runs
-            loop = asyncio.get_running_loop()
-            pending = await loop.run_in_executor(self._executor, self.core.launch, plan)
-            self.policy.after_launch(plan, pending)  # host state: on the loop
-            return pending
-        with self.streams.context(lane):
-            if lane == "verify" and self.streams.streams:
-                _follow_drafts(plan, torch.cuda.current_stream())
-            pending = self.core.launch(plan)
-            self.policy.after_launch(plan, pending)
-            return pending
-
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)
         if queue is not None:
@@ -198,16 +181,3 @@ class AsyncEngine:
     def _report_depths(self) -> None:
         self.observer.requests(self.num_running, self.num_waiting)
 
-
-def _follow_drafts(plan: StepPlan, stream: torch.cuda.Stream) -> None:
-    """The drafts were made on the decode stream and never synced to the host: the verify
-    stream waits for them on the GPU, and the allocator may not reuse their memory before the
-    verify has read them."""
-    waited: set[int] = set()
-    for e in plan.seqs:
-        if e.draft_ready is not None and id(e.draft_ready) not in waited:
-            waited.add(id(e.draft_ready))
-            stream.wait_event(e.draft_ready)
-        for t in (e.draft_ids_device, e.draft_probs):
-            if t is not None:
-                t.record_stream(stream)

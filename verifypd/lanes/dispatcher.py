@@ -28,8 +28,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import torch
-
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.spec_policy import SpeculationPolicy
@@ -67,30 +65,6 @@ def choose_lane(
         if lane in idle and has_work.get(lane):
             return lane
     return None
-
-
-class LaneStreams:
-    """One CUDA stream per lane, created with the lane's priority; no-ops on CPU."""
-
-    def __init__(
-        self, device: torch.device, wanted: tuple[str, ...] = ("decode", "prefill", "verify")
-    ) -> None:
-        self.streams: dict[str, torch.cuda.Stream] = {}
-        # ``wanted`` (EngineConfig.lane_streams): the lanes that get their own stream; default
-        # all three (DESIGN.md). An earlier measurement that had verify on its own stream 2.7x
-        # slower was made while steps still compiled Triton variants mid-run; with that fixed
-        # (H200, dummy Qwen2.5-7B + 0.5B drafter) the verify stream was 6-10 % faster than the
-        # current stream at batch 1 and 8.
-        if device.type == "cuda":
-            highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
-            prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
-            self.streams = {
-                n: torch.cuda.Stream(device, priority=p) for n, p in prios.items() if n in wanted
-            }
-
-    def context(self, lane: str):
-        stream = self.streams.get(lane)
-        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 @dataclass

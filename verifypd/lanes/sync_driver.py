@@ -1,6 +1,10 @@
-"""The synchronous single-lane driver: one step at a time, waited for (the profile benchmarks
-and tests that step the engine by hand; ``LLM`` and the CLI run the lane dispatcher).
-Its ``step`` is one speculative round, top to bottom:
+"""Stepping the lane dispatcher by hand, one step at a time, each waited for (the profile
+benchmarks and the tests that step the engine themselves; ``LLM``, the CLI and the server run
+the same dispatcher from ``AsyncEngine``'s task). It is not a second driver: ``step`` is one
+``LaneDispatcher.tick`` with a launcher that runs the step on the current stream, then a wait
+for the step and its fold-back (``LaneDispatcher.collect``).
+
+In the single-lane mode (the default here) one step is one speculative round, top to bottom:
 
 1. decide and draft (``SpeculationPolicy.plan_mixed``): the policy picks each request's draft
    length L; the scheduler reserves 1 + L slots per speculating sequence
@@ -11,42 +15,70 @@ Its ``step`` is one speculative round, top to bottom:
    match or rejection sampling); behind it, chained drafts and the drafter's catch-up on the
    prompt chunks where the policy wants them (``policy.after_launch``).
 3. roll back and learn (``EngineCore.record_step`` / ``policy.step_landed`` /
-   ``EngineCore.finish_step``): step costs, acceptance, each sequence advances by its accepted
+   ``EngineCore.apply_step``): step costs, acceptance, each sequence advances by its accepted
    drafts plus one token and releases the slots of the rejected ones; deltas are emitted.
 
-The lane dispatcher runs the same pieces split over three lanes.
+With ``single_lane=False`` the same pieces run split over the three lanes, one lane's step
+per ``step``.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Coroutine
 
 from verifypd.engine.core import EngineCore
+from verifypd.engine.runner import PendingStep
+from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.spec_policy import SpeculationPolicy
-from verifypd.types import RequestOutput
+from verifypd.types import RequestOutput, StepPlan
 
 
 class SyncDriver:
-    """Steps one ``EngineCore`` synchronously under its ``SpeculationPolicy``."""
+    """Steps one ``EngineCore``'s lane dispatcher synchronously."""
 
-    def __init__(self, core: EngineCore, policy: SpeculationPolicy | None = None) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        policy: SpeculationPolicy | None = None,
+        single_lane: bool = True,
+    ) -> None:
         self.core = core
         self.policy = policy or SpeculationPolicy.of(core)
+        self._outputs: list[RequestOutput] = []
+        self.dispatcher = LaneDispatcher(
+            core,
+            self._launch,
+            self._outputs.append,
+            ttft_budget_s=core.config.scheduler.ttft_budget_s,
+            single_lane=single_lane,
+            policy=self.policy,
+        )
 
-    def step(self) -> list[RequestOutput]:
-        """One single-lane step (plan, launch, wait, fold back); returns its deltas."""
-        plan = self.policy.plan_mixed()
-        if plan is None:
-            return []
-        self.core.scheduler.begin_step(plan)
-        start = time.perf_counter()
+    async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
         pending = self.core.launch(plan)
         self.policy.after_launch(plan, pending)
-        token_ids = pending.result()
-        seconds = pending.seconds(time.perf_counter() - start)
-        self.core.record_step(plan, seconds)
-        self.policy.step_landed(plan, seconds)
-        return self.core.finish_step(plan, token_ids)
+        return pending
+
+    def step(self) -> list[RequestOutput]:
+        """One lane step (plan, launch, wait, fold back); returns its deltas."""
+        d = self.dispatcher
+        _run_now(d.tick())
+        for flight in list(d.in_flight.values()):
+            flight.pending.result()  # waits for the device
+        d.collect()
+        outputs, self._outputs[:] = list(self._outputs), []
+        return outputs
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
+
+
+def _run_now(coro: Coroutine) -> None:
+    """Runs a coroutine that never suspends (the launcher above awaits nothing) to its end,
+    without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise RuntimeError("a synchronous lane step suspended")
