@@ -57,7 +57,7 @@ from harness import blocks_for, engine_config, engine_info  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
 from verifypd.kernels import REFERENCE_OPS  # noqa: E402
 from verifypd.lanes.executor import LaneStreams  # noqa: E402
-from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, Sequence, StepPlan  # noqa: E402
+from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, Sequence, SpecDecision, StepPlan  # noqa: E402
 
 SCRIPT = "overlap"
 KINDS = ("alone", "overlap", "fused", "sequential", "verify")
@@ -142,7 +142,8 @@ class Workload:
     def __init__(self, core: EngineCore, seqs: list[Sequence], draft_len: int, rng) -> None:
         half = len(seqs) // 2
         self.decoders, self.verifiers = seqs[:half], seqs[half:]
-        entries = core.scheduler.plan_decode({s.seq_id: draft_len for s in self.verifiers})
+        lens = SpecDecision({s.seq_id: draft_len for s in self.verifiers})
+        entries = core.scheduler.plan_decode(lens)
         if len(entries) != len(seqs) or core.scheduler.num_preemptions:
             raise RuntimeError("could not reserve 1 + L slots for every verifying sequence")
         vocab = core.model_config.vocab_size

@@ -9,6 +9,7 @@ import enum
 import itertools
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -202,8 +203,7 @@ class Sequence:
         self.seed = params.seed if params.seed is not None else _random_seed()
         if params.seed is not None and index:
             self.seed = wrap_int64(params.seed + SEED_STRIDE * index)
-        # Speculative decoding state, owned by the spec/controller code.
-        self.draft_len = 0
+        # Acceptance counts (a step's draft length is per-step data: ``ScheduledSeq.draft_len``).
         self.num_drafted = 0
         self.num_accepted = 0
         self.acceptance_ewma = 1.0
@@ -273,6 +273,9 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
     draft_token_ids: list[int] = field(default_factory=list)
+    # The draft length L the policy decided for this step (``SpecDecision``): a decode entry
+    # with L > 0 drafts L tokens (``draft_token_ids``, fewer near max_tokens) and verifies.
+    draft_len: int = 0
     draft_probs: object | None = None  # [L, V] drafter distribution (tensor); None = deterministic
     # Drafts still on the device ([L] int64 tensor): ``draft_token_ids`` then holds L
     # ``DRAFT_ON_DEVICE`` placeholders, and the verify reads the ids on the device, so a
@@ -310,12 +313,33 @@ class ScheduledSeq:
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
+@dataclass(frozen=True)
+class SpecDecision:
+    """One step's speculation decisions, as data: the policy's output, the scheduler's and the
+    drafter's input. ``lens``: each speculating sequence's draft length L >= 1 (by seq_id);
+    ``fused``: the drafted sequences verify inside the decode step (one target forward)
+    instead of on the verify lane. Every decoding sequence reserves ``reserve`` draft slots
+    (the longest L), so a verify batch, and the plain rows of a decode step fused with it, pad
+    to one uniform length and replay a CUDA graph."""
+
+    lens: Mapping[int, int] = field(default_factory=dict)
+    fused: bool = False
+
+    @property
+    def reserve(self) -> int:
+        return max(self.lens.values(), default=0)
+
+
+NO_SPECULATION = SpecDecision()
+
+
 @dataclass
 class StepPlan:
     """Plain-data plan of one step, produced by a scheduler lane and executed by the runner."""
 
     lane: str  # "prefill" | "decode" | "verify" | "mixed"
     seqs: list[ScheduledSeq]
+    fused: bool = False  # a decode step whose drafted entries verify inside it
 
     @property
     def num_tokens(self) -> int:

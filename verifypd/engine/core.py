@@ -1,12 +1,12 @@
 """Engine core: model + KV pool + scheduler + runner + output processing: mechanism only.
 
-The drivers above it (``lanes.dispatcher.LaneDispatcher``; for profiling
-``lanes.sync_driver.SyncDriver``)
-plan with the scheduler (``plan_*``), launch (``launch``), fold landed steps back in
-(``record_step``, ``apply_step``) and emit deltas (``emit``; ``finish_step`` is both). Every
-speculative decision comes from the speculation policy (``lanes.spec_policy``), handed down
-through narrow verbs (``set_draft_lens``, ``draft``, ``chain``, ``follow_prefill``); the engine
-reports back through a ``SpecListener`` and never imports the policy or its controller.
+The driver above it (``lanes.dispatcher.LaneDispatcher``) plans with the scheduler
+(``plan_*``, given the policy's ``SpecDecision`` as data), launches (``draft``, ``launch``),
+folds landed steps back in (``record_step``, ``apply_step``) and emits deltas (``emit``;
+``finish_step`` is both). Every speculative decision comes from the speculation policy
+(``lanes.spec_policy``), handed down as per-step data and through narrow verbs (``draft``,
+``chain``, ``follow_prefill``); the engine reports back through a ``SpecListener`` and never
+imports the policy or its controller.
 """
 
 from __future__ import annotations
@@ -172,11 +172,6 @@ class EngineCore:
         return self.scheduler.decodable()
 
     # ------------------------------------------------------------------ drafting verbs
-    def set_draft_lens(self, lens: dict[int, int]) -> None:
-        """Each running sequence's draft length L for this round (0 where ``lens`` has none)."""
-        for seq in self.scheduler.running:
-            seq.draft_len = lens.get(seq.seq_id, 0)
-
     def drafter_behind(self, seq: Sequence) -> int:
         """Tokens the draft model must feed for ``seq`` before it drafts (its whole context
         when it never has); 1 without a draft model (n-gram lookup has nothing to catch up)."""

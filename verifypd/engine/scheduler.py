@@ -17,7 +17,15 @@ import time
 from collections.abc import Iterable
 
 from verifypd.kvcache import KVCacheManager
-from verifypd.types import Observer, ScheduledSeq, SeqStatus, Sequence, StepPlan
+from verifypd.types import (
+    NO_SPECULATION,
+    Observer,
+    ScheduledSeq,
+    SeqStatus,
+    Sequence,
+    SpecDecision,
+    StepPlan,
+)
 
 
 def _waiting_key(seq: Sequence) -> tuple[int, float, int]:
@@ -78,18 +86,18 @@ class Scheduler:
         return [s.block_table for s in self.running if s.block_table]
 
     # ------------------------------------------------------------------ planning
-    def plan_decode(self, draft_lens: dict[int, int] | None = None) -> list[ScheduledSeq]:
-        """One token (plus its drafts, if any) for every decoding sequence not in flight.
+    def plan_decode(self, spec: SpecDecision = NO_SPECULATION) -> list[ScheduledSeq]:
+        """One token (plus its drafts, if any) for every decoding sequence not in flight, each
+        entry carrying its draft length from ``spec``; every one reserves ``spec.reserve``
+        draft slots (a verify needs 1 + L).
 
-        Makes room by preempting the lowest-priority, newest sequences when blocks run out.
-        ``draft_lens`` maps seq_id -> number of draft slots to reserve (verify needs 1 + L)."""
+        Makes room by preempting the lowest-priority, newest sequences when blocks run out."""
         planned: list[ScheduledSeq] = []
         for seq in sorted(self._decodable(), key=_waiting_key):
             if seq.status is not SeqStatus.DECODING:
                 continue  # preempted while making room for an earlier one
-            num_slots = seq.num_tokens + (draft_lens or {}).get(seq.seq_id, 0)
-            if self._reserve(seq, num_slots, planned):
-                planned.append(ScheduledSeq(seq, 1))
+            if self._reserve(seq, seq.num_tokens + spec.reserve, planned):
+                planned.append(ScheduledSeq(seq, 1, draft_len=spec.lens.get(seq.seq_id, 0)))
         return planned
 
     def decodable(self) -> list[Sequence]:
@@ -161,10 +169,10 @@ class Scheduler:
         self.running.append(seq)
         return ScheduledSeq(seq, chunk)
 
-    def schedule_mixed(self, draft_lens: dict[int, int] | None = None) -> StepPlan | None:
+    def schedule_mixed(self, spec: SpecDecision = NO_SPECULATION) -> StepPlan | None:
         """Single-lane step (the vLLM-style baseline): all decodes (with room for drafts),
         then prefill chunks, in one batch."""
-        decodes = self.plan_decode(draft_lens)
+        decodes = self.plan_decode(spec)
         budget = self.max_num_batched_tokens - len(decodes)
         prefills = self.plan_prefill(budget, self.max_num_seqs)
         seqs = decodes + prefills

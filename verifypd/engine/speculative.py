@@ -325,20 +325,20 @@ class SpecDecoder:
             len(e.draft_token_ids) for e in entries if e.draft_token_ids and id(e) not in adopted
         ]
 
-    def wants(self, seq: Sequence) -> bool:
-        return self.enabled and seq.params.speculate and seq.draft_len > 0
+    def wants(self, entry: ScheduledSeq) -> bool:
+        """The entry drafts this step: the policy gave it L > 0 and its request speculates."""
+        return self.enabled and entry.draft_len > 0 and entry.seq.params.speculate
 
     def propose(self, entries: list[ScheduledSeq], temps: dict[int, float] | None = None) -> None:
-        """Attaches drafts to the decode entries of speculating sequences (in place)."""
-        spec = [e for e in entries if self.wants(e.seq)]
+        """Attaches drafts to the decode entries of speculating sequences (in place), each
+        entry's ``draft_len`` of them."""
+        spec = [e for e in entries if self.wants(e)]
         if self.ngram is not None:
             for e in spec:
-                e.draft_token_ids = self.ngram.propose(
-                    e.seq.seq_id, e.seq.token_ids, e.seq.draft_len
-                )
+                e.draft_token_ids = self.ngram.propose(e.seq.seq_id, e.seq.token_ids, e.draft_len)
         elif self.drafter is not None and spec:
             temps = temps or {}
-            lens = [e.seq.draft_len for e in spec]
+            lens = [e.draft_len for e in spec]
             t = [_drafter_temp(e.seq.params, temps.get(e.seq.seq_id)) for e in spec]
             self.drafter.propose(spec, lens, t)
         for e in spec:  # never draft past max_tokens: extra tokens would be thrown away
@@ -346,10 +346,10 @@ class SpecDecoder:
 
     def chain(self, plan: StepPlan, verified: VerifyOutputs, max_len: int) -> int:
         """Drafts the next round of ``plan``'s verified sequences behind it on the device
-        (see ``DraftModelProposer.chain``), with the longest L any of them has now."""
+        (see ``DraftModelProposer.chain``), with the longest L any of them verifies now."""
         if self.drafter is None:
             return 0
-        lens = [plan.seqs[i].seq.draft_len for i in verified.seqs]
+        lens = [plan.seqs[i].draft_len for i in verified.seqs]
         return self.drafter.chain(plan, verified, max(lens, default=0), max_len)
 
     def confirm(self, plan: StepPlan, token_ids: list[list[int]]) -> None:

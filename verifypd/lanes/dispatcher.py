@@ -8,10 +8,12 @@ Lanes, highest priority first:
   ``SchedulerConfig.prefill_step_target_s`` the budget is what the cost model predicts to run
   within that time, Sarathi-style, so a chunk sharing the GPU with a decode step stays short).
 
-Every speculative decision is the speculation policy's (``lanes.spec_policy``); it may fuse a
-round's verify into the decode step (``policy.fused_verify``):
-then the drafted sequences verify in the decode lane's one target forward, as in the single
-lane, and the verify lane stays idle.
+Every speculative decision is the speculation policy's (``lanes.spec_policy``), made as data
+(a ``SpecDecision``) when a step is planned; planning launches nothing. Drafting is a step of
+its own, launched on the decode lane's stream just before the decode step it belongs to. The
+policy may fuse a round's verify into the decode step (``StepPlan.fused``): then the drafted
+sequences verify in the decode lane's one target forward, as in the single lane, and the
+verify lane stays idle.
 
 The dispatcher launches a lane's step on that lane's stream and does not wait for it: on GPU
 lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
@@ -32,6 +34,7 @@ from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import (
+    NO_SPECULATION,
     RequestFailure,
     RequestOutput,
     ScheduledSeq,
@@ -164,8 +167,7 @@ class LaneDispatcher:
             if lane is None:
                 return progressed
             plan = self._plan(lane)
-            if plan is not None:
-                await self._launch(lane, plan)
+            if plan is not None and await self._launch(lane, plan):
                 return True
             tried.add(lane)
 
@@ -196,12 +198,14 @@ class LaneDispatcher:
 
     # ------------------------------------------------------------------ planning per lane
     def _plan(self, lane: str) -> StepPlan | None:
+        """A lane's next step as plain data: who runs, and each decode entry's draft length
+        (the policy's ``SpecDecision``). Planning reserves KV slots and launches nothing."""
         if lane == "decode":
             return self._plan_decode()
         if lane == "verify":
             return self._plan_verify()
         if lane == "mixed":
-            return self.policy.plan_mixed()
+            return self.sched.schedule_mixed(self.policy.decide())
         entries = self.sched.plan_prefill(self.core.prefill_budget(), self.sched.max_num_seqs)
         return StepPlan("prefill", entries) if entries else None
 
@@ -209,35 +213,48 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        policy = self.policy
-        can_draft = policy.enabled and "verify" not in self.in_flight and not self.verify_queue
-        draft_lens = policy.draft_lens()
-        if not can_draft:
-            policy.no_drafts()
-            draft_lens = {}
-        entries = self.sched.plan_decode(draft_lens)
-        if can_draft:
-            with self._lane_context("decode"):
-                policy.propose(entries)
-        if can_draft and policy.fused_verify:  # the policy fused the verify: one forward
-            return StepPlan("decode", entries) if entries else None
-        plain = [e for e in entries if not e.draft_token_ids]
-        for e in entries:
-            if e.draft_token_ids:
-                e.seq.status = SeqStatus.VERIFYING
-                self.verify_queue.append(e)
-                self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
-        policy.verify_queue(len(self.verify_queue))
-        return StepPlan("decode", plain) if plain else None
+        decision = self.policy.decide()
+        if "verify" in self.in_flight or self.verify_queue:
+            decision = NO_SPECULATION
+        entries = self.sched.plan_decode(decision)
+        if not decision.lens:
+            self.policy.verify_queue(len(self.verify_queue))
+        return StepPlan("decode", entries, fused=decision.fused) if entries else None
 
     def _plan_verify(self) -> StepPlan | None:
         entries, self.verify_queue = self.verify_queue, []
         return StepPlan("verify", entries) if entries else None
 
-    async def _launch(self, lane: str, plan: StepPlan) -> None:
+    # ------------------------------------------------------------------ launching
+    async def _launch(self, lane: str, plan: StepPlan) -> bool:
+        """Launches ``plan`` (its drafting first); False when nothing was left to launch on
+        this lane (every entry drafted and went to the verify lane)."""
+        if lane in ("decode", "mixed") and any(e.draft_len for e in plan.seqs):
+            plan = self._draft(plan)
+            if plan is None:
+                return False
         if lane != "verify":  # verify entries were marked when they were queued
             self.sched.begin_step(plan)
         await self._launch_marked(lane, plan)
+        return True
+
+    def _draft(self, plan: StepPlan) -> StepPlan | None:
+        """The drafting step: the drafter proposes each speculating entry's L tokens, on the
+        decode lane's stream (nobody waits for it: the verify follows it on the GPU). Drafted
+        entries verify inside this step (single lane, or a fused decision); else they queue
+        for the verify lane, their slots reserved until verified, and the plain rest decodes."""
+        with self._lane_context(plan.lane):
+            self.policy.propose(plan.seqs)
+        if plan.lane == "mixed" or plan.fused:
+            return plan
+        plain = [e for e in plan.seqs if not e.draft_token_ids]
+        for e in plan.seqs:
+            if e.draft_token_ids:
+                e.seq.status = SeqStatus.VERIFYING
+                self.verify_queue.append(e)
+                self.sched.begin_step(StepPlan("verify", [e]))  # reserved until verified
+        self.policy.verify_queue(len(self.verify_queue))
+        return StepPlan("decode", plain) if plain else None
 
     async def _launch_marked(self, lane: str, plan: StepPlan) -> None:
         start = self.clock()

@@ -1,12 +1,12 @@
 """The speculation policy: everything that decides how to speculate, above the engine.
 
 ``SpeculationPolicy`` owns the controller (``verifypd.controller``: the goodput policy, the
-feedback controller or fixed L) and makes every speculative decision the drivers (the lane
-dispatcher; the profilers' ``SyncDriver``) hand down to the engine: each request's draft
-length L and drafter temperature, whether a round's verify is fused into the decode step,
+feedback controller or fixed L) and makes every speculative decision the lane dispatcher hands
+down to the engine: each request's draft length L and whether a round's verify is fused into
+the decode step (``decide``: per-step data, a ``SpecDecision``), drafter temperatures,
 whether to chain the next round's drafts behind a verify, and for whom the drafter follows a
 prompt's prefill. It learns from what the engine reports (``SpecListener``: requests coming
-and going, acceptance) and from what the drivers time (each lane step, each drafting). The
+and going, acceptance) and from what the dispatcher times (each lane step, each drafting). The
 engine (``EngineCore``) executes: it drafts, chains and launches when told to.
 """
 
@@ -19,7 +19,14 @@ from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqVi
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.engine.timing import Span
-from verifypd.types import ScheduledSeq, SeqStatus, Sequence, SpecListener, StepPlan
+from verifypd.types import (
+    NO_SPECULATION,
+    ScheduledSeq,
+    Sequence,
+    SpecDecision,
+    SpecListener,
+    StepPlan,
+)
 
 logger = logging.getLogger("verifypd")
 
@@ -53,7 +60,6 @@ class SpeculationPolicy(SpecListener):
         self.core = core
         self.enabled = core.spec.enabled
         self.controller = build_policy(core.config.spec, core.costs, goodput_config(core))
-        self.fused_verify = False  # the last decision: verify inside the decode step
         self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
         core.attach_listener(self)
 
@@ -76,30 +82,26 @@ class SpeculationPolicy(SpecListener):
         self.controller.observe_acceptance(seq.seq_id, num_drafted, num_accepted)
 
     # ------------------------------------------------------------------ decisions
-    def draft_lens(self) -> dict[int, int]:
-        """Decides each running sequence's L (set on it through the engine). Returns the
-        draft slots each decoding sequence reserves: every one reserves the longest L, so a
-        verify batch (and the plain rows of a decode step fused with it) can be padded to one
-        uniform length and replay a CUDA graph."""
+    def decide(self) -> SpecDecision:
+        """This step's speculation decisions, as data (``SpecDecision``): each speculating
+        sequence's L, and whether its verify is fused into the decode step. Nothing on the
+        sequences changes; the scheduler and the drafter read the decision from the plan."""
         if not self.enabled:
-            return {}
+            return NO_SPECULATION
         if isinstance(self.controller, GoodputPolicy):
-            decisions = self._decide_batch()
+            lens, fused = self._decide_batch()
         else:
-            decisions = self.controller.step()
-            self.fused_verify = False
-        self.core.set_draft_lens(decisions)
-        running = self.core.running
-        spec = [s for s in running if s.draft_len and self.core.spec.wants(s)]
-        longest = max((s.draft_len for s in spec), default=0)
+            lens, fused = self.controller.step(), False
+        speculates = {s.seq_id for s in self.core.running if s.params.speculate}
+        decision = SpecDecision(
+            {sid: n for sid, n in lens.items() if n > 0 and sid in speculates}, fused
+        )
         # One observation per step (not per sequence: at batch 24 that was ~0.1 ms of host
         # time a step, paid with speculation off too).
-        self.core.observer.draft_length(longest)
-        if not longest:
-            return {}
-        return {s.seq_id: longest for s in running if s.status is SeqStatus.DECODING}
+        self.core.observer.draft_length(decision.reserve)
+        return decision
 
-    def _decide_batch(self) -> dict[int, int]:
+    def _decide_batch(self) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
         views = [
             SeqView(
@@ -112,21 +114,16 @@ class SpeculationPolicy(SpecListener):
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
         decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
-        self.fused_verify = decision.fused
         self.core.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
-        return decision.draft_lens
+        return decision.draft_lens, decision.fused
 
-    def no_drafts(self) -> None:
-        """Nobody drafts this round (the verify lane is busy)."""
-        self.core.set_draft_lens({})
-
-    def drafter_temps(self) -> dict[int, float]:
+    def drafter_temps(self, entries: list[ScheduledSeq]) -> dict[int, float]:
         temps = {
-            s.seq_id: self.controller.drafter_temperature(s.seq_id)
-            for s in self.core.running
-            if self.core.spec.wants(s)
+            e.seq.seq_id: self.controller.drafter_temperature(e.seq.seq_id)
+            for e in entries
+            if self.core.spec.wants(e)
         }
-        if temps:  # exported as the mean over the speculating requests
+        if temps:  # exported as the mean over the drafting requests
             self.core.observer.drafter_temperature(sum(temps.values()) / len(temps))
         return temps
 
@@ -141,15 +138,6 @@ class SpeculationPolicy(SpecListener):
         in_plan = {id(e.seq) for e in verify.seqs}
         return all(id(s) in in_plan for s in self.core.running)
 
-    # ------------------------------------------------------------------ planning
-    def plan_mixed(self) -> StepPlan | None:
-        """The single-lane step: decodes (with this round's drafts), verifies and prefill
-        chunks fused in one batch."""
-        plan = self.core.scheduler.schedule_mixed(self.draft_lens())
-        if plan is not None and self.enabled:
-            self.propose([e for e in plan.seqs if e.seq.status is SeqStatus.DECODING])
-        return plan
-
     # ------------------------------------------------------------------ drafting
     def propose(self, entries: list[ScheduledSeq]) -> None:
         """Drafts for the speculating entries; the controller learns the drafting cost (per
@@ -160,7 +148,7 @@ class SpeculationPolicy(SpecListener):
         drafting look several times dearer than it is."""
         self.observe_draft_cost()
         span = Span(self.core.drafts_on_device)
-        drafted, steady = self.core.draft(entries, self.drafter_temps())
+        drafted, steady = self.core.draft(entries, self.drafter_temps(entries))
         if drafted and steady:
             self._draft_span = (span.stop(), len(drafted), sum(drafted))
         self.observe_draft_cost()

@@ -6,10 +6,11 @@ for the step and its fold-back (``LaneDispatcher.collect``).
 
 In the single-lane mode (the default here) one step is one speculative round, top to bottom:
 
-1. decide and draft (``SpeculationPolicy.plan_mixed``): the policy picks each request's draft
-   length L; the scheduler reserves 1 + L slots per speculating sequence
-   (``Scheduler.schedule_mixed``); the drafter proposes L tokens for each (``policy.propose``
-   -> ``EngineCore.draft``). The drafts are the verify's inputs.
+1. decide, plan and draft: the policy picks each request's draft length L as data
+   (``SpeculationPolicy.decide`` -> ``SpecDecision``); the scheduler plans the step and
+   reserves 1 + L slots per speculating sequence (``Scheduler.schedule_mixed``); the drafting
+   step proposes L tokens for each (``LaneDispatcher._draft`` -> ``policy.propose`` ->
+   ``EngineCore.draft``). The drafts are the verify's inputs.
 2. verify (``EngineCore.launch``): one target forward over [last token, d_1 .. d_L] per
    sequence, in the same batch as plain decodes and prefill chunks, then acceptance (greedy
    match or rejection sampling); behind it, chained drafts and the drafter's catch-up on the
