@@ -11,6 +11,10 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the runner-side half of a drafted entry; types stays torch-free
+    from verifypd.engine.device_drafts import DeviceDrafts
 
 
 @dataclass(frozen=True)
@@ -276,13 +280,10 @@ class ScheduledSeq:
     # The draft length L the policy decided for this step (``SpecDecision``): a decode entry
     # with L > 0 drafts L tokens (``draft_token_ids``, fewer near max_tokens) and verifies.
     draft_len: int = 0
-    draft_probs: object | None = None  # [L, V] drafter distribution (tensor); None = deterministic
-    # Drafts still on the device ([L] int64 tensor): ``draft_token_ids`` then holds L
-    # ``DRAFT_ON_DEVICE`` placeholders, and the verify reads the ids on the device, so a
-    # proposal needs no host sync. ``draft_ready``: CUDA event recorded after the drafting,
-    # for a verify launched on another stream.
-    draft_ids_device: object | None = None
-    draft_ready: object | None = None
+    # What only the device reads (``engine.device_drafts.DeviceDrafts``: the ids while they are
+    # still on the GPU, then ``draft_token_ids`` holds L ``DRAFT_ON_DEVICE`` placeholders; the
+    # drafter's distributions; the event recorded after the drafting). None: host drafts only.
+    drafts: DeviceDrafts | None = None
     # Filled by the runner when the step lands (``engine.logprobs``): the log-probs of the
     # tokens it produced, and of the prompt tokens this chunk scored.
     logprobs: list[TokenLogprob] | None = None
@@ -294,18 +295,16 @@ class ScheduledSeq:
 
     def draft_ids(self) -> list[int]:
         """The draft ids on the host (a device sync when they are still on the device)."""
-        if self.draft_ids_device is None:
+        if self.drafts is None or self.drafts.ids is None:
             return list(self.draft_token_ids)
-        return self.draft_ids_device.tolist()
+        return self.drafts.ids.tolist()
 
     def truncate_drafts(self, n: int) -> None:
-        """Keeps the first ``n`` drafts (ids, device ids and distributions)."""
+        """Keeps the first ``n`` drafts (ids, and their device half)."""
         n = max(n, 0)
         del self.draft_token_ids[n:]
-        if self.draft_ids_device is not None:
-            self.draft_ids_device = self.draft_ids_device[:n]
-        if self.draft_probs is not None:
-            self.draft_probs = self.draft_probs[:n]
+        if self.drafts is not None:
+            self.drafts.truncate(n)
 
     @property
     def samples(self) -> bool:

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.grammar import (
     GrammarCompiler,
     GrammarTable,
@@ -122,10 +123,10 @@ def test_sampled_drafts_keep_their_first_ungrammatical_token(tokenizer, compiler
     drafts = good + [brace, brace, brace]
     table = GrammarTable(compiler)
     entry = _entry(tokenizer, table, so, '{"city": "Paris", ', drafts)
-    entry.draft_probs = torch.full((len(drafts), VOCAB), 1.0 / VOCAB)
+    entry.drafts = DeviceDrafts(probs=torch.full((len(drafts), VOCAB), 1.0 / VOCAB))
     mask = fill_step_masks(table, [(entry, 1 + len(drafts))], {id(entry): drafts})
     assert entry.draft_token_ids == good + [brace, brace]
-    assert entry.draft_probs.shape[0] == len(good) + 2
+    assert entry.drafts.probs.shape[0] == len(good) + 2
     assert brace not in _allowed(mask, len(good) + 1)  # so the kept bad draft is rejected
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.runner import VerifyOutputs
 from verifypd.engine.step_inputs import StepInputs
 from verifypd.kernels.metadata import AttentionMetadata
@@ -209,8 +210,7 @@ class DraftChainer:
             del c.confirmed[sid]
             m = min(n, c.num_drafts)
             e.draft_token_ids = [DRAFT_ON_DEVICE] * m
-            e.draft_ids_device = c.matrix[c.rows[sid], :m]
-            e.draft_ready = c.ready
+            e.drafts = DeviceDrafts(c.matrix[c.rows[sid], :m], None, c.ready)
             view = self.drafter.views[sid]
             view.num_computed_tokens = e.seq.num_tokens + c.num_drafts - 1
             view.draft_start = e.seq.num_tokens

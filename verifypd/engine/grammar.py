@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from verifypd.engine.device_drafts import drafter_probs
 from verifypd.types import ParamError, ScheduledSeq, Sequence, StructuredOutput
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -207,11 +208,12 @@ def fill_step_masks(
 
 
 def _drafts_to_keep(num_valid: int, num_drafts: int, entry: ScheduledSeq) -> int:
-    """The grammatical drafts; a sampled draft (``draft_probs``) keeps its first ungrammatical
-    token too: the verify then rejects it (its masked p is 0) and draws from max(0, p - q),
-    which is what keeps rejection sampling exact. Cutting it would draw from p instead. For
+    """The grammatical drafts; a sampled draft (one with the drafter's distributions) keeps its
+    first ungrammatical token too: the verify then rejects it (its masked p is 0) and draws
+    from max(0, p - q), which is what keeps rejection sampling exact. Cutting it would draw
+    from p instead. For
     deterministic drafts (one-hot q) the two are the same, and the cut saves verify work."""
-    if entry.draft_probs is not None and num_valid < num_drafts:
+    if drafter_probs(entry) is not None and num_valid < num_drafts:
         return num_valid + 1
     return num_valid
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
+from verifypd.engine.device_drafts import device_ids, drafter_probs
 from verifypd.engine.grammar import GrammarTable, apply_token_bitmask, fill_step_masks, read_drafts
 from verifypd.engine.logits_pipeline import LogitsProcessor
 from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
@@ -171,7 +172,7 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
-        deferred = any(s.draft_ids_device is not None for s in plan.seqs)
+        deferred = any(device_ids(s) is not None for s in plan.seqs)
         span = Span(self.is_cuda) if deferred else None  # the GPU reaches it after the drafts
         inputs = self.prepare(plan)
         drafts = read_drafts(self.grammars, plan.seqs)  # before the forward is enqueued
@@ -357,7 +358,7 @@ class ModelRunner:
     ):
         """Drafter distributions q [B, L, V], or None for deterministic proposers (n-gram);
         a deterministic draft in a mixed batch is one-hot at its id (``drafts`` [B, L])."""
-        probs = [getattr(s, "draft_probs", None) for s in scheds]
+        probs = [drafter_probs(s) for s in scheds]
         if all(p is None for p in probs):
             return None
         vocab = target.shape[-1]

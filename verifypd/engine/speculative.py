@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from verifypd.config import SpecConfig
 from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
+from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
@@ -102,8 +103,8 @@ class DraftModelProposer:
         self.chainer.warm_up_chain()
 
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
-        """Attaches each entry's drafts, left on the device (``draft_ids_device``; and
-        ``draft_probs`` for sampled requests).
+        """Attaches each entry's drafts, left on the device (``entry.drafts``: the ids, and
+        the drafter's distributions for sampled requests).
 
         Draft step j feeds the token drafted at step j - 1 straight from the device, and the
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
@@ -152,10 +153,10 @@ class DraftModelProposer:
         ready = self._record_work()
         for k, (e, _, n, t) in enumerate(active):
             e.draft_token_ids = [DRAFT_ON_DEVICE] * n
-            e.draft_ids_device = matrix[k, :n]
-            e.draft_ready = ready
+            q = None
             if t > 0 and all(probs[j] is not None for j in range(n)):
-                e.draft_probs = torch.stack([probs[j][k] for j in range(n)])
+                q = torch.stack([probs[j][k] for j in range(n)])
+            e.drafts = DeviceDrafts(matrix[k, :n], q, ready)
 
     def _follow_last_work(self) -> None:
         if self._last_work is not None:

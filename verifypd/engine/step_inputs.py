@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
+from verifypd.engine.device_drafts import device_ids
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.types import ScheduledSeq, StepPlan
 
@@ -59,8 +60,8 @@ class StepInputBuilder:
         for i, s in enumerate(plan.seqs):
             start, toks = self._query_tokens(s, pad_to)
             end = start + len(toks)
-            if s.draft_ids_device is not None and s.draft_token_ids:
-                on_device.append((len(ids) + s.num_new_tokens, s.draft_ids_device))
+            if (drafts := device_ids(s)) is not None and s.draft_token_ids:
+                on_device.append((len(ids) + s.num_new_tokens, drafts))
             ids += toks
             pos += range(start, end)
             slots += self._slots(s.seq.block_table, start, end)

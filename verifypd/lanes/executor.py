@@ -113,9 +113,12 @@ def follow_drafts(plan: StepPlan, stream: torch.cuda.Stream) -> None:
     verify has read them."""
     waited: set[int] = set()
     for e in plan.seqs:
-        if e.draft_ready is not None and id(e.draft_ready) not in waited:
-            waited.add(id(e.draft_ready))
-            stream.wait_event(e.draft_ready)
-        for t in (e.draft_ids_device, e.draft_probs):
+        drafts = e.drafts
+        if drafts is None:
+            continue
+        if drafts.ready is not None and id(drafts.ready) not in waited:
+            waited.add(id(drafts.ready))
+            stream.wait_event(drafts.ready)
+        for t in (drafts.ids, drafts.probs):
             if t is not None:
                 t.record_stream(stream)
