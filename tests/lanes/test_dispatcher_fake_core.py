@@ -1,0 +1,124 @@
+"""The lane dispatcher against a small fake engine (``fake_core``: the real scheduler and KV
+block manager, no model): speculative rounds over three lanes, fused verifies, rejected drafts,
+a failing request, and the promise that planning launches nothing."""
+
+from __future__ import annotations
+
+import pytest
+from fake_core import FakeCore, FakePolicy
+
+from verifypd.lanes.dispatcher import LaneDispatcher
+from verifypd.types import RequestFailure, RequestOutput, SeqStatus
+
+PROMPTS = {"a": [10, 11, 12], "b": list(range(100, 121)), "c": [7]}
+MAX_TOKENS = 9
+
+
+def _setup(single_lane=False, max_tokens=MAX_TOKENS, **policy_kw):
+    core = FakeCore()
+    policy = FakePolicy(core, **policy_kw)
+    delivered: list[RequestOutput] = []
+
+    async def launch(lane, plan):
+        return core.launch(plan)
+
+    d = LaneDispatcher(core, launch, delivered.append, 10.0, single_lane=single_lane,
+                       policy=policy)  # fmt: skip
+    for rid, prompt in PROMPTS.items():
+        core.add_request(rid, prompt, max_tokens)
+    return core, policy, d, delivered
+
+
+async def _drain(d: LaneDispatcher) -> None:
+    for _ in range(500):
+        if not d.has_work():
+            return
+        await d.tick()
+    raise AssertionError("the dispatcher did not finish its requests")
+
+
+def _tokens(delivered: list[RequestOutput]) -> dict[str, list[int]]:
+    got: dict[str, list[int]] = {}
+    for out in delivered:
+        got.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return got
+
+
+def _expected(rid: str) -> list[int]:
+    last = PROMPTS[rid][-1]
+    return [last + 1 + k for k in range(MAX_TOKENS)]
+
+
+def _assert_clean(core: FakeCore, delivered: list[RequestOutput]) -> None:
+    assert core.kv.num_free_blocks == core.kv.num_blocks  # nothing leaked
+    core.kv.check_integrity([])
+    assert {o.request_id for o in delivered if o.finished} == set(PROMPTS)
+
+
+@pytest.mark.parametrize("single_lane", [False, True], ids=["three-lane", "single-lane"])
+@pytest.mark.parametrize("wrong_from", [None, 1, 0], ids=["all-accepted", "one-of-3", "none"])
+async def test_speculative_rounds_give_the_plain_output(single_lane, wrong_from):
+    core, policy, d, delivered = _setup(single_lane)
+    policy.wrong_from = wrong_from
+    await _drain(d)
+    got = _tokens(delivered)
+    assert got == {rid: _expected(rid) for rid in PROMPTS}
+    _assert_clean(core, delivered)
+    verified = [p for p in core.launched if any(e.draft_token_ids for e in p.seqs)]
+    assert verified, "nobody speculated"
+    if not single_lane:  # drafted entries went through the verify lane, alone
+        assert {p.lane for p in verified} == {"verify"}
+        assert "verify" in d.launch_log
+
+
+async def test_a_fused_decision_verifies_inside_the_decode_step():
+    core, policy, d, delivered = _setup(fused=True)
+    await _drain(d)
+    assert _tokens(delivered) == {rid: _expected(rid) for rid in PROMPTS}
+    assert "verify" not in d.launch_log
+    assert any(p.lane == "decode" and any(e.draft_token_ids for e in p.seqs)
+               for p in core.launched)  # fmt: skip
+    _assert_clean(core, delivered)
+
+
+async def test_planning_launches_nothing_and_marks_no_sequence():
+    """A plan is data: the decision (each entry's draft length) and KV slots, no drafting, no
+    launch, no sequence status or in-flight mark; drafting is part of the launch."""
+    core, policy, d, _ = _setup(max_tokens=100)
+    policy.draft_len = 0  # prefill every prompt, plain decodes: no drafting yet
+    for _ in range(50):
+        await d.tick()
+        if all(s.status is SeqStatus.DECODING for s in core.seqs.values()):
+            break
+    while d.in_flight:  # let the steps in flight land
+        d.collect()
+    policy.draft_len = 3
+    decoding = list(core.decodable())
+    assert decoding
+    launched = len(core.launched)
+    plan = d._plan("decode")
+    assert plan is not None and {e.draft_len for e in plan.seqs} == {3}
+    assert not policy.proposed and len(core.launched) == launched
+    assert all(not e.draft_token_ids for e in plan.seqs)
+    assert all(s.status is SeqStatus.DECODING and not s.in_flight for s in decoding)
+    assert not d.verify_queue
+    await d._launch("decode", plan)  # drafting happens here: the cohort queues for verify
+    assert policy.proposed and len(d.verify_queue) == len(plan.seqs)
+    assert all(s.status is SeqStatus.VERIFYING for s in decoding)
+
+
+async def test_a_failing_request_ends_alone_and_frees_its_blocks():
+    core, policy, d, delivered = _setup()
+    launch = core.launch
+
+    def failing(plan):
+        if any(e.seq.request_id == "b" and e.seq.num_output_tokens >= 2 for e in plan.seqs):
+            raise RequestFailure({"b"}, ValueError("bad sampling tensors"))
+        return launch(plan)
+
+    core.launch = failing
+    await _drain(d)
+    got = _tokens(delivered)
+    assert got["a"] == _expected("a") and got["c"] == _expected("c")
+    assert [o.finish_reason for o in delivered if o.request_id == "b" and o.finished] == ["error"]
+    _assert_clean(core, delivered)
