@@ -15,22 +15,26 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 MIXED = 0  # the query_len key of eager mixed shapes
 
 
-def piecewise_linear(points: list[tuple[float, float]], x: float) -> float | None:
+def piecewise_linear(
+    points: list[tuple[float, float]], x: float, xs: list[float] | None = None
+) -> float | None:
     """y at ``x`` on the polyline through ``points`` (sorted by x, distinct x), extended
     linearly by its end segments; None without points. One point: y scales with x. Below the
     first point the result never falls under y scaling with x (a cost does not drop faster
-    than its work), and never below 0."""
+    than its work), and never below 0. ``xs``: the points' x values, when the caller keeps them."""
     if not points:
         return None
     x0, y0 = points[0]
     if len(points) == 1:
         return y0 * x / x0
-    i = min(max(bisect.bisect_left([p[0] for p in points], x), 1), len(points) - 1)
+    xs = xs if xs is not None else [p[0] for p in points]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)
     (xa, ya), (xb, yb) = points[i - 1], points[i]
     y = ya + (yb - ya) * (x - xa) / (xb - xa)
     if x < x0:
@@ -56,25 +60,48 @@ class CostTable:
         upper bound) or, past the largest, the largest scaled by tokens (q / q_max).
         ``query_len`` 0 (eager mixed) uses only its own points. None when nothing applies."""
         if query_len == MIXED:
-            return piecewise_linear(self._rows_of(MIXED), rows)
-        measured = sorted({q for _, q in self.target if q != MIXED})
+            return self._at(MIXED, rows)
+        measured = self._curves["measured"]
         if not measured:
             return None
-        above = [q for q in measured if q >= query_len]
-        q = above[0] if above else measured[-1]
-        t = piecewise_linear(self._rows_of(q), rows)
+        i = bisect.bisect_left(measured, query_len)
+        above = i < len(measured)
+        q = measured[i] if above else measured[-1]
+        t = self._at(q, rows)
         return t if above or t is None else t * query_len / q
 
     def prefill_time(self, tokens: int) -> float | None:
         """One prefill chunk of ``tokens`` tokens, piecewise linear, extrapolated linearly."""
-        return piecewise_linear(sorted(self.prefill.items()), tokens)
+        points, xs = self._curves["prefill"]
+        return piecewise_linear(points, tokens, xs)
 
     def draft_time(self, rows: int) -> float | None:
         """One drafter single-token step of ``rows`` rows (linear in rows between points)."""
-        return piecewise_linear(sorted(self.draft.items()), rows)
+        points, xs = self._curves["draft"]
+        return piecewise_linear(points, rows, xs)
 
-    def _rows_of(self, query_len: int) -> list[tuple[float, float]]:
-        return sorted((r, t) for (r, q), t in self.target.items() if q == query_len)
+    def _at(self, query_len: int, rows: int) -> float | None:
+        points, xs = self._curves.get(query_len, ([], []))
+        return piecewise_linear(points, rows, xs)
+
+    @cached_property
+    def _curves(self) -> dict:
+        """The tables as sorted polylines, built once (the policy reads them a dozen times
+        before every decode step): per query length ``(points, xs)``, the measured query
+        lengths (``"measured"``), and ``"prefill"`` / ``"draft"`` as ``(points, xs)``."""
+
+        def line(items) -> tuple[list[tuple[float, float]], list[float]]:
+            points = sorted(items)
+            return points, [p[0] for p in points]
+
+        curves: dict = {
+            q: line((r, t) for (r, qq), t in self.target.items() if qq == q)
+            for q in {q for _, q in self.target}
+        }
+        curves["measured"] = sorted({q for _, q in self.target if q != MIXED})
+        curves["prefill"] = line(self.prefill.items())
+        curves["draft"] = line(self.draft.items())
+        return curves
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (metrics, benchmark reports): lists of points, seconds."""
@@ -106,7 +133,7 @@ class CostTable:
         parts = []
         for q in sorted({q for _, q in self.target}):
             name = "mixed" if q == MIXED else ("decode" if q == 1 else f"q={q}")
-            parts.append(f"{name} {_ends(self._rows_of(q), 'rows')}")
+            parts.append(f"{name} {_ends(self._curves[q][0], 'rows')}")
         if self.prefill:
             parts.append(f"prefill {_ends(sorted(self.prefill.items()), 'tok')}")
         if self.draft:

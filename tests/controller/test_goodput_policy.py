@@ -101,6 +101,28 @@ def test_large_batch_with_costly_verify_does_not_speculate():
     assert d.reason == "no_gain" and not any(d.draft_lens.values()) and not d.fused
 
 
+def test_a_no_gain_verdict_is_held_while_the_candidates_stay():
+    """The full plan search runs once per ``no_gain_hold_steps`` while the batch's candidates
+    are unchanged, and at once when they change; the decisions are those of searching every
+    step (the costs do not move here)."""
+    shape = Shape(fixed=2e-3, per_token=100e-6)
+    held, every = _policy(shape), _policy(shape, no_gain_hold_steps=1)
+    for policy in (held, every):
+        ids = _add(policy, 48)
+        for i in ids:
+            _teach(policy, i, 0.6)
+    batches = [ids] * 20 + [ids[:47]] * 5
+    got = [[held.decide(_views(b)).reason for b in batches],
+           [every.decide(_views(b)).reason for b in batches]]  # fmt: skip
+    assert got[0] == got[1] == ["no_gain"] * 25
+    assert (held.num_searches, every.num_searches) == (3 + 1, 25)  # steps 1, 9, 17; 21
+    for policy in (held, every):  # new evidence moves a request to another α̂ bucket
+        _teach(policy, ids[0], 1.0)
+    before = held.num_searches
+    held.decide(_views(ids[:47]))
+    assert held.num_searches == before + 1
+
+
 def test_speculation_turns_off_as_the_batch_grows():
     """Same costs, same acceptance: small batches speculate, large ones do not."""
     chosen = {}

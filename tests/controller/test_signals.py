@@ -1,7 +1,11 @@
 """Signal trackers: exact values on simulated time."""
 
+import math
+
 import pytest
 from controller_sim import FakeClock, PatternOracle
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verifypd.controller import AcceptanceEstimate, Ewma, StepCostModel, WindowPercentile
 
@@ -84,6 +88,30 @@ def test_window_percentile_caps_samples():
     for v in (5.0, 1.0, 2.0, 3.0):
         w.add(v)
     assert (w.count, w.percentile(100)) == (3, 3.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.sampled_from([1.0, 2.0, 2.0, 3.5, 7.0])),
+        max_size=60,
+    ),
+    st.integers(1, 8),
+    st.sampled_from([5.0, 50.0, 95.0, 100.0]),
+)
+def test_window_percentile_matches_sorting_the_window(steps, cap, q):
+    """The incrementally sorted window gives what sorting the kept samples gives, through
+    expiry, the sample cap and repeated values."""
+    clock = FakeClock()
+    w = WindowPercentile(2.0, clock, max_samples=cap)
+    kept: list[tuple[float, float]] = []
+    for dt, value in steps:
+        clock.advance(dt)
+        w.add(value)
+        kept = [*kept, (clock.t, value)][-cap:]
+        live = sorted(v for t, v in kept if clock.t - t <= 2.0)
+        want = live[max(1, math.ceil(q / 100.0 * len(live))) - 1] if live else None
+        assert w.percentile(q) == want
 
 
 def test_cost_model_priors_are_relative_to_decode():
