@@ -94,7 +94,7 @@ class Mode:
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
-    spec_options: tuple[tuple[str, float | None], ...] = ()  # other SpecConfig fields set
+    spec_options: tuple[tuple[str, float | bool | None], ...] = ()  # other SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
 
 
@@ -127,6 +127,10 @@ MODES = {
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
+    # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill).
+    "policy-yield": Mode(
+        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", True),)
+    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

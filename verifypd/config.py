@@ -280,6 +280,9 @@ class SpecConfig:
     # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
     # 13/20; p99s of 10-83 requests a run are noisy at that margin).
     max_step_ratio: float | None = None
+    # The goodput policy speculates for nobody while prompt work is in flight or queued (a
+    # prefill chunk sharing the GPU with the round). Off by default until a sweep shows it.
+    yield_to_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

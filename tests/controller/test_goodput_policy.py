@@ -101,6 +101,19 @@ def test_large_batch_with_costly_verify_does_not_speculate():
     assert d.reason == "no_gain" and not any(d.draft_lens.values()) and not d.fused
 
 
+def test_yield_to_prefill_blocks_speculation_only_while_prompt_work_runs():
+    for yields in (False, True):
+        policy = _policy(yield_to_prefill=yields)
+        ids = _add(policy, 4)
+        for i in ids:
+            _teach(policy, i, 0.9)
+        busy = policy.decide(_views(ids), LoadSignals(prefill_running=True))
+        idle = policy.decide(_views(ids), LoadSignals(prefill_running=False))
+        assert idle.reason == "speculate"
+        assert busy.reason == ("prefill_running" if yields else "speculate")
+        assert (not any(busy.draft_lens.values())) == yields
+
+
 def test_a_no_gain_verdict_is_held_while_the_candidates_stay():
     """The full plan search runs once per ``no_gain_hold_steps`` while the batch's candidates
     are unchanged, and at once when they change; the decisions are those of searching every

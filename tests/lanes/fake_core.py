@@ -123,8 +123,10 @@ class FakePolicy:
         self.core, self.draft_len, self.fused = core, draft_len, fused
         self.proposed: list[list[int]] = []  # seq ids per proposal
         self.wrong_from = None  # draft index from which drafts are wrong (None: all right)
+        self.prefill_seen: list[bool] = []  # what each decision was told of prompt work
 
-    def decide(self) -> SpecDecision:
+    def decide(self, prefill_running: bool = False) -> SpecDecision:
+        self.prefill_seen.append(prefill_running)
         if not self.draft_len:
             return NO_SPECULATION
         lens = {s.seq_id: self.draft_len for s in self.core.decodable()}

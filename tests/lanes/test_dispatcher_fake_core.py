@@ -71,6 +71,17 @@ async def test_speculative_rounds_give_the_plain_output(single_lane, wrong_from)
         assert "verify" in d.launch_log
 
 
+async def test_the_policy_hears_of_prompt_work_in_flight_or_queued():
+    """A decode step planned while prompts wait or a prefill step is in flight tells the
+    policy so (``GoodputConfig.yield_to_prefill`` reads it); once every prompt is in, it
+    does not."""
+    core, policy, d, delivered = _setup()
+    await _drain(d)
+    assert policy.prefill_seen[0] is True  # "b" (21 tokens) needs three chunks
+    assert policy.prefill_seen[-1] is False
+    assert _tokens(delivered) == {rid: _expected(rid) for rid in PROMPTS}
+
+
 async def test_a_fused_decision_verifies_inside_the_decode_step():
     core, policy, d, delivered = _setup(fused=True)
     await _drain(d)

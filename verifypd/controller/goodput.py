@@ -67,6 +67,7 @@ REASONS = (
     "no_candidates",  # nobody eligible (speculate=False, parked, out of tokens, far behind)
     "latency_guard",  # measured p95 decode step above its target
     "prefill_pressure",  # a prompt waited past prefill_wait_guard_s
+    "prefill_running",  # prompt work is in flight or queued (GoodputConfig.yield_to_prefill)
     "batch_too_large",  # more rows than the verify graphs hold
     "probe",  # a probe of parked requests was drafted
     "catch_up",  # a catch-up round: drafters far behind fed their context
@@ -127,6 +128,10 @@ class GoodputConfig:
     # ~0.5 ms of host time per step at 24 rows on an H100 host (measured at c78e11c), which
     # a drafter that never paid cost every decode step. 1: search every step.
     no_gain_hold_steps: int = 8
+    # No speculation while prompt work is in flight or queued: a prefill chunk on its own
+    # stream shares the GPU with the decode round, and a round with drafts then stretches the
+    # decode tail most (the ITL p99 where `off` won the sweep). Off by default until measured.
+    yield_to_prefill: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -163,6 +168,7 @@ class SeqView:
 @dataclass(frozen=True)
 class LoadSignals:
     prefill_wait_s: float | None = None  # the oldest waiting prompt's wait; None: none waits
+    prefill_running: bool = False  # a prefill step in flight, or prompts waiting for one
 
 
 @dataclass
@@ -330,6 +336,8 @@ class GoodputPolicy(DraftController):
         guard = g.prefill_wait_guard_s
         if guard is not None and load.prefill_wait_s is not None and load.prefill_wait_s > guard:
             return "prefill_pressure"
+        if g.yield_to_prefill and load.prefill_running:
+            return "prefill_running"
         if g.max_spec_rows is not None and rows > g.max_spec_rows:
             return "batch_too_large"
         return None

@@ -213,7 +213,8 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        decision = self.policy.decide()
+        prefill = "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling()
+        decision = self.policy.decide(prefill_running=bool(prefill))
         if "verify" in self.in_flight or self.verify_queue:
             decision = NO_SPECULATION
         entries = self.sched.plan_decode(decision)

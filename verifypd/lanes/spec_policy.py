@@ -49,6 +49,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         latency_slack=spec.guard_slack,
         rider_slack=spec.rider_slack,
         max_step_ratio=spec.max_step_ratio,
+        yield_to_prefill=spec.yield_to_prefill,
     )
 
 
@@ -82,14 +83,15 @@ class SpeculationPolicy(SpecListener):
         self.controller.observe_acceptance(seq.seq_id, num_drafted, num_accepted)
 
     # ------------------------------------------------------------------ decisions
-    def decide(self) -> SpecDecision:
+    def decide(self, prefill_running: bool = False) -> SpecDecision:
         """This step's speculation decisions, as data (``SpecDecision``): each speculating
         sequence's L, and whether its verify is fused into the decode step. Nothing on the
-        sequences changes; the scheduler and the drafter read the decision from the plan."""
+        sequences changes; the scheduler and the drafter read the decision from the plan.
+        ``prefill_running``: prompt work is in flight on another lane or queued for it."""
         if not self.enabled:
             return NO_SPECULATION
         if isinstance(self.controller, GoodputPolicy):
-            lens, fused = self._decide_batch()
+            lens, fused = self._decide_batch(prefill_running)
         else:
             lens, fused = self.controller.step(), False
         speculates = {s.seq_id for s in self.core.running if s.params.speculate}
@@ -101,7 +103,7 @@ class SpeculationPolicy(SpecListener):
         self.core.observer.draft_length(decision.reserve)
         return decision
 
-    def _decide_batch(self) -> tuple[dict[int, int], bool]:
+    def _decide_batch(self, prefill_running: bool) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
         views = [
             SeqView(
@@ -113,7 +115,8 @@ class SpeculationPolicy(SpecListener):
         ]
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
-        decision = self.controller.decide(views, LoadSignals(prefill_wait_s=wait))
+        load = LoadSignals(prefill_wait_s=wait, prefill_running=prefill_running)
+        decision = self.controller.decide(views, load)
         self.core.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
         return decision.draft_lens, decision.fused
 
