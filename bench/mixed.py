@@ -131,6 +131,24 @@ MODES = {
     "policy-yield": Mode(
         "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", True),)
     ),
+    # ... and without the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0): a long
+    # prompt's drafter then catches up eagerly in a catch-up round instead of never drafting
+    # (and keeping the batch plain while it rides along).
+    "policy-yield-eager": Mode(
+        "three",
+        True,
+        True,
+        policy="goodput",
+        spec_options=(("yield_to_prefill", True), ("catch_up_chunk", 0)),
+    ),
+    # ... and with the looser guard of policy-loose.
+    "policy-yield-loose": Mode(
+        "three",
+        True,
+        True,
+        policy="goodput",
+        spec_options=(("yield_to_prefill", True), ("guard_slack", 0.10), ("rider_slack", 0.25)),
+    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
