@@ -127,27 +127,15 @@ MODES = {
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
-    # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill).
-    "policy-yield": Mode(
-        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", True),)
+    # The goodput policy speculating while prompt work runs (SpecConfig.yield_to_prefill
+    # off: the default before 2026-11-24), and without the chunked catch-up graphs
+    # (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then catches up eagerly in a
+    # catch-up round instead of never drafting and keeping the batch plain while it rides).
+    "policy-noyield": Mode(
+        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", False),)
     ),
-    # ... and without the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0): a long
-    # prompt's drafter then catches up eagerly in a catch-up round instead of never drafting
-    # (and keeping the batch plain while it rides along).
-    "policy-yield-eager": Mode(
-        "three",
-        True,
-        True,
-        policy="goodput",
-        spec_options=(("yield_to_prefill", True), ("catch_up_chunk", 0)),
-    ),
-    # ... and with the looser guard of policy-loose.
-    "policy-yield-loose": Mode(
-        "three",
-        True,
-        True,
-        policy="goodput",
-        spec_options=(("yield_to_prefill", True), ("guard_slack", 0.10), ("rider_slack", 0.25)),
+    "policy-eager": Mode(
+        "three", True, True, policy="goodput", spec_options=(("catch_up_chunk", 0),)
     ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
