@@ -127,10 +127,14 @@ MODES = {
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
-    # The goodput policy speculating while prompt work runs (SpecConfig.yield_to_prefill
-    # off: the default before 2026-11-24), and without the chunked catch-up graphs
-    # (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then catches up eagerly in a
-    # catch-up round instead of never drafting and keeping the batch plain while it rides).
+    # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill), and without
+    # the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then
+    # catches up eagerly in a catch-up round instead of never drafting and keeping the batch
+    # plain while it rides along). policy-noyield: the policy with yield_to_prefill off, for
+    # runs at commits where it was on by default (9039577).
+    "policy-yield": Mode(
+        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", True),)
+    ),
     "policy-noyield": Mode(
         "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", False),)
     ),

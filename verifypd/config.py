@@ -281,10 +281,11 @@ class SpecConfig:
     # 13/20; p99s of 10-83 requests a run are noisy at that margin).
     max_step_ratio: float | None = None
     # The goodput policy speculates for nobody while prompt work is in flight or queued (a
-    # prefill chunk sharing the GPU with the round). On by default since two same-run H100
-    # sweeps (hetero and uniform-0.8, greedy, c3ba2e7/08986c4): within 5 % of the best other
-    # mode in 18/20 checks against 12/20 without it (hetero), 8/20 against 4/20 (uniform-0.8).
-    yield_to_prefill: bool = True
+    # prefill chunk sharing the GPU with the round). Off by default: in four same-run H100
+    # sweeps (2026-11-24) it was within 5 % of the best other mode in 55 of 80 checks against
+    # 50 of 80 without it, and single runs swung both ways by 3-6 checks (noise of 8-second
+    # runs; docs/performance.md).
+    yield_to_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

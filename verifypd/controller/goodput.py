@@ -131,7 +131,7 @@ class GoodputConfig:
     # No speculation while prompt work is in flight or queued: a prefill chunk on its own
     # stream shares the GPU with the decode round, and a round with drafts then stretches the
     # decode tail most (the ITL p99 where `off` won the sweep). ``SpecConfig.yield_to_prefill``
-    # (on) sets it for the engine; the policy alone defaults to off.
+    # sets it for the engine (off by default: not measurably better yet).
     yield_to_prefill: bool = False
 
     def __post_init__(self) -> None:
