@@ -141,6 +141,18 @@ MODES = {
     "policy-eager": Mode(
         "three", True, True, policy="goodput", spec_options=(("catch_up_chunk", 0),)
     ),
+    # ... and with riders waiting for their catch-up round outside the rider bound
+    # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
+    "policy-riders": Mode(
+        "three", True, True, policy="goodput", spec_options=(("waiting_riders_exempt", True),)
+    ),
+    "policy-riders-eager": Mode(
+        "three",
+        True,
+        True,
+        policy="goodput",
+        spec_options=(("waiting_riders_exempt", True), ("catch_up_chunk", 0)),
+    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

@@ -286,6 +286,9 @@ class SpecConfig:
     # 50 of 80 without it, and single runs swung both ways by 3-6 checks (noise of 8-second
     # runs; docs/performance.md).
     yield_to_prefill: bool = False
+    # The goodput policy lets rows waiting for their drafter's catch-up round ride in a
+    # speculating step outside the rider bound (GoodputConfig.waiting_riders_exempt).
+    waiting_riders_exempt: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

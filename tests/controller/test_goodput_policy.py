@@ -114,6 +114,23 @@ def test_yield_to_prefill_blocks_speculation_only_while_prompt_work_runs():
         assert (not any(busy.draft_lens.values())) == yields
 
 
+@pytest.mark.parametrize("exempt", [False, True])
+def test_riders_waiting_for_their_catch_up_round_ride_when_exempt(exempt):
+    """A fresh request (drafter far behind) between catch-up rounds is a rider: under the
+    rider bound it keeps the batch plain; exempt, the others speculate and it rides."""
+    policy = _policy(waiting_riders_exempt=exempt)
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    assert policy.decide([SeqView(3, 500)]).reason == "catch_up"  # next round in 8 steps
+    d = policy.decide([SeqView(0, 1), SeqView(1, 1), SeqView(2, 1), SeqView(3, 500)])
+    if exempt:
+        assert d.reason == "speculate" and d.draft_lens[3] == 0
+        assert all(d.draft_lens[i] > 0 for i in (0, 1, 2))
+    else:
+        assert d.reason == "no_gain" and not any(d.draft_lens.values())
+
+
 def test_a_no_gain_verdict_is_held_while_the_candidates_stay():
     """The full plan search runs once per ``no_gain_hold_steps`` while the batch's candidates
     are unchanged, and at once when they change; the decisions are those of searching every

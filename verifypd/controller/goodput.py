@@ -133,6 +133,11 @@ class GoodputConfig:
     # decode tail most (the ITL p99 where `off` won the sweep). ``SpecConfig.yield_to_prefill``
     # sets it for the engine (off by default: not measurably better yet).
     yield_to_prefill: bool = False
+    # Rows waiting for their drafter's catch-up round (far behind, within reach of the catch-up
+    # graphs) ride in a speculating step outside the rider bound: they speculate themselves
+    # within ``catch_up_every_steps``. Without it, one fresh request keeps the whole batch
+    # plain until its round (the uniform-0.8 sweeps: "no_gain" on most steps at 8+ req/s).
+    waiting_riders_exempt: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -230,6 +235,7 @@ class GoodputPolicy(DraftController):
         self._next_catch_up = 0
         self._no_gain: tuple[tuple, int] | None = None  # (candidates' key, held until step)
         self.num_searches = 0  # full plan searches (the rest: blocked, no candidates, held)
+        self._waiting = 0  # rows of the last batch waiting for a catch-up round
         # Decode cadence: the time from one decision to the next against the prediction, for
         # speculating and plain steps (what a request waits between its decode steps).
         self.cadence = {k: [0, 0.0, 0.0] for k in ("spec", "plain")}  # steps, actual, predicted
@@ -302,8 +308,9 @@ class GoodputPolicy(DraftController):
             return BatchDecision(off, False, "no_candidates")
         no_gain = BatchDecision(off, False, "no_gain", predicted_step_s=t0,
                                 predicted_tokens=float(len(batch)))  # fmt: skip
-        key = (len(batch), *((c.seq_id, int(c.alpha / g.alpha_bucket), c.far, c.last, c.probe)
-                             for c in cands))  # fmt: skip
+        key = (len(batch), self._waiting,
+               *((c.seq_id, int(c.alpha / g.alpha_bucket), c.far, c.last, c.probe)
+                 for c in cands))  # fmt: skip
         held = self._no_gain
         if held is not None and held[0] == key and self.num_steps < held[1]:
             return no_gain
@@ -353,12 +360,15 @@ class GoodputPolicy(DraftController):
         probing = parked and self.num_steps >= self._next_probe and not self._probed
         catching_up = self.num_steps >= self._next_catch_up
         out = []
+        self._waiting = 0
         for v in batch:
             st = self._requests.get(v.seq_id)
             far = v.drafter_behind > g.max_catch_up
+            beyond = g.chunk_catch_up and v.drafter_behind > g.chunk_catch_up
             if st is None or not st.speculate or (far and not catching_up):
+                self._waiting += bool(st is not None and st.speculate and far and not beyond)
                 continue
-            if g.chunk_catch_up and v.drafter_behind > g.chunk_catch_up:
+            if beyond:
                 continue  # only an eager catch-up reaches it: not worth its host time
             if v.tokens_left < 2:  # its last token: it rides along, outside the guard
                 out.append(_Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
@@ -383,6 +393,7 @@ class GoodputPolicy(DraftController):
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
+        exempt = self._waiting if g.waiting_riders_exempt else 0
         groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
         best: _Plan | None = None
         for L in range(1, self.config.max_draft_len + 1):
@@ -394,7 +405,7 @@ class GoodputPolicy(DraftController):
                 one_off = self.costs.catch_up(grp.far) + (g.eager_draft_s if grp.eager else 0.0)
                 draft_s = L * self.costs.draft(k) + self.costs.catch_up(grp.steady)
                 bound = min(limit * least, cap)
-                if k < rows:  # plain rows wait a whole step for their one token
+                if k + exempt < rows:  # plain rows wait a whole step for their one token
                     bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     if step_s > bound:

@@ -50,6 +50,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         rider_slack=spec.rider_slack,
         max_step_ratio=spec.max_step_ratio,
         yield_to_prefill=spec.yield_to_prefill,
+        waiting_riders_exempt=spec.waiting_riders_exempt,
     )
 
 
