@@ -267,8 +267,13 @@ class SpecConfig:
     catch_up_graphs: tuple[int, ...] = (4, 8)
     # A drafter further behind (a request fresh from its prefill) catches up in replays of a
     # chunk graph of this many tokens a row (for up to 8 rows), at most ``catch_up_chunks``
-    # replays (a longer context: one eager forward). 0 = none.
-    catch_up_chunk: int = 64
+    # replays (a longer context: one eager forward). 0 = none (the default since e89bec0):
+    # with chunk graphs the goodput policy never drafts for a prompt longer than they reach,
+    # and that request keeps its batch plain; without them such a drafter catches up eagerly
+    # once, in a catch-up round. Same-run H100 sweeps (e89bec0, with waiting_riders_exempt):
+    # uniform-0.8 TPOT p99 8.3-12.1 ms against 9.5-19.1 at 5-14 req/s (mean L ~3 against
+    # 0.25-0.9), 10 of 20 checks against 7; hetero 11 against 9, TTFT p99 at 2 req/s worse.
+    catch_up_chunk: int = 0
     catch_up_chunks: int = 8
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
@@ -287,8 +292,9 @@ class SpecConfig:
     # runs; docs/performance.md).
     yield_to_prefill: bool = False
     # The goodput policy lets rows waiting for their drafter's catch-up round ride in a
-    # speculating step outside the rider bound (GoodputConfig.waiting_riders_exempt).
-    waiting_riders_exempt: bool = False
+    # speculating step outside the rider bound (GoodputConfig.waiting_riders_exempt). On by
+    # default since e89bec0, with catch_up_chunk = 0 (the pair was measured together).
+    waiting_riders_exempt: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
