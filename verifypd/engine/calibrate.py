@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 
 PREFILL_TOKENS = (128, 512, 2048)
 MIXED_ROWS = (8, 32)
-VERIFY_GRAPH_BATCH = 64  # without graphs; with them, each q's captured batch limit
+# The most rows a verify graph is captured for (engine.setup); larger verify batches are
+# compute-bound and run eager. Calibration measures up to it without graphs too.
+VERIFY_GRAPH_BATCH = 64
 
 
 def row_grid(limit: int) -> list[int]:

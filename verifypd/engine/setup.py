@@ -16,7 +16,7 @@ import torch
 
 from verifypd.config import EngineConfig, ModelConfig
 from verifypd.costs import CostTable
-from verifypd.engine.calibrate import measure_costs
+from verifypd.engine.calibrate import VERIFY_GRAPH_BATCH, measure_costs
 from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
@@ -30,7 +30,6 @@ from verifypd.types import Observer
 
 logger = logging.getLogger("verifypd")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-VERIFY_GRAPH_BATCH = 64  # larger verify batches are compute-bound: eager
 CATCH_UP_CHUNK_BATCH = 8  # drafters catching up on a context at once in one chunk-graph replay
 
 
