@@ -119,6 +119,8 @@ class KVCacheManager:
         """Extend ``block_table`` in place to cover ``num_tokens`` positions. ``cached_blocks``
         (a fresh ``match_prefix`` result; only with an empty table) are taken first, then new
         blocks from the free list, then by evicting LRU cached blocks. False: nothing changed."""
+        if not cached_blocks and len(block_table) * self.block_size >= num_tokens:
+            return True  # already covered: every decode step of every sequence asks this
         if cached_blocks and block_table:
             raise ValueError("cached_blocks may only be given for an empty block table")
         self._check_prefix_hit(cached_blocks)
