@@ -118,6 +118,7 @@ class FakePolicy:
     """Fixed L for every decoding sequence; drafts the fake model's own continuation."""
 
     enabled = True
+    yields_to_prefill = True  # the dispatcher tells it of prompt work (a test checks that)
 
     def __init__(self, core: FakeCore, draft_len: int = 3, fused: bool = False) -> None:
         self.core, self.draft_len, self.fused = core, draft_len, fused

@@ -308,18 +308,15 @@ class GoodputPolicy(DraftController):
             return BatchDecision(off, False, "no_candidates")
         no_gain = BatchDecision(off, False, "no_gain", predicted_step_s=t0,
                                 predicted_tokens=float(len(batch)))  # fmt: skip
-        key = (len(batch), self._waiting,
-               *((c.seq_id, int(c.alpha / g.alpha_bucket), c.far, c.last, c.probe)
-                 for c in cands))  # fmt: skip
         held = self._no_gain
-        if held is not None and held[0] == key and self.num_steps < held[1]:
+        if held is not None and self.num_steps < held[1] and held[0] == self._key(batch, cands):
             return no_gain
         self.num_searches += 1
         best = self._best_plan(len(batch), cands, t0)
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
         if best is None or best.value <= bar * len(batch) / t0:
-            self._no_gain = (key, self.num_steps + g.no_gain_hold_steps)
+            self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
         self._no_gain = None
         chosen = cands[: best.k]
@@ -335,6 +332,13 @@ class GoodputPolicy(DraftController):
             self._next_catch_up = self.num_steps + g.catch_up_every_steps
             reason = "catch_up"
         return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
+
+    def _key(self, batch: list[SeqView], cands: list[_Candidate]) -> tuple:
+        """What a "no gain" verdict depends on besides the costs' levels (built only while a
+        verdict is held or being stored, not on the steps that speculate)."""
+        bucket = self.goodput.alpha_bucket
+        rows = ((c.seq_id, int(c.alpha / bucket), c.far, c.last, c.probe) for c in cands)
+        return (len(batch), self._waiting, *rows)
 
     def _blocking_rule(self, rows: int, load: LoadSignals) -> str | None:
         g = self.goodput

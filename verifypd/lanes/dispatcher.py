@@ -213,8 +213,10 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        prefill = "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling()
-        decision = self.policy.decide(prefill_running=bool(prefill))
+        prefill = self.policy.yields_to_prefill and (
+            "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
+        )  # only read by a policy that yields: no scan of the running set otherwise
+        decision = self.policy.decide(prefill_running=prefill)
         if "verify" in self.in_flight or self.verify_queue:
             decision = NO_SPECULATION
         entries = self.sched.plan_decode(decision)

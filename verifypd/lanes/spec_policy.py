@@ -62,6 +62,10 @@ class SpeculationPolicy(SpecListener):
         self.core = core
         self.enabled = core.spec.enabled
         self.controller = build_policy(core.config.spec, core.costs, goodput_config(core))
+        # Whether ``decide`` reads the prefill signal (GoodputConfig.yield_to_prefill).
+        self.yields_to_prefill = isinstance(self.controller, GoodputPolicy) and bool(
+            self.controller.goodput.yield_to_prefill
+        )
         self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
         core.attach_listener(self)
 
