@@ -139,11 +139,12 @@ def test_ops_dispatch_matches_reference(target, num_rows, fused, gemv_max_rows):
     )
     for b in (None, bias):
         _close(target, ops.linear(x, weight, b), reference.linear(x, weight, b))
-    _close(target, ops.linear(gate_up[:, :n], down, None, residual),
+    # The residual is handed over (the ops may write the sum into it): each call gets a copy.
+    _close(target, ops.linear(gate_up[:, :n], down, None, residual.clone()),
            reference.linear(gate_up[:, :n], down, None, residual))  # fmt: skip
     _close(
         target,
-        ops.silu_mul_linear(gate_up, down, residual),
+        ops.silu_mul_linear(gate_up, down, residual.clone()),
         reference.silu_mul_linear(gate_up, down, residual),
     )
 
@@ -162,9 +163,26 @@ def test_mlp_block_matches_reference(target, num_rows, epilogue):
     gate_up = _rand(target, 2 * inter, hidden, gen=gen, scale=0.2)
     down = _rand(target, hidden, inter, gen=gen, scale=0.1)
 
-    out = ops.mlp(residual, norm_weight, 1e-6, gate_up, down)
+    out = ops.mlp(residual.clone(), norm_weight, 1e-6, gate_up, down)
 
     _close(target, out, reference.mlp(residual, norm_weight, 1e-6, gate_up, down))
+
+
+def test_cublas_projection_adds_into_the_residual_stream(monkeypatch):
+    """Past the GEMV rows the residual add rides on the GEMM epilogue and the sum is written
+    into the residual stream itself: out-of-place addmm would first copy the residual into a
+    new tensor (a device copy per projection, two per layer), so no ``torch.addmm`` runs."""
+    ops = triton_ops.TritonOps(KernelConfig(gemv_max_rows=0))
+    gen = torch.Generator().manual_seed(5)
+    x, weight = torch.randn(20, 32, generator=gen), torch.randn(24, 32, generator=gen)
+    residual = torch.randn(20, 24, generator=gen)
+    expected = reference.linear(x, weight, None, residual)
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: pytest.fail("out-of-place addmm"))
+
+    out = ops.linear(x, weight, None, residual)
+
+    assert out.data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(out, expected)
 
 
 def test_cublas_keeps_narrow_long_k_projections_at_several_rows():

@@ -194,7 +194,11 @@ def rope_store_kv(
 def linear(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None
 ) -> Tensor:
-    """``x [T, K] @ weight[N, K]^T (+ bias [N]) (+ residual [T, N])`` -> [T, N]."""
+    """``x [T, K] @ weight[N, K]^T (+ bias [N]) (+ residual [T, N])`` -> [T, N].
+
+    ``residual`` is the residual stream, handed over: an implementation may write the sum into
+    it (the Triton ops do past the GEMV rows, saving a device copy), so a caller that still
+    needs it passes a copy. The same holds for ``silu_mul_linear`` and ``mlp``."""
     out = F.linear(x, weight, bias)
     return out if residual is None else out + residual
 

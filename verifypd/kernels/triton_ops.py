@@ -92,11 +92,15 @@ class TritonOps:
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]."""
+        """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]. The residual
+        stream is the caller's to give up: past the GEMV rows the sum is written into it."""
         if 0 < x.shape[0] <= self.gemv_max_rows and beats_gemm(x.shape[0], *weight.shape):
             return gemv(x, weight, bias, residual, use_pdl=self.use_pdl)
         if residual is not None and bias is None:
-            return torch.addmm(residual, x, weight.t())  # the add rides on the GEMM epilogue
+            # The add rides on the GEMM epilogue (beta = 1). In place: out-of-place addmm first
+            # copies the residual into a new tensor, a device copy per projection (56 per 7B
+            # step, each a kernel in the graph).
+            return residual.addmm_(x, weight.t())
         out = F.linear(x, weight, bias)
         return out if residual is None else out + residual
 
