@@ -335,17 +335,21 @@ LANES = ("decode", "prefill", "verify")
 # Environment variables that older A/B scripts set; only entry points map them (env_overrides).
 ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
+ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none) and
-    ``VERIFYPD_EMIT_AFTER_LAUNCH`` ("0" = off), for the CLI and benchmarks to pass on."""
+    """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
+    ``VERIFYPD_EMIT_AFTER_LAUNCH`` and ``VERIFYPD_DECODE_AHEAD`` ("0" = off, "1" = on), for
+    the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
         out["lane_streams"] = tuple(n for n in names if n and n != "0")
     if ENV_EMIT_AFTER_LAUNCH in environ:
         out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
+    if ENV_DECODE_AHEAD in environ:
+        out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
     return out
 
 
@@ -368,6 +372,10 @@ class EngineConfig:
     lane_streams: tuple[str, ...] = LANES
     # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
     emit_after_launch: bool = True
+    # Decode-ahead: while a decode step runs, launch the next one behind it with its input
+    # tokens read on the device, so the host's fold-back and planning overlap the GPU (only
+    # without speculation; ``LaneDispatcher``). None = on where launches only enqueue (GPU).
+    decode_ahead: bool | None = None
     # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
     # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
     calibrate_costs: bool | None = None

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the runner-side half of a drafted entry; types stays torch-free
+    import torch
+
     from verifypd.engine.device_drafts import DeviceDrafts
 
 
@@ -288,6 +290,16 @@ class ScheduledSeq:
     # tokens it produced, and of the prompt tokens this chunk scored.
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    # Decode-ahead (``Scheduler.plan_ahead``): planned while this sequence's previous decode
+    # step is still in flight, so its one input token is that step's sampled token, still on
+    # the device (``StepPlan.prev_ids[ahead_index]``), at position ``ahead_position`` (one past
+    # what the host knows). -1: an ordinary entry, its input tokens on the host.
+    ahead_index: int = -1
+    ahead_position: int = -1
+
+    @property
+    def is_ahead(self) -> bool:
+        return self.ahead_index >= 0
 
     @property
     def num_query_tokens(self) -> int:
@@ -308,8 +320,18 @@ class ScheduledSeq:
 
     @property
     def samples(self) -> bool:
-        """A step samples for this seq only when it reaches the end of the known tokens."""
+        """A step samples for this seq only when it reaches the end of the known tokens (an
+        entry ahead of the host always does)."""
+        if self.ahead_index >= 0:
+            return True
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+    @property
+    def sample_position(self) -> int:
+        """The position of the token this entry samples (where ``samples``)."""
+        if self.ahead_index >= 0:
+            return self.ahead_position + 1
+        return self.seq.num_tokens
 
 
 @dataclass(frozen=True)
@@ -339,6 +361,9 @@ class StepPlan:
     lane: str  # "prefill" | "decode" | "verify" | "mixed"
     seqs: list[ScheduledSeq]
     fused: bool = False  # a decode step whose drafted entries verify inside it
+    # Decode-ahead: the previous decode step's packed result, still on the device, where this
+    # step's ahead entries read their input token (``ScheduledSeq.ahead_index``).
+    prev_ids: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -84,6 +84,9 @@ class PendingStep:
         self.span: Span | None = None  # from when its drafts were ready (device drafts only)
         self.verified: VerifyOutputs | None = None  # a verify's results, still on the device
         self.logprobs: StepLogprobs | None = None  # log-probs riding in the same buffer
+        # The packed result on the device (before its copy to the host): a decode step planned
+        # ahead of this one reads its input tokens there (``sampled_at``).
+        self.device_ids: torch.Tensor | None = None
 
     def seconds(self, wall: float) -> float:
         """The step's own duration: with drafts still being made on the GPU when it was
@@ -94,6 +97,12 @@ class PendingStep:
 
     def done(self) -> bool:
         return self._event is None or self._event.query()
+
+    def sampled_at(self, i: int) -> int:
+        """Where plan entry ``i``'s one sampled token sits in ``device_ids``; -1 when it has
+        none or more than one (a prompt chunk short of its end, a verify)."""
+        slot = self._layout[i]
+        return slot.start if slot.accepted_at < 0 and self.device_ids is not None else -1
 
     def result(self) -> list[list[int]]:
         if self._event is not None:
@@ -188,7 +197,8 @@ class ModelRunner:
             if all(s.params.is_greedy for s in seqs):  # no sampling tensors to upload
                 pieces.append(plain.argmax(dim=-1))
             else:
-                t = self._sampling_tensors(seqs, [s.num_tokens for s in seqs])
+                positions = [plan.seqs[i].sample_position for i in inputs.sample_seqs]
+                t = self._sampling_tensors(seqs, positions)
                 pieces.append(sample(plain, t))
             for j, i in enumerate(inputs.sample_seqs):
                 layout[i] = ResultSlot(j)
@@ -274,12 +284,15 @@ class ModelRunner:
             return PendingStep(plan, None, layout)
         packed = torch.cat([p.to(torch.int64) for p in pieces])
         if not self.is_cuda:
-            return PendingStep(plan, packed, layout)
-        host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return PendingStep(plan, host, layout, event)
+            pending = PendingStep(plan, packed, layout)
+        else:
+            host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            pending = PendingStep(plan, host, layout, event)
+        pending.device_ids = packed
+        return pending
 
     def execute(self, plan: StepPlan) -> list[list[int]]:
         """Synchronous convenience: launch and wait."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from verifypd.kvcache import KVCacheManager
 from verifypd.types import (
@@ -98,6 +98,40 @@ class Scheduler:
                 continue  # preempted while making room for an earlier one
             if self._reserve(seq, seq.num_tokens + spec.reserve, planned):
                 planned.append(ScheduledSeq(seq, 1, draft_len=spec.lens.get(seq.seq_id, 0)))
+        return planned
+
+    def plan_ahead(self, prev: StepPlan, sampled_at: Callable[[int], int]) -> list[ScheduledSeq]:
+        """Decode-ahead: the next token of every entry of ``prev`` (a decode step still in
+        flight) that may run before ``prev`` lands: its input is the token ``prev`` samples,
+        read on the device (``sampled_at(i)``: entry i's index in ``prev``'s packed result, -1
+        for none). An entry qualifies when nothing about the next step depends on the host
+        seeing that token first: a plain one-token decode, no logits controls (penalties, bias,
+        min_tokens, bad words count tokens on the host), no log-probs, no grammar, and not at
+        its length limit. Its slot is reserved now; no one is preempted for a step ahead (a
+        sequence that does not fit waits for the ordinary path). If ``prev`` ends a sequence
+        (EOS, a stop), the step ahead computes one token that is dropped when it lands, and
+        the sequence's blocks are freed then (``in_flight``)."""
+        planned: list[ScheduledSeq] = []
+        for i, e in enumerate(prev.seqs):
+            seq, params = e.seq, e.seq.params
+            if (
+                e.draft_token_ids
+                or e.num_new_tokens != 1
+                or not e.samples
+                or seq.status is not SeqStatus.DECODING
+                or seq.in_flight != 1
+                or params.uses_logits_controls
+                or params.logprobs is not None
+                or params.structured is not None
+                or seq.num_output_tokens + 1 >= params.max_tokens
+                or seq.num_tokens + 1 >= self.max_model_len
+            ):
+                continue
+            index = sampled_at(i)
+            position = e.sample_position  # where prev's token lands: this step's input
+            if index < 0 or not self.kv.allocate(seq.block_table, position + 1):
+                continue
+            planned.append(ScheduledSeq(seq, 1, ahead_index=index, ahead_position=position))
         return planned
 
     def decodable(self) -> list[Sequence]:

@@ -56,12 +56,15 @@ class StepInputBuilder:
         verify_seqs: list[int] = []
         verify_rows: list[list[int]] = []
         on_device: list[tuple[int, torch.Tensor]] = []  # (row of ids, drafts on the device)
+        ahead: list[tuple[int, int]] = []  # (row of ids, index in plan.prev_ids)
         pad_to = self.verify_width(plan)
         for i, s in enumerate(plan.seqs):
             start, toks = self._query_tokens(s, pad_to)
             end = start + len(toks)
             if (drafts := device_ids(s)) is not None and s.draft_token_ids:
                 on_device.append((len(ids) + s.num_new_tokens, drafts))
+            if s.ahead_index >= 0:
+                ahead.append((len(ids), s.ahead_index))
             ids += toks
             pos += range(start, end)
             slots += self._slots(s.seq.block_table, start, end)
@@ -76,28 +79,37 @@ class StepInputBuilder:
             else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
                 sample_seqs.append(i)
                 sample_rows.append(first)
-        return self._upload(plan, ids, pos, slots, qsl, seq_lens, on_device, sample_rows,
-                            sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+        return self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
+                            sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
 
-    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, on_device, *rows) -> StepInputs:
+    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, patches, *rows) -> StepInputs:
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
         int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
-        Drafts still on the device are copied into their rows of the ids there (the rows ride
-        along in the int64 buffer).
+        Drafts still on the device, and the input tokens of entries planned ahead (the last
+        step's sampled tokens, ``plan.prev_ids``), are copied into their rows of the ids there
+        (the rows and source indices ride along in the int64 buffer).
 
         Every view starts 16-byte aligned. Triton specializes pointer arguments on that
         alignment, so a view whose offset depended on the token or sequence count would make
         some steps compile a second variant of a kernel, under traffic (a stall of ~1 s)."""
+        on_device, ahead = patches
         num_tokens, num_seqs = len(ids), len(seq_lens)
         width = num_tokens + num_tokens % 2  # int64 rows of an even length: 16-byte aligned
         patch_rows = [r + j for r, d in on_device for j in range(d.shape[0])]
-        wide_host = np.zeros((4 if patch_rows else 3, width), dtype=np.int64)
+        extra = [patch_rows] if patch_rows else []
+        if ahead:
+            extra += [[r for r, _ in ahead], [k for _, k in ahead]]
+        wide_host = np.zeros((3 + len(extra), width), dtype=np.int64)
         wide_host[:3, :num_tokens] = (ids, pos, slots)
-        wide_host[3:, : len(patch_rows)] = patch_rows
+        for k, row in enumerate(extra):
+            wide_host[3 + k, : len(row)] = row
         wide = self.to_device(wide_host, torch.int64)[:, :num_tokens]
         if patch_rows:
             drafts = torch.cat([d for _, d in on_device]) if len(on_device) > 1 else on_device[0][1]
             wide[0].index_copy_(0, wide[3, : len(patch_rows)], drafts)
+        if ahead:
+            at, n = 3 + bool(patch_rows), len(ahead)
+            wide[0].index_copy_(0, wide[at, :n], plan.prev_ids.index_select(0, wide[at + 1, :n]))
         tables = self._tables(plan, seq_lens)
         narrow_host, (starts, lens, table) = _aligned_concat(
             [np.asarray(qsl, np.int32), np.asarray(seq_lens, np.int32), tables.ravel()]
@@ -117,6 +129,8 @@ class StepInputBuilder:
         return StepInputs(wide[0], wide[1], meta, *rows)
 
     def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
+        if s.ahead_index >= 0:  # its token is still on the device: patched in by _upload
+            return s.ahead_position, [0]
         start = s.seq.num_computed_tokens
         toks = s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids
         if pad_to and len(s.draft_token_ids) < pad_to:

@@ -53,6 +53,9 @@ class AsyncEngine:
             # EngineConfig.emit_after_launch=False turns that off (A/B runs).
             emit_after_launch=self.executor.enqueues and config.emit_after_launch,
             policy=self.policy,
+            decode_ahead=(
+                self.executor.enqueues if config.decode_ahead is None else config.decode_ahead
+            ),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -149,7 +152,7 @@ class AsyncEngine:
     def _fail_all(self) -> None:
         """End every live request with "error"; free the blocks of steps lost in the crash."""
         d = self.dispatcher
-        queued = [e.seq for f in d.in_flight.values() for e in f.plan.seqs]
+        queued = [e.seq for f in d.flights() for e in f.plan.seqs]
         queued += [e.seq for e in d.verify_queue]  # these steps still land and fold back in
         for rid in list(self._queues):
             seqs = [st.seq for st in self.core.requests.get(rid, [])]

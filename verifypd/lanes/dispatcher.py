@@ -94,6 +94,7 @@ class LaneDispatcher:
         lane_context: Callable[[str], contextlib.AbstractContextManager] | None = None,
         emit_after_launch: bool = False,
         policy: SpeculationPolicy | None = None,
+        decode_ahead: bool = False,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -113,6 +114,13 @@ class LaneDispatcher:
         # instead of leaving it idle.
         self.emit_after_launch = emit_after_launch
         self._unemitted: list[Sequence] = []
+        # Decode-ahead (EngineConfig.decode_ahead): while a decode step is in flight, the next
+        # one is planned and launched behind it on the same stream, its input tokens read on
+        # the device, so the host's fold-back and planning overlap the GPU instead of sitting
+        # between steps. Only without speculation (the policy's decisions need landed tokens).
+        self.decode_ahead = decode_ahead and not self.policy.enabled and not single_lane
+        self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
+        self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -143,9 +151,12 @@ class LaneDispatcher:
 
     # ------------------------------------------------------------------ one iteration
     async def tick(self) -> bool:
-        """Collects finished steps and launches at most one lane. Returns True on progress."""
-        progressed = self.collect()
+        """Collects finished steps and launches at most one lane (and a decode step ahead of
+        the one in flight). Returns True on progress."""
+        progressed = await self._launch_ahead()
+        progressed = self.collect() or progressed
         try:
+            progressed = await self._launch_ahead() or progressed
             return await self._launch_next(progressed)
         finally:
             self._emit()
@@ -175,21 +186,37 @@ class LaneDispatcher:
         done = [lane for lane, f in self.in_flight.items() if f.pending and f.pending.done()]
         for lane in done:
             f = self.in_flight.pop(lane)
-            token_ids = f.pending.result()
-            seconds = f.pending.seconds(self.clock() - f.start)
-            self.core.record_step(f.plan, seconds)
-            self.policy.step_landed(f.plan, seconds)
-            self._unemitted += self.core.apply_step(f.plan, token_ids)
+            self._fold(f, f.pending.seconds(self.clock() - f.start))
+            # A decode step launched ahead moves up; it may have landed too (in order).
+            while lane == "decode" and self._ahead is not None:
+                f, self._ahead = self._ahead, None
+                now = self.clock()
+                f.start = max(f.start, now)  # it ran on the GPU behind the one just folded
+                if f.pending is None or not f.pending.done():
+                    self.in_flight[lane] = f
+                    break
+                self._fold(f, None)
         # Deltas wait for the next launch only while the GPU has nothing else to run (another
-        # lane's step in flight keeps it busy: then delivery goes first), and never a first
-        # token (TTFT). A stop string can end a sequence only once it is detokenized: emit
-        # now, so it is never planned again.
-        waits = self.emit_after_launch and not self.in_flight
+        # lane's step in flight keeps it busy: then delivery goes first; a decode step ahead
+        # is launched first, since the GPU is about to run out of decode work), and never a
+        # first token (TTFT). A stop string can end a sequence only once it is detokenized:
+        # emit now, so it is never planned again.
+        pipelined = self.decode_ahead and set(self.in_flight) == {"decode"}
+        waits = self.emit_after_launch and (not self.in_flight or pipelined)
         if not waits or any(s.params.stop or s.first_token_time is None for s in self._unemitted):
             self._emit()
         if done:
             self._report()
         return bool(done)
+
+    def _fold(self, f: InFlight, seconds: float | None) -> None:
+        """Folds a landed step in; ``seconds`` None: it landed together with the step before
+        it, so its own duration is unknown (not recorded)."""
+        token_ids = f.pending.result()
+        if seconds is not None:
+            self.core.record_step(f.plan, seconds)
+            self.policy.step_landed(f.plan, seconds)
+        self._unemitted += self.core.apply_step(f.plan, token_ids)
 
     def _emit(self) -> None:
         changed, self._unemitted = self._unemitted, []
@@ -223,6 +250,41 @@ class LaneDispatcher:
         if not decision.lens:
             self.policy.verify_queue(len(self.verify_queue))
         return StepPlan("decode", entries, fused=decision.fused) if entries else None
+
+    async def _launch_ahead(self) -> bool:
+        """Launches the next decode step behind the one in flight (``decode_ahead``): its
+        entries planned ahead of the host (``Scheduler.plan_ahead``), then every decodable
+        sequence not in flight. False when there is nothing to launch ahead."""
+        head = self.in_flight.get("decode")
+        if not self.decode_ahead or self._ahead is not None or head is None:
+            return False
+        if head.pending is None or head.pending.device_ids is None:
+            return False
+        entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
+        if not entries:
+            return False
+        entries += self.sched.plan_decode(NO_SPECULATION)
+        plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
+        self.sched.begin_step(plan)
+        self.launch_log.append("decode")
+        self.num_ahead_steps += 1
+        flight = self._ahead = InFlight(plan, None, self.clock())
+        try:
+            flight.pending = await self._launch_fn("decode", plan)
+        except RequestFailure as failure:  # some requests' own inputs: the rest wait
+            self._ahead = None
+            self.sched.abandon(plan)  # nothing of it ran; the others plan again later
+            self._end_requests(failure.request_ids)
+            return False
+        except Exception:
+            self._ahead = None
+            self._fail(plan)
+            return False
+        return True
+
+    def flights(self) -> list[InFlight]:
+        """Every launched step not yet folded back in (a decode step ahead included)."""
+        return [*self.in_flight.values(), *([self._ahead] if self._ahead else [])]
 
     def _plan_verify(self) -> StepPlan | None:
         entries, self.verify_queue = self.verify_queue, []

@@ -1,0 +1,136 @@
+"""Decode-ahead (``EngineConfig.decode_ahead``): a decode step planned and launched behind the
+one in flight, its input tokens read on the device. On CPU the worker thread runs each step
+before the next tick, so every other decode step is launched ahead of the one not yet folded
+back in: the same bookkeeping as on a GPU, checked token for token against the plain path."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from helpers import assert_engine_clean, collect, tiny_config, tiny_draft_spec
+
+from verifypd.config import CacheConfig
+from verifypd.engine.core import EngineCore
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import NO_SPECULATION, SamplingParams, StepPlan, StructuredOutput
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)), [9, 8, 7],
+           list(range(100, 130)), [4, 4, 5, 5, 6, 6]]  # fmt: skip
+
+
+def _params(i: int, stop_token: int | None = None) -> SamplingParams:
+    """Greedy and seeded sampling, different lengths (some end while a step ahead is in
+    flight), one request with a penalty (never planned ahead: it rides as an ordinary entry)."""
+    kw = {"max_tokens": 9 + 4 * i, "ignore_eos": True}
+    if i % 2:
+        kw.update(temperature=0.9, seed=11 + i)
+    else:
+        kw.update(temperature=0.0)
+    if i == 4:
+        kw.update(frequency_penalty=0.5)
+    if stop_token is not None and i == 1:
+        kw.update(stop_token_ids=[stop_token])
+    return SamplingParams(**kw)
+
+
+async def _run(ahead: bool, stop_token: int | None = None) -> tuple[list[list[int]], int]:
+    engine = AsyncEngine(tiny_config(decode_ahead=ahead))
+    jobs = [collect(engine, f"r{i}", p, _params(i, stop_token)) for i, p in enumerate(PROMPTS)]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        assert_engine_clean(engine)  # every block back, including those of steps ahead
+        await engine.stop()
+    return out, engine.dispatcher.num_ahead_steps
+
+
+async def test_decode_ahead_is_token_identical_and_leaks_nothing():
+    plain, none_ahead = await _run(False)
+    ahead, num_ahead = await _run(True)
+    assert none_ahead == 0 and num_ahead > 0
+    assert ahead == plain
+
+
+async def test_a_stop_token_landing_under_a_step_ahead_drops_its_token():
+    plain, _ = await _run(False)
+    stop = plain[1][5]  # request 1 stops at its sixth token (or earlier, at a repeat)
+    ref, _ = await _run(False, stop_token=stop)
+    got, num_ahead = await _run(True, stop_token=stop)
+    assert num_ahead > 0
+    assert got == ref
+    assert got[1] == ref[1] and len(got[1]) <= 6 and got[1][-1] == stop
+
+
+async def test_abort_with_a_step_ahead_in_flight_frees_every_block():
+    engine = AsyncEngine(tiny_config(decode_ahead=True, cache=CacheConfig(num_blocks=64)))
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def consume_some(rid, prompt, n):
+        agen = engine.generate(rid, prompt, params)
+        got = 0
+        async for out in agen:
+            got += len(out.new_token_ids)
+            if got >= n:
+                break
+        await agen.aclose()
+
+    jobs = [consume_some(f"a{i}", p, 3 + 4 * i) for i, p in enumerate(PROMPTS)]
+    await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    for _ in range(100):
+        if not engine.dispatcher.has_work():
+            break
+        await asyncio.sleep(0.01)
+    assert engine.dispatcher.num_ahead_steps > 0
+    assert_engine_clean(engine)
+    await engine.stop()
+
+
+def test_default_is_on_only_where_launches_enqueue_and_never_with_speculation():
+    assert AsyncEngine(tiny_config()).dispatcher.decode_ahead is False  # CPU: a worker thread
+    assert AsyncEngine(tiny_config(decode_ahead=True)).dispatcher.decode_ahead is True
+    spec = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
+    assert spec.dispatcher.decode_ahead is False  # the policy's decisions need landed tokens
+    single = AsyncEngine(tiny_config(decode_ahead=True, lane_mode="single"))
+    assert single.dispatcher.decode_ahead is False
+
+
+@pytest.mark.parametrize(
+    "params,ahead",
+    [
+        (SamplingParams(max_tokens=50, temperature=0.0), True),
+        (SamplingParams(max_tokens=50, temperature=0.7, seed=1), True),
+        (SamplingParams(max_tokens=50, repetition_penalty=1.2), False),
+        (SamplingParams(max_tokens=50, logit_bias={5: 1.0}), False),
+        (SamplingParams(max_tokens=50, min_tokens=4), False),
+        (SamplingParams(max_tokens=50, logprobs=2), False),
+        ("grammar", False),  # set on the sequence below (dummy:tiny has no HF tokenizer)
+        (SamplingParams(max_tokens=2), False),  # the step in flight samples its last token
+    ],
+    ids=["greedy", "seeded", "penalty", "bias", "min-tokens", "logprobs", "grammar", "last"],
+)
+def test_plan_ahead_takes_only_what_needs_nothing_from_the_host(params, ahead):
+    grammar = params == "grammar"
+    if grammar:
+        params = SamplingParams(max_tokens=50)
+    core = EngineCore(tiny_config())
+    core.add_request("r", [1, 2, 3, 4, 5], params)
+    sched = core.scheduler
+    prefill = StepPlan("prefill", sched.plan_prefill(1 << 12, 8))
+    sched.begin_step(prefill)
+    core.apply_step(prefill, core.launch(prefill).result())
+    plan = StepPlan("decode", sched.plan_decode(NO_SPECULATION))
+    sched.begin_step(plan)
+    pending = core.launch(plan)
+    seq = plan.seqs[0].seq
+    if grammar:
+        seq.params = dataclasses.replace(params, structured=StructuredOutput("json_object"))
+
+    entries = sched.plan_ahead(plan, pending.sampled_at)
+
+    assert [e.seq for e in entries] == ([seq] if ahead else [])
+    if ahead:
+        (e,) = entries
+        assert e.ahead_position == seq.num_tokens and e.sample_position == seq.num_tokens + 1
+        assert len(seq.block_table) * core.kv.block_size >= seq.num_tokens + 1  # slot reserved
