@@ -87,13 +87,59 @@ async def test_abort_with_a_step_ahead_in_flight_frees_every_block():
     await engine.stop()
 
 
-def test_default_is_on_only_where_launches_enqueue_and_never_with_speculation():
+def test_default_is_on_only_where_launches_enqueue():
     assert AsyncEngine(tiny_config()).dispatcher.decode_ahead is False  # CPU: a worker thread
-    assert AsyncEngine(tiny_config(decode_ahead=True)).dispatcher.decode_ahead is True
-    spec = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
-    assert spec.dispatcher.decode_ahead is False  # the policy's decisions need landed tokens
+    plain = AsyncEngine(tiny_config(decode_ahead=True)).dispatcher
+    assert plain.decode_ahead is True and plain.ahead_limit is None
+    spec = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec())).dispatcher
+    assert spec.decode_ahead is True and spec.ahead_limit == 8  # between the policy's decisions
     single = AsyncEngine(tiny_config(decode_ahead=True, lane_mode="single"))
     assert single.dispatcher.decode_ahead is False
+
+
+async def _run_spec(ahead: bool, speculate: list[bool], redecide: int = 2):
+    """Draft-model speculation (the drafter is the target: every draft is accepted) where only
+    the requests marked ``speculate`` may speculate."""
+    cfg = tiny_config(decode_ahead=ahead, spec=tiny_draft_spec(), ahead_redecide_steps=redecide)
+    engine = AsyncEngine(cfg)
+    runs: list[int] = []
+    launch = engine.dispatcher._launch_ahead
+
+    async def spy():
+        launched = await launch()
+        if launched:
+            runs.append(engine.dispatcher._ahead_run)
+        return launched
+
+    engine.dispatcher._launch_ahead = spy
+    jobs = [
+        collect(engine, f"r{i}", p, dataclasses.replace(_params(0), speculate=speculate[i]))
+        for i, p in enumerate(PROMPTS)
+    ]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    return out, runs, engine.core.spec.num_drafted
+
+
+async def test_with_a_drafter_decode_runs_ahead_only_between_quiet_decisions():
+    """No request may speculate: the policy decides "no one" and decode runs ahead, at most
+    ``ahead_redecide_steps`` steps before the policy decides again; tokens as without."""
+    quiet = [False] * len(PROMPTS)
+    ref, none, _ = await _run_spec(False, quiet)
+    got, runs, drafted = await _run_spec(True, quiet)
+    assert none == [] and runs and max(runs) <= 2 and drafted == 0
+    assert got == ref
+
+
+async def test_with_speculating_requests_the_drafter_still_drafts():
+    mixed = [i % 2 == 0 for i in range(len(PROMPTS))]
+    ref, _, drafted_ref = await _run_spec(False, mixed)
+    got, _, drafted = await _run_spec(True, mixed)
+    assert got == ref
+    assert drafted_ref > 0 and drafted > 0
 
 
 @pytest.mark.parametrize(
