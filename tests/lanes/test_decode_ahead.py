@@ -14,7 +14,13 @@ from helpers import assert_engine_clean, collect, tiny_config, tiny_draft_spec
 from verifypd.config import CacheConfig
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.async_engine import AsyncEngine
-from verifypd.types import NO_SPECULATION, SamplingParams, StepPlan, StructuredOutput
+from verifypd.types import (
+    NO_SPECULATION,
+    RequestFailure,
+    SamplingParams,
+    StepPlan,
+    StructuredOutput,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)), [9, 8, 7],
            list(range(100, 130)), [4, 4, 5, 5, 6, 6]]  # fmt: skip
@@ -180,3 +186,43 @@ def test_plan_ahead_takes_only_what_needs_nothing_from_the_host(params, ahead):
         (e,) = entries
         assert e.ahead_position == seq.num_tokens and e.sample_position == seq.num_tokens + 1
         assert len(seq.block_table) * core.kv.block_size >= seq.num_tokens + 1  # slot reserved
+
+
+async def test_a_request_failing_in_a_step_ahead_ends_alone():
+    """A launch ahead that fails for one request's own inputs (``RequestFailure``) ends that
+    request with "error"; the others plan again and finish with the tokens they get without
+    it; every block comes back."""
+    alone, _ = await _run(True)
+    engine = AsyncEngine(tiny_config(decode_ahead=True))
+    launch = engine.dispatcher._launch_fn
+    failed: list[int] = []
+
+    async def poisoned(lane, plan):
+        ahead = [e.seq.request_id for e in plan.seqs if e.is_ahead]
+        if "r2" in ahead and not failed:
+            failed.append(len(plan.seqs))
+            raise RequestFailure({"r2"}, RuntimeError("poisoned input"))
+        return await launch(lane, plan)
+
+    engine.dispatcher._launch_fn = poisoned
+    reasons: dict[str, str | None] = {}
+
+    async def run(i, prompt):
+        ids = []
+        async for out in engine.generate(f"r{i}", prompt, _params(i)):
+            ids += out.new_token_ids
+            if out.finished:
+                reasons[f"r{i}"] = out.finish_reason
+        return ids
+
+    try:
+        jobs = [run(i, p) for i, p in enumerate(PROMPTS)]
+        got = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        assert failed and reasons["r2"] == "error"
+        assert all(reasons[f"r{i}"] == "length" for i in range(len(PROMPTS)) if i != 2)
+        others = [i for i in range(len(PROMPTS)) if i != 2]
+        assert [got[i] for i in others] == [alone[i] for i in others]
+        assert got[2] == alone[2][: len(got[2])]  # what it got before the failure is right
+        assert_engine_clean(engine)
+    finally:
+        await engine.stop()

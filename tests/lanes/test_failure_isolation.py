@@ -33,8 +33,9 @@ class FinishCounter(Observer):
         self.reasons.append(reason)
 
 
-def _engine(observer: Observer | None = None, **sched) -> AsyncEngine:
-    cfg = tiny_config(cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(**sched))
+def _engine(observer: Observer | None = None, ahead: bool = False, **sched) -> AsyncEngine:
+    cfg = tiny_config(cache=CacheConfig(num_blocks=64), scheduler=SchedulerConfig(**sched),
+                      decode_ahead=ahead)  # fmt: skip
     return AsyncEngine(cfg, observer=observer)
 
 
@@ -71,9 +72,10 @@ def _poisoned_build(original):
     return classmethod(build)
 
 
-async def test_failed_sampling_tensors_end_only_their_request(monkeypatch) -> None:
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "decode-ahead"])
+async def test_failed_sampling_tensors_end_only_their_request(monkeypatch, ahead) -> None:
     counter = FinishCounter()
-    engine = _engine(counter)
+    engine = _engine(counter, ahead)
     try:
         alone = await _alone(engine)
         monkeypatch.setattr(
@@ -90,9 +92,10 @@ async def test_failed_sampling_tensors_end_only_their_request(monkeypatch) -> No
         await engine.stop()
 
 
-async def test_failed_stop_check_ends_only_its_request(monkeypatch) -> None:
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "decode-ahead"])
+async def test_failed_stop_check_ends_only_its_request(monkeypatch, ahead) -> None:
     counter = FinishCounter()
-    engine = _engine(counter)
+    engine = _engine(counter, ahead)
     original = detokenizer.StopChecker.push
 
     def push(self, new_text):
