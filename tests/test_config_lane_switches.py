@@ -21,6 +21,14 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_LANE_STREAMS": "0"}) == {"lane_streams": ()}
     assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "0"}) == {"emit_after_launch": False}
     assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "1"}) == {"emit_after_launch": True}
+    assert env_overrides({"VERIFYPD_DECODE_AHEAD": "0"}) == {"decode_ahead": False}
+    assert env_overrides({"VERIFYPD_DECODE_AHEAD": "1"}) == {"decode_ahead": True}
+
+
+def test_ahead_redecide_steps_is_validated() -> None:
+    assert EngineConfig().decode_ahead is None and EngineConfig().ahead_redecide_steps == 8
+    with pytest.raises(ValueError, match="ahead_redecide_steps"):
+        EngineConfig(ahead_redecide_steps=0)
 
 
 def test_lane_streams_are_validated() -> None:
