@@ -25,10 +25,8 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "1"}) == {"decode_ahead": True}
 
 
-def test_ahead_redecide_steps_is_validated() -> None:
-    assert EngineConfig().decode_ahead is None and EngineConfig().ahead_redecide_steps == 8
-    with pytest.raises(ValueError, match="ahead_redecide_steps"):
-        EngineConfig(ahead_redecide_steps=0)
+def test_decode_ahead_is_decided_by_the_device_by_default() -> None:
+    assert EngineConfig().decode_ahead is None
 
 
 def test_lane_streams_are_validated() -> None:

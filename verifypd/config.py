@@ -373,12 +373,10 @@ class EngineConfig:
     # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
     emit_after_launch: bool = True
     # Decode-ahead: while a decode step runs, launch the next one behind it with its input
-    # tokens read on the device, so the host's fold-back and planning overlap the GPU (only
-    # without speculation; ``LaneDispatcher``). None = on where launches only enqueue (GPU).
+    # tokens read on the device, so the host's fold-back and planning overlap the GPU (while
+    # the speculation policy speculates for no one; ``LaneDispatcher``). None = on where
+    # launches only enqueue (GPU).
     decode_ahead: bool | None = None
-    # With speculation configured, decode runs ahead only after the policy decided to
-    # speculate for no one, for at most this many steps; then the policy decides again.
-    ahead_redecide_steps: int = 8
     # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
     # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
     calibrate_costs: bool | None = None
@@ -396,8 +394,6 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.lane_mode not in ("three", "single"):
             raise ValueError("lane_mode must be three|single")
-        if self.ahead_redecide_steps < 1:
-            raise ValueError(f"ahead_redecide_steps must be >= 1, got {self.ahead_redecide_steps}")
         if self.calibrate_costs not in (None, True, False):
             got = self.calibrate_costs
             raise ValueError(f"calibrate_costs must be a bool or None, got {got!r}")

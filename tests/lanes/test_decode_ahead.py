@@ -18,6 +18,7 @@ from verifypd.types import (
     NO_SPECULATION,
     RequestFailure,
     SamplingParams,
+    SeqStatus,
     StepPlan,
     StructuredOutput,
 )
@@ -95,26 +96,26 @@ async def test_abort_with_a_step_ahead_in_flight_frees_every_block():
 
 def test_default_is_on_only_where_launches_enqueue():
     assert AsyncEngine(tiny_config()).dispatcher.decode_ahead is False  # CPU: a worker thread
-    plain = AsyncEngine(tiny_config(decode_ahead=True)).dispatcher
-    assert plain.decode_ahead is True and plain.ahead_limit is None
+    assert AsyncEngine(tiny_config(decode_ahead=True)).dispatcher.decode_ahead is True
     spec = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec())).dispatcher
-    assert spec.decode_ahead is True and spec.ahead_limit == 8  # between the policy's decisions
+    assert spec.decode_ahead is True  # while the policy speculates for no one
     single = AsyncEngine(tiny_config(decode_ahead=True, lane_mode="single"))
     assert single.dispatcher.decode_ahead is False
 
 
-async def _run_spec(ahead: bool, speculate: list[bool], redecide: int = 2):
+async def _run_spec(ahead: bool, speculate: list[bool]):
     """Draft-model speculation (the drafter is the target: every draft is accepted) where only
-    the requests marked ``speculate`` may speculate."""
-    cfg = tiny_config(decode_ahead=ahead, spec=tiny_draft_spec(), ahead_redecide_steps=redecide)
-    engine = AsyncEngine(cfg)
-    runs: list[int] = []
+    the requests marked ``speculate`` may speculate (the fixed-L policy speculates for every
+    one of them). Checks at each launch ahead that no running request may speculate."""
+    engine = AsyncEngine(tiny_config(decode_ahead=ahead, spec=tiny_draft_spec()))
     launch = engine.dispatcher._launch_ahead
+    speculating_at_launch: list[int] = []
 
     async def spy():
+        running = [s for s in engine.core.scheduler.running if s.status is SeqStatus.DECODING]
         launched = await launch()
         if launched:
-            runs.append(engine.dispatcher._ahead_run)
+            speculating_at_launch.append(sum(s.params.speculate for s in running))
         return launched
 
     engine.dispatcher._launch_ahead = spy
@@ -127,25 +128,29 @@ async def _run_spec(ahead: bool, speculate: list[bool], redecide: int = 2):
     finally:
         assert_engine_clean(engine)
         await engine.stop()
-    return out, runs, engine.core.spec.num_drafted
+    return out, speculating_at_launch, engine.core.spec.num_drafted
 
 
-async def test_with_a_drafter_decode_runs_ahead_only_between_quiet_decisions():
-    """No request may speculate: the policy decides "no one" and decode runs ahead, at most
-    ``ahead_redecide_steps`` steps before the policy decides again; tokens as without."""
+async def test_with_a_drafter_decode_runs_ahead_while_no_one_speculates():
+    """No request may speculate: the policy decides "no one" for every step, and decode runs
+    ahead as without a drafter; the same tokens as without decode-ahead."""
     quiet = [False] * len(PROMPTS)
     ref, none, _ = await _run_spec(False, quiet)
-    got, runs, drafted = await _run_spec(True, quiet)
-    assert none == [] and runs and max(runs) <= 2 and drafted == 0
+    got, launches, drafted = await _run_spec(True, quiet)
+    assert none == [] and len(launches) > 0 and drafted == 0
     assert got == ref
 
 
-async def test_with_speculating_requests_the_drafter_still_drafts():
+async def test_with_speculating_requests_nothing_runs_ahead_of_a_drafting_step():
+    """Half the requests speculate: while any of them runs, the policy's decision for the step
+    ahead speculates and nothing is launched ahead (a drafting step needs landed tokens); once
+    they finish, decode runs ahead. Lossless either way."""
     mixed = [i % 2 == 0 for i in range(len(PROMPTS))]
     ref, _, drafted_ref = await _run_spec(False, mixed)
-    got, _, drafted = await _run_spec(True, mixed)
+    got, launches, drafted = await _run_spec(True, mixed)
     assert got == ref
     assert drafted_ref > 0 and drafted > 0
+    assert launches and all(n == 0 for n in launches)
 
 
 @pytest.mark.parametrize(
@@ -226,3 +231,31 @@ async def test_a_request_failing_in_a_step_ahead_ends_alone():
         assert_engine_clean(engine)
     finally:
         await engine.stop()
+
+
+@pytest.mark.parametrize("speculates", [True, False])
+async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
+    """A decode step of A is in flight and B, just prefilled, may speculate: the policy's
+    decision for the step ahead (A ahead, B decodable) drafts for B, so nothing is launched
+    ahead and B drafts in the next step after A lands. If B may not speculate, the step goes
+    ahead with both."""
+    engine = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
+    d, core = engine.dispatcher, engine.core
+    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
+    core.add_request("A", [1, 2, 3, 4, 5], quiet)
+    for _ in range(20):  # A's prefill, then its first decode step (left in flight)
+        await d.tick()
+        if "decode" in d.in_flight:
+            break
+    assert "decode" in d.in_flight and d._ahead is None
+    core.add_request("B", [7, 8, 9], dataclasses.replace(quiet, speculate=speculates))
+    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
+    core.scheduler.begin_step(prefill)
+    core.apply_step(prefill, core.launch(prefill).result())  # B decodes next
+
+    launched = await d._launch_ahead()
+
+    assert launched is not speculates
+    if launched:
+        assert {e.seq.request_id for e in d._ahead.plan.seqs} == {"A", "B"}
+    await engine.stop()

@@ -56,7 +56,6 @@ class AsyncEngine:
             decode_ahead=(
                 self.executor.enqueues if config.decode_ahead is None else config.decode_ahead
             ),
-            ahead_redecide_steps=config.ahead_redecide_steps,
         )
 
     # ------------------------------------------------------------------ lifecycle

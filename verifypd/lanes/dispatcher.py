@@ -95,7 +95,6 @@ class LaneDispatcher:
         emit_after_launch: bool = False,
         policy: SpeculationPolicy | None = None,
         decode_ahead: bool = False,
-        ahead_redecide_steps: int = 8,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -118,15 +117,12 @@ class LaneDispatcher:
         # Decode-ahead (EngineConfig.decode_ahead): while a decode step is in flight, the next
         # one is planned and launched behind it on the same stream, its input tokens read on
         # the device, so the host's fold-back and planning overlap the GPU instead of sitting
-        # between steps. With speculation configured, only between the policy's decisions:
-        # after a decision to speculate for no one, at most ``ahead_redecide_steps`` steps run
-        # ahead, then one decode step waits for its tokens and the policy decides again with
-        # every sequence in view (a drafting step needs landed tokens).
+        # between steps. With speculation configured, the policy decides for every step ahead
+        # too (its batch named, since their previous step is still in flight); a decision to
+        # speculate for anyone ends the run ahead: the next step waits for its tokens and
+        # drafts (a drafting step needs landed tokens).
         self.decode_ahead = decode_ahead and not single_lane
-        self.ahead_limit = ahead_redecide_steps if self.policy.enabled else None
         self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
-        self._ahead_run = 0  # steps launched ahead since the last decode step planned normally
-        self._quiet = False  # the policy's last decision speculated for no one
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
 
     # ------------------------------------------------------------------ signals
@@ -247,11 +243,7 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        prefill = self.policy.yields_to_prefill and (
-            "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
-        )  # only read by a policy that yields: no scan of the running set otherwise
-        decision = self.policy.decide(prefill_running=prefill)
-        self._quiet, self._ahead_run = not decision.lens, 0
+        decision = self.policy.decide(prefill_running=self._prefill_signal())
         if "verify" in self.in_flight or self.verify_queue:
             decision = NO_SPECULATION
         entries = self.sched.plan_decode(decision)
@@ -268,13 +260,13 @@ class LaneDispatcher:
             return False
         if head.pending is None or head.pending.device_ids is None:
             return False
-        if self.ahead_limit is not None and not (
-            self._quiet
-            and self._ahead_run < self.ahead_limit
-            and not self.verify_queue
-            and "verify" not in self.in_flight
-        ):
-            return False  # the policy speculates, or decides again after this step lands
+        if self.policy.enabled:
+            if self.verify_queue or "verify" in self.in_flight:
+                return False  # a speculative round is under way
+            batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
+            decision = self.policy.decide(self._prefill_signal(), batch + self.core.decodable())
+            if decision.lens:
+                return False  # the next step waits for its tokens and drafts
         entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
         if not entries:
             return False
@@ -283,7 +275,6 @@ class LaneDispatcher:
         self.sched.begin_step(plan)
         self.launch_log.append("decode")
         self.num_ahead_steps += 1
-        self._ahead_run += 1
         flight = self._ahead = InFlight(plan, None, self.clock())
         try:
             flight.pending = await self._launch_fn("decode", plan)
@@ -301,6 +292,13 @@ class LaneDispatcher:
     def flights(self) -> list[InFlight]:
         """Every launched step not yet folded back in (a decode step ahead included)."""
         return [*self.in_flight.values(), *([self._ahead] if self._ahead else [])]
+
+    def _prefill_signal(self) -> bool:
+        """Prompt work in flight or queued; only read by a policy that yields to it (no scan
+        of the running set otherwise)."""
+        return self.policy.yields_to_prefill and (
+            "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
+        )
 
     def _plan_verify(self) -> StepPlan | None:
         entries, self.verify_queue = self.verify_queue, []

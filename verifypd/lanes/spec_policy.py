@@ -88,15 +88,19 @@ class SpeculationPolicy(SpecListener):
         self.controller.observe_acceptance(seq.seq_id, num_drafted, num_accepted)
 
     # ------------------------------------------------------------------ decisions
-    def decide(self, prefill_running: bool = False) -> SpecDecision:
+    def decide(
+        self, prefill_running: bool = False, seqs: list[Sequence] | None = None
+    ) -> SpecDecision:
         """This step's speculation decisions, as data (``SpecDecision``): each speculating
         sequence's L, and whether its verify is fused into the decode step. Nothing on the
         sequences changes; the scheduler and the drafter read the decision from the plan.
-        ``prefill_running``: prompt work is in flight on another lane or queued for it."""
+        ``prefill_running``: prompt work is in flight on another lane or queued for it.
+        ``seqs``: the step's decode batch (default: the decodable sequences; a decode step
+        planned ahead names its own, whose previous step is still in flight)."""
         if not self.enabled:
             return NO_SPECULATION
         if isinstance(self.controller, GoodputPolicy):
-            lens, fused = self._decide_batch(prefill_running)
+            lens, fused = self._decide_batch(prefill_running, seqs)
         else:
             lens, fused = self.controller.step(), False
         speculates = {s.seq_id for s in self.core.running if s.params.speculate}
@@ -108,7 +112,9 @@ class SpeculationPolicy(SpecListener):
         self.core.observer.draft_length(decision.reserve)
         return decision
 
-    def _decide_batch(self, prefill_running: bool) -> tuple[dict[int, int], bool]:
+    def _decide_batch(
+        self, prefill_running: bool, seqs: list[Sequence] | None
+    ) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
         views = [
             SeqView(
@@ -116,7 +122,7 @@ class SpeculationPolicy(SpecListener):
                 self.core.drafter_behind(seq),
                 seq.params.max_tokens - seq.num_output_tokens,
             )
-            for seq in self.core.decodable()
+            for seq in (self.core.decodable() if seqs is None else seqs)
         ]
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
