@@ -58,6 +58,28 @@ async def collect(engine: Any, request_id: str, prompt: list[int], params: Any) 
     ]
 
 
+async def consume_some(engine: Any, request_id: str, prompt: list[int], params: Any, n: int):
+    """Reads a request's deltas until ``n`` tokens came, then hangs up (an abort)."""
+    agen = engine.generate(request_id, prompt, params)
+    got = 0
+    async for out in agen:
+        got += len(out.new_token_ids)
+        if got >= n:
+            break
+    await agen.aclose()
+
+
+async def hang_up_partway(engine: Any, prompts: list[list[int]], params: Any, every: int):
+    """Request ``a{i}`` hangs up after ``3 + every * i`` tokens; returns once the engine has
+    nothing left in flight (the aborted requests' steps landed)."""
+    jobs = [consume_some(engine, f"a{i}", p, params, 3 + every * i) for i, p in enumerate(prompts)]
+    await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    for _ in range(100):
+        if not engine.dispatcher.has_work():
+            break
+        await asyncio.sleep(0.01)
+
+
 async def generate_all(
     engine: Any, prompts: list[list[int]], params: Any, timeout: float = 120.0
 ) -> list[list[int]]:

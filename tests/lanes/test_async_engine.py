@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import collect, generate_all, tiny_config, tiny_draft_spec
+from helpers import collect, generate_all, hang_up_partway, tiny_config, tiny_draft_spec
 
 from verifypd.config import CacheConfig, SchedulerConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -76,24 +76,7 @@ async def test_abort_mid_stream_frees_blocks_in_every_lane(chain):
     spec = tiny_draft_spec(chain_drafts=chain)
     engine = _engine("three", spec, cache=CacheConfig(num_blocks=64, block_size=16))
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
-
-    async def consume_some(rid, prompt, n):
-        agen = engine.generate(rid, prompt, params)
-        got = 0
-        async for out in agen:
-            got += len(out.new_token_ids)
-            if got >= n:
-                break
-        await agen.aclose()
-
-    await asyncio.wait_for(
-        asyncio.gather(*(consume_some(f"a{i}", p, 3 + 5 * i) for i, p in enumerate(PROMPTS))),
-        60,
-    )
-    for _ in range(50):
-        if not engine.dispatcher.has_work():
-            break
-        await asyncio.sleep(0.01)
+    await hang_up_partway(engine, PROMPTS, params, every=5)
     assert engine.dispatcher.verify_queue == []
     engine.check_integrity()
     assert engine.kv_usage == 0 and engine.num_running == engine.num_waiting == 0

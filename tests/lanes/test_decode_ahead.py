@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from helpers import assert_engine_clean, collect, tiny_config, tiny_draft_spec
+from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config, tiny_draft_spec
 
 from verifypd.config import CacheConfig
 from verifypd.engine.core import EngineCore
@@ -73,22 +73,7 @@ async def test_a_stop_token_landing_under_a_step_ahead_drops_its_token():
 async def test_abort_with_a_step_ahead_in_flight_frees_every_block():
     engine = AsyncEngine(tiny_config(decode_ahead=True, cache=CacheConfig(num_blocks=64)))
     params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
-
-    async def consume_some(rid, prompt, n):
-        agen = engine.generate(rid, prompt, params)
-        got = 0
-        async for out in agen:
-            got += len(out.new_token_ids)
-            if got >= n:
-                break
-        await agen.aclose()
-
-    jobs = [consume_some(f"a{i}", p, 3 + 4 * i) for i, p in enumerate(PROMPTS)]
-    await asyncio.wait_for(asyncio.gather(*jobs), 60)
-    for _ in range(100):
-        if not engine.dispatcher.has_work():
-            break
-        await asyncio.sleep(0.01)
+    await hang_up_partway(engine, PROMPTS, params, every=4)
     assert engine.dispatcher.num_ahead_steps > 0
     assert_engine_clean(engine)
     await engine.stop()
