@@ -238,9 +238,15 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
     core.scheduler.begin_step(prefill)
     core.apply_step(prefill, core.launch(prefill).result())  # B decodes next
 
+    decisions = []
+    decide = d.policy.decide
+    d.policy.decide = lambda *a, **k: decisions.append(1) or decide(*a, **k)
+
     launched = await d._launch_ahead()
 
     assert launched is not speculates
     if launched:
         assert {e.seq.request_id for e in d._ahead.plan.seqs} == {"A", "B"}
+    else:  # asked once per step in flight, however often the loop polls
+        assert await d._launch_ahead() is False and len(decisions) == 1
     await engine.stop()

@@ -123,6 +123,7 @@ class LaneDispatcher:
         # drafts (a drafting step needs landed tokens).
         self.decode_ahead = decode_ahead and not single_lane
         self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
+        self._declined: InFlight | None = None  # the head no step ahead was planned behind
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
 
     # ------------------------------------------------------------------ signals
@@ -258,8 +259,9 @@ class LaneDispatcher:
         head = self.in_flight.get("decode")
         if not self.decode_ahead or self._ahead is not None or head is None:
             return False
-        if head.pending is None or head.pending.device_ids is None:
-            return False
+        if head.pending is None or head.pending.device_ids is None or head is self._declined:
+            return False  # asked once per step in flight: the loop polls many times a step
+        self._declined = head
         if self.policy.enabled:
             if self.verify_queue or "verify" in self.in_flight:
                 return False  # a speculative round is under way
@@ -270,6 +272,7 @@ class LaneDispatcher:
         entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
         if not entries:
             return False
+        self._declined = None
         entries += self.sched.plan_decode(NO_SPECULATION)
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
