@@ -23,7 +23,8 @@ running OpenAI server instead.
 Modes (--modes): three-ctrl (three lanes + controller, L_max = --draft-len), three-fixed (three
 lanes, fixed L), single-fixed (fused single lane, fixed L), three-off (three lanes, no
 speculation); also single-ctrl, single-off, and three-fixed-unchained / three-ctrl-unchained
-(drafting not chained behind each verify: ``SpecConfig.chain_drafts`` off, for A/B runs).
+(drafting not chained behind each verify: ``SpecConfig.chain_drafts`` off, for A/B runs);
+the sweep's variants (``MODES``), among them off-noahead / policy-noahead (decode-ahead off).
 
     python bench/mixed.py
     python bench/mixed.py --device cpu --model dummy:tiny --draft-model dummy:tiny \
@@ -96,6 +97,7 @@ class Mode:
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float | bool | None], ...] = ()  # other SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
+    engine_options: tuple[tuple[str, bool | None], ...] = ()  # EngineConfig fields set
 
 
 MODES = {
@@ -127,6 +129,12 @@ MODES = {
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
+    # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
+    # the plain and policy rows as they ran before it, for A/Bs in the same run.
+    "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),
+    "policy-noahead": Mode(
+        "three", True, True, policy="goodput", engine_options=(("decode_ahead", False),)
+    ),
     # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill), and without
     # the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then
     # catches up eagerly in a catch-up round instead of never drafting and keeping the batch
@@ -326,7 +334,7 @@ def mode_config(args, name: str) -> EngineConfig:
         ttft_budget_s=args.ttft_budget_s,
         **dict(mode.sched_options),
     )
-    return cfg.replace(scheduler=sched)
+    return cfg.replace(scheduler=sched, **dict(mode.engine_options))
 
 
 def guard_draft_vocab(core) -> dict[str, Any] | None:

@@ -134,3 +134,13 @@ def test_requests_are_seeded_poisson_mix() -> None:
     capped = loadgen.make_requests(mix, 512, 0, 100, 40.0, duration_s=1.0)
     assert 0 < len(capped) < 100 and all(r.arrival_s <= 1.0 for r in capped)
     assert all(r.arrival_s == 0.0 for r in loadgen.make_requests(mix, 512, 1, 5, None))
+
+
+@pytest.mark.parametrize("name", ["off-noahead", "policy-noahead"])
+def test_noahead_modes_turn_decode_ahead_off_and_nothing_else(name) -> None:
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny"])
+    base = mixed.mode_config(args, name.removesuffix("-noahead"))
+    cfg = mixed.mode_config(args, name)
+    assert base.decode_ahead is None and cfg.decode_ahead is False
+    assert cfg.replace(decode_ahead=None) == base
