@@ -57,6 +57,8 @@ class AsyncEngine:
                 self.executor.enqueues if config.decode_ahead is None else config.decode_ahead
             ),
         )
+        if self.dispatcher.decode_ahead:
+            logger.info("decode-ahead on: the next decode step is launched while one runs")
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
