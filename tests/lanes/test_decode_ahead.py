@@ -16,6 +16,7 @@ from verifypd.engine.core import EngineCore
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import (
     NO_SPECULATION,
+    Observer,
     RequestFailure,
     SamplingParams,
     SeqStatus,
@@ -42,14 +43,24 @@ def _params(i: int, stop_token: int | None = None) -> SamplingParams:
     return SamplingParams(**kw)
 
 
+class AheadCounter(Observer):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def decode_ahead(self) -> None:
+        self.steps += 1
+
+
 async def _run(ahead: bool, stop_token: int | None = None) -> tuple[list[list[int]], int]:
-    engine = AsyncEngine(tiny_config(decode_ahead=ahead))
+    counter = AheadCounter()
+    engine = AsyncEngine(tiny_config(decode_ahead=ahead), observer=counter)
     jobs = [collect(engine, f"r{i}", p, _params(i, stop_token)) for i, p in enumerate(PROMPTS)]
     try:
         out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
     finally:
         assert_engine_clean(engine)  # every block back, including those of steps ahead
         await engine.stop()
+    assert counter.steps == engine.dispatcher.num_ahead_steps  # the metric's hook
     return out, engine.dispatcher.num_ahead_steps
 
 

@@ -278,6 +278,7 @@ class LaneDispatcher:
         self.sched.begin_step(plan)
         self.launch_log.append("decode")
         self.num_ahead_steps += 1
+        self.core.observer.decode_ahead()
         flight = self._ahead = InFlight(plan, None, self.clock())
         try:
             flight.pending = await self._launch_fn("decode", plan)

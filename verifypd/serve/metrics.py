@@ -59,6 +59,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "prefix_cache_queries": (Counter, "Prompt tokens looked up in the prefix cache", None, None),
     "prefix_cache_hits": (Counter, "Prompt tokens found in the prefix cache", None, None),
     "preemptions": (Counter, "Sequences preempted", None, None),
+    "decode_ahead_steps": (
+        Counter,
+        "Decode steps launched while the step before them still ran",
+        None,
+        None,
+    ),
     "requests_finished": (Counter, "Requests finished, by reason", "reason", None),
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
@@ -183,6 +189,9 @@ class PrometheusObserver(Observer):
         self._m["prefix_cache_hits"].inc(num_hits)
         self.live.totals["prefix_queries"] += num_queries
         self.live.totals["prefix_hits"] += num_hits
+
+    def decode_ahead(self) -> None:
+        self._m["decode_ahead_steps"].inc()
 
     def preemption(self) -> None:
         self._m["preemptions"].inc()
