@@ -60,11 +60,12 @@ def _hf_greedy(model, ids: torch.Tensor, num_new: int) -> list[int]:
     return new
 
 
-def _llm(**sched) -> LLM:
+def _llm(decode_ahead: bool | None = None, **sched) -> LLM:
     cache = sched.pop("cache", CacheConfig())
     cfg = EngineConfig(
-        model="default", device="cpu", cache=cache, scheduler=SchedulerConfig(**sched)
-    )
+        model="default", device="cpu", cache=cache, scheduler=SchedulerConfig(**sched),
+        decode_ahead=decode_ahead,
+    )  # fmt: skip
     return LLM(config=cfg)
 
 
@@ -112,10 +113,14 @@ def test_chunked_prefill_small_chunks(hf_reference):
 
 # Nine sequences of up to 57 tokens need 29 blocks of 16 at their longest; 16 blocks hold at
 # most five of them at full length, so the scheduler must preempt (and recompute) to finish.
-def test_tiny_pool_forces_preemption(hf_reference):
-    llm = _llm(cache=CacheConfig(block_size=16, num_blocks=16, enable_prefix_caching=False))
+# With decode-ahead (a GPU default; on CPU every other decode step runs ahead) the same tokens.
+@pytest.mark.parametrize("ahead", [False, True], ids=["plain", "decode-ahead"])
+def test_tiny_pool_forces_preemption(hf_reference, ahead):
+    cache = CacheConfig(block_size=16, num_blocks=16, enable_prefix_caching=False)
+    llm = _llm(cache=cache, decode_ahead=ahead)
     _assert_matches(llm, hf_reference)
     assert llm.core.scheduler.num_preemptions > 0
+    assert (llm.engine.dispatcher.num_ahead_steps > 0) == ahead
 
 
 def test_tiny_pool_preemption_with_prefix_cache(hf_reference):
