@@ -18,6 +18,7 @@ import asyncio
 import functools
 import importlib.util
 import json
+import os
 import re
 import signal
 import subprocess
@@ -211,10 +212,14 @@ def verifypd_serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "verifypd", "serve", "--port", "0", *args]
 
 
-def smollm_server(*args: str, timeout: float = 180.0) -> ServerProcess:
-    """The real server on the embedded SmolLM2-135M on CPU, with extra ``verifypd serve`` args."""
+def smollm_server(
+    *args: str, timeout: float = 180.0, env: dict[str, str] | None = None
+) -> ServerProcess:
+    """The real server on the embedded SmolLM2-135M on CPU, with extra ``verifypd serve`` args
+    (and environment variables on top of this process's)."""
     cmd = verifypd_serve_command("--model", "default", "--device", "cpu", *args)
-    return start_server_process(cmd, timeout=timeout)
+    extra = {"env": {**os.environ, **env}} if env else {}
+    return start_server_process(cmd, timeout=timeout, **extra)
 
 
 # -- bench scripts ---------------------------------------------------------------------------

@@ -281,6 +281,22 @@ async def dropped(session: aiohttp.ClientSession, i: int, rng: random.Random) ->
 
 @bounded(120)
 async def test_disconnect_storm_frees_every_block(server: ServerProcess) -> None:
+    await disconnect_storm(server)
+
+
+@bounded(180)
+async def test_disconnect_storm_with_decode_ahead_frees_every_block() -> None:
+    """The same storm with decode-ahead on (a GPU default; here every other decode step runs
+    ahead): aborts and preemptions under steps launched ahead lose and leak nothing."""
+    env = {"VERIFYPD_DECODE_AHEAD": "1"}
+    with smollm_server(*MAIN_ARGS, env=env) as proc:
+        await disconnect_storm(proc)
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            assert (await metrics(session))["verifypd_decode_ahead_steps_total"] > 0
+        assert proc.stop(timeout=30) == 0
+
+
+async def disconnect_storm(server: ServerProcess) -> None:
     rng = random.Random(0)
     async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
         start = await wait_idle(session)
