@@ -135,6 +135,11 @@ MODES = {
     "policy-noahead": Mode(
         "three", True, True, policy="goodput", engine_options=(("decode_ahead", False),)
     ),
+    # The policy charging each speculative round the host turnaround that decode-ahead hides
+    # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
+    "policy-overhead": Mode(
+        "three", True, True, policy="goodput", spec_options=(("round_overhead_s", 1.2e-3),)
+    ),
     # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill), and without
     # the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then
     # catches up eagerly in a catch-up round instead of never drafting and keeping the batch

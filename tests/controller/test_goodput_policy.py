@@ -478,3 +478,32 @@ def test_drafters_only_an_eager_catch_up_reaches_are_not_drafted_for():
     d = policy.decide(views)
     assert d.reason == "catch_up" and d.draft_lens[8] > 0  # chunk replays reach 300
     assert d.draft_lens[9] == 0  # 3000 only an eager forward reaches
+
+
+def test_a_round_overhead_is_charged_to_speculative_plans_only():
+    """Where decode-ahead hides a plain step's host turnaround, a speculative round still pays
+    it: charged to every speculative plan, a gain that fits without it no longer does."""
+    ids = list(range(8))
+    gains = []
+    for overhead in (0.0, 4e-3, 40e-3):
+        policy = _policy(round_overhead_s=overhead)
+        _add(policy, len(ids))
+        for i in ids:
+            _teach(policy, i, 0.7)
+        d = policy.decide(_views(ids))
+        gains.append(d.predicted_tokens / d.predicted_step_s if d.draft_len else None)
+        assert d.plain_step_s == pytest.approx(Shape().target_time(len(ids), 1))  # plain: as is
+    assert gains[0] is not None and gains[1] is not None and gains[1] < gains[0]
+    assert gains[2] is None  # a round dearer than the tokens it wins: plain decoding
+
+
+def test_the_round_overhead_reaches_the_policy_only_where_decode_ahead_runs():
+    from verifypd.config import EngineConfig
+    from verifypd.engine.core import EngineCore
+    from verifypd.lanes.spec_policy import goodput_config
+
+    spec = SpecConfig(method="ngram", round_overhead_s=1e-3)
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    assert goodput_config(core).round_overhead_s == 0.0  # CPU: no decode-ahead by default
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec, decode_ahead=True))
+    assert goodput_config(core).round_overhead_s == 1e-3

@@ -138,6 +138,11 @@ class GoodputConfig:
     # within ``catch_up_every_steps``. Without it, one fresh request keeps the whole batch
     # plain until its round (the uniform-0.8 sweeps: "no_gain" on most steps at 8+ req/s).
     waiting_riders_exempt: bool = False
+    # Host time a speculative round pays and a plain decode step does not: with decode-ahead a
+    # plain step is launched while the one before runs, while a drafting step needs its
+    # tokens landed first (fold-back, planning, upload between GPU steps). Added to every
+    # speculative plan's step time (value and guard). 0: not charged.
+    round_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -153,6 +158,7 @@ class GoodputConfig:
             (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
             (self.no_gain_hold_steps >= 1, "no_gain_hold_steps >= 1"),
+            (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
@@ -412,6 +418,7 @@ class GoodputPolicy(DraftController):
                 if k + exempt < rows:  # plain rows wait a whole step for their one token
                     bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
+                    step_s += g.round_overhead_s
                     if step_s > bound:
                         continue
                     value = tokens / (step_s + one_off / g.amortize_steps)
