@@ -185,4 +185,3 @@ class AsyncEngine:
 
     def _report_depths(self) -> None:
         self.observer.requests(self.num_running, self.num_waiting)
-
