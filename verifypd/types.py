@@ -322,14 +322,14 @@ class ScheduledSeq:
     def samples(self) -> bool:
         """A step samples for this seq only when it reaches the end of the known tokens (an
         entry ahead of the host always does)."""
-        if self.ahead_index >= 0:
+        if self.is_ahead:
             return True
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
     @property
     def sample_position(self) -> int:
         """The position of the token this entry samples (where ``samples``)."""
-        if self.ahead_index >= 0:
+        if self.is_ahead:
             return self.ahead_position + 1
         return self.seq.num_tokens
 

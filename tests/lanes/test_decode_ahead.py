@@ -261,3 +261,11 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
     else:  # asked once per step in flight, however often the loop polls
         assert await d._launch_ahead() is False and len(decisions) == 1
     await engine.stop()
+
+
+def test_the_launch_log_stays_bounded_for_launches_ahead_too():
+    """A server runs for days, and with decode-ahead most decode launches go ahead."""
+    d = AsyncEngine(tiny_config(decode_ahead=True)).dispatcher
+    for _ in range(10_000):
+        d._log_launch("decode")
+    assert 2048 <= len(d.launch_log) <= 4096

@@ -100,6 +100,13 @@ class EngineCore:
     def _is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def decode_ahead(self) -> bool:
+        """Whether decode steps run ahead (``EngineConfig.decode_ahead``; None: on a GPU, where
+        a launch only enqueues). The lane dispatcher and the speculation policy both read it."""
+        ahead = self.config.decode_ahead
+        return self._is_cuda if ahead is None else ahead
+
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ParamError for input that can never be served (or would take more than its

@@ -63,7 +63,7 @@ class StepInputBuilder:
             end = start + len(toks)
             if (drafts := device_ids(s)) is not None and s.draft_token_ids:
                 on_device.append((len(ids) + s.num_new_tokens, drafts))
-            if s.ahead_index >= 0:
+            if s.is_ahead:
                 ahead.append((len(ids), s.ahead_index))
             ids += toks
             pos += range(start, end)
@@ -129,7 +129,7 @@ class StepInputBuilder:
         return StepInputs(wide[0], wide[1], meta, *rows)
 
     def _query_tokens(self, s: ScheduledSeq, pad_to: int = 0) -> tuple[int, list[int]]:
-        if s.ahead_index >= 0:  # its token is still on the device: patched in by _upload
+        if s.is_ahead:  # its token is still on the device: patched in by _upload
             return s.ahead_position, [0]
         start = s.seq.num_computed_tokens
         toks = s.seq.token_ids[start : start + s.num_new_tokens] + s.draft_token_ids

@@ -53,9 +53,7 @@ class AsyncEngine:
             # EngineConfig.emit_after_launch=False turns that off (A/B runs).
             emit_after_launch=self.executor.enqueues and config.emit_after_launch,
             policy=self.policy,
-            decode_ahead=(
-                self.executor.enqueues if config.decode_ahead is None else config.decode_ahead
-            ),
+            decode_ahead=self.core.decode_ahead,
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")

@@ -276,7 +276,7 @@ class LaneDispatcher:
         entries += self.sched.plan_decode(NO_SPECULATION)
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
-        self.launch_log.append("decode")
+        self._log_launch("decode")
         self.num_ahead_steps += 1
         self.core.observer.decode_ahead()
         flight = self._ahead = InFlight(plan, None, self.clock())
@@ -292,6 +292,11 @@ class LaneDispatcher:
             self._fail(plan)
             return False
         return True
+
+    def _log_launch(self, lane: str) -> None:
+        self.launch_log.append(lane)
+        if len(self.launch_log) > 4096:  # a server runs for days: keep the recent part
+            del self.launch_log[:2048]
 
     def flights(self) -> list[InFlight]:
         """Every launched step not yet folded back in (a decode step ahead included)."""
@@ -342,9 +347,7 @@ class LaneDispatcher:
     async def _launch_marked(self, lane: str, plan: StepPlan) -> None:
         start = self.clock()
         self._last_lane = lane
-        self.launch_log.append(lane)
-        if len(self.launch_log) > 4096:  # a server runs for days: keep the recent part
-            del self.launch_log[:2048]
+        self._log_launch(lane)
         self._report()
         flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
         try:

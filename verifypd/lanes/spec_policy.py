@@ -38,8 +38,6 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
     drafter may be while its first draft step still replays a graph."""
     graphs = core.use_cuda_graphs and core.spec.enabled
     sched, spec = core.config.scheduler, core.config.spec
-    ahead = core.config.decode_ahead
-    ahead = core.device.type == "cuda" if ahead is None else ahead  # as the AsyncEngine runs
     reach = max((2, *spec.catch_up_graphs)) if graphs else 2
     chunks = spec.catch_up_chunk * spec.catch_up_chunks + reach if graphs else 0
     return GoodputConfig(
@@ -53,7 +51,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         max_step_ratio=spec.max_step_ratio,
         yield_to_prefill=spec.yield_to_prefill,
         waiting_riders_exempt=spec.waiting_riders_exempt,
-        round_overhead_s=spec.round_overhead_s if ahead else 0.0,
+        round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
     )
 
 
