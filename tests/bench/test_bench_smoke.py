@@ -166,3 +166,31 @@ def test_kernel_variants_are_engine_config_fields(tmp_path: Path) -> None:
     assert data["engine"]["kernels"] == dataclasses.asdict(knobs)
     assert data["engine"]["spec"]["always_pad_verify"] is True
     assert data["variants"]["graphs-gemv1"]["kernels"]["gemv_max_rows"] == 1
+
+
+def test_profile_offline(tmp_path: Path) -> None:
+    bench = load_bench("profile_offline")
+    argv = ["--model", "dummy:tiny", "--offline-requests", "5", "--offline-lens", "4", "12",
+            "--windows", "0:0.2", "--out", str(tmp_path)]  # fmt: skip
+    data = bench.main(argv)
+    assert data["device"] == "cpu" and data["git_commit"]
+    for run in (data["untraced"], data["traced"]):
+        lens = run["output_tokens"]
+        assert 5 * 4 <= lens <= 5 * 12
+        assert sum(c["out_tok_s"] * bench.BUCKET_S for c in run["course"]) == pytest.approx(lens)
+        assert run["course"][-1]["started"] == 5
+    assert (tmp_path / "profile-cpu-offline.json").is_file()
+
+
+def test_profile_offline_summary() -> None:
+    """Busy time is the union over streams; kinds and streams add up the kernel durations."""
+    bench = load_bench("profile_offline")
+    evs = [(0, 10, 7, "ampere_bf16_gemm"), (5, 15, 8, "_split_kv_attention_kernel"),
+           (30, 40, 7, "rms_norm_kernel")]  # fmt: skip
+    s = bench.summarize(evs, 50)
+    assert s["busy_ms"] == pytest.approx(25 / 1e6)
+    assert s["busy_frac"] == pytest.approx(0.5)
+    assert s["stream_busy_ms"] == {"7": pytest.approx(20 / 1e6), "8": pytest.approx(10 / 1e6)}
+    assert s["kind_ms"] == {
+        k: pytest.approx(10 / 1e6) for k in ("gemm", "attention", "norm/rope/act")
+    }
