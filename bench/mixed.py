@@ -220,9 +220,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def sampling_params(args, req: Request, index: int) -> SamplingParams:
     # A fixed seed per request: the synthetic acceptance draws are the same in every mode.
     seed = args.seed * 1_000_003 + index
+    # Ids only (no detokenizing), as vLLM's replay of the same trace (skip_tokenizer_init).
     return SamplingParams(
-        max_tokens=req.max_tokens, temperature=args.temperature, seed=seed, ignore_eos=True
-    )
+        max_tokens=req.max_tokens, temperature=args.temperature, seed=seed, ignore_eos=True,
+        detokenize=False,
+    )  # fmt: skip
 
 
 async def sample_controller(core, out: list[dict[str, Any]], interval: float) -> None:

@@ -148,8 +148,10 @@ def mixed_trace(args, rate: float) -> list:
     )
 
 
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+def greedy(n: int, detokenize: bool = False) -> SamplingParams:
+    # No text by default: vLLM runs with skip_tokenizer_init (ids in, ids out), so neither
+    # engine detokenizes.
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=detokenize)
 
 
 # ----------------------------------------------------------------------------- engines

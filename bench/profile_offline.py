@@ -20,6 +20,7 @@ import asyncio
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def summarize(events: list[tuple[int, int, int, str]], span_ns: int) -> dict[str
     }  # fmt: skip
 
 
-async def run_once(engine, prompts, out_lens, windows, tag: str) -> dict[str, Any]:
+async def run_once(engine, prompts, out_lens, windows, tag: str, detok: bool) -> dict[str, Any]:
     n = len(prompts)
     first: list[float | None] = [None] * n
     done: list[float | None] = [None] * n
@@ -92,7 +93,8 @@ async def run_once(engine, prompts, out_lens, windows, tag: str) -> dict[str, An
     t0 = time.perf_counter()
 
     async def one(i: int) -> None:
-        async for out in engine.generate(f"{tag}-{i}", prompts[i], greedy(out_lens[i])):
+        params = greedy(out_lens[i], detokenize=detok)
+        async for out in engine.generate(f"{tag}-{i}", prompts[i], params):
             now = time.perf_counter() - t0
             if first[i] is None:
                 first[i] = now
@@ -157,6 +159,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="START:END seconds into the traced run")  # fmt: skip
     p.add_argument("--offline-requests", type=int, default=256)
     p.add_argument("--offline-lens", type=int, nargs=2, default=[100, 1024])
+    p.add_argument("--lane-mode", default="three", choices=["three", "single"])
+    p.add_argument("--detokenize", action="store_true", help="make text (peer_vllm: ids only)")
+    p.add_argument("--no-trace", action="store_true", help="the untraced run only")
     p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -167,14 +172,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         peer.max_num_batched_tokens, peer.num_kv_blocks = 512, 256
-    cfg = verifypd_config(peer, device, "offline", peer.max_num_seqs)
+    cfg = replace(verifypd_config(peer, device, "offline", peer.max_num_seqs),
+                  lane_mode=args.lane_mode)  # fmt: skip
     prompts, out_lens = offline_workload(peer)
     llm = AsyncLLM(cfg)
     try:
         warm = [p[:16] for p in prompts[:8]]
-        llm.loop.run_until_complete(run_once(llm.engine, warm, [16] * len(warm), [], "w"))
-        plain = llm.loop.run_until_complete(run_once(llm.engine, prompts, out_lens, [], "a"))
-        traced = llm.loop.run_until_complete(run_once(llm.engine, prompts, out_lens, windows, "b"))
+        run = llm.loop.run_until_complete
+        run(run_once(llm.engine, warm, [16] * len(warm), [], "w", args.detokenize))
+        plain = run(run_once(llm.engine, prompts, out_lens, [], "a", args.detokenize))
+        traced = {"wall_s": None, "windows": []}
+        if not args.no_trace:
+            traced = run(run_once(llm.engine, prompts, out_lens, windows, "b", args.detokenize))
     finally:
         llm.close()
     rows = []
@@ -185,9 +194,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      f"{w['busy_frac']:.2f}", streams, kinds])  # fmt: skip
     print(f"untraced wall {plain['wall_s']:.2f} s ({plain['output_tokens'] / plain['wall_s']:.0f}"
           f" out tok/s), last first token at {plain['last_first_token_s']:.2f} s; traced wall "
-          f"{traced['wall_s']:.2f} s")  # fmt: skip
-    print(format_table(["window s", "span ms", "busy", "stream busy ms", "kernel ms by kind"],
-                       rows))  # fmt: skip
+          f"{traced['wall_s']} s")  # fmt: skip
+    if rows:
+        print(format_table(["window s", "span ms", "busy", "stream busy ms",
+                            "kernel ms by kind"], rows))  # fmt: skip
     course = plain["course"]
     step = max(1, len(course) // 12)
     print(format_table(["t s", "out tok/s", "started", "running"],

@@ -57,6 +57,10 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)  # never generated (their last token)
     bad_words_token_ids: list[list[int]] | None = None  # resolved from bad_words by the engine
     include_stop_str_in_output: bool = False  # keep a stop string's / stop token's text
+    # False: no text is made (deltas carry token ids, ``new_text`` stays ""), as vLLM's
+    # ``SamplingParams.detokenize``; for callers that only read ids (the per-token host cost of
+    # incremental detokenizing is gone). Stop strings need the text: refused with it off.
+    detokenize: bool = True
     # Set in __post_init__: whether any logits control is on (the sampler's fast-path test).
     uses_logits_controls: bool = field(default=False, init=False, repr=False)
     # Log-probabilities (raw: log_softmax of the logits before temperature and penalties).
@@ -90,6 +94,7 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]"),
             (0 < self.repetition_penalty < math.inf, "repetition_penalty", "must be > 0"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
+            (self.detokenize or not self.stop, "stop", "stop strings need detokenize=True"),
             (_biases_in_range(self.logit_bias), "logit_bias", "values must be in [-100, 100]"),
             (self.logprobs is None or self.logprobs >= 0, "logprobs", "must be >= 0"),
             (

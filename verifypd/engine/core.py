@@ -133,7 +133,11 @@ class EngineCore:
             seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)
             if grammar is not None:
                 self.grammars.add(seq, grammar)
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+            detok = (
+                IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+                if params.detokenize
+                else None
+            )
             stop = StopChecker(params.stop, params.include_stop_str_in_output)
             states.append(SeqOutputState(seq, detok, stop))
             self.scheduler.add(seq)

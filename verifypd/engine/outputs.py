@@ -23,7 +23,7 @@ class SeqOutputState:
     """Per-sequence output bookkeeping: detokenizer, stop strings, what was emitted."""
 
     seq: Sequence
-    detok: IncrementalDetokenizer
+    detok: IncrementalDetokenizer | None  # None: SamplingParams.detokenize is off
     stop: StopChecker
     num_emitted: int = 0
     pending_ids: list[int] = field(default_factory=list)
@@ -96,7 +96,10 @@ class OutputProcessor:
         new_ids = seq.output_token_ids[first:]
         st.num_emitted = seq.num_output_tokens
         self._report_tokens(seq, len(new_ids))
-        text, hit = push_output(st.detok, st.stop, new_ids, first, seq)
+        if st.detok is None:  # ids only: no text, so no stop strings (refused without text)
+            text, hit = "", False
+        else:
+            text, hit = push_output(st.detok, st.stop, new_ids, first, seq)
         if hit:
             self.scheduler.finish(seq, "stop")
         elif seq.status.is_finished:

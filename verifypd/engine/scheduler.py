@@ -273,7 +273,10 @@ class Scheduler:
         self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
         if reason is not None:
             self.finish(seq, reason)
-        else:  # release slots reserved for rejected (or never proposed) drafts
+        elif sched.draft_token_ids or len(seq.block_table) * self.kv.block_size >= (
+            seq.num_tokens + self.kv.block_size
+        ):  # release slots reserved for rejected (or never proposed) drafts; a plain step
+            # that holds no block past its tokens has nothing to release (most decode steps)
             self.kv.truncate(seq.block_table, seq.num_tokens)
         return True
 
