@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 import time
 from collections import defaultdict
@@ -112,17 +113,35 @@ async def run_once(engine, prompts, out_lens, windows, tag: str, detok: bool) ->
             prof = torch_profile(activities=[ACTIVITY[gpu]])
             prof.__enter__()
             a = time.perf_counter_ns()
+            at = (
+                time.perf_counter() - t0
+            )  # later than asked when the last window's parsing ran late
             await asyncio.sleep(end - start)
             if gpu:
                 torch.cuda.synchronize()
             b = time.perf_counter_ns()
-            prof.__exit__(None, None, None)
-            traces.append({"window_s": [start, end], "prof": prof, "span_ns": b - a})
+            parse = time.perf_counter()
+            prof.__exit__(None, None, None)  # parses the trace: the event loop stalls meanwhile
+            traces.append({"window_s": [start, end], "started_s": at, "prof": prof,
+                           "span_ns": b - a, "parse_s": time.perf_counter() - parse})  # fmt: skip
 
     jobs = [one(i) for i in range(n)]
     if windows:
         jobs.append(profiler())
-    await asyncio.gather(*jobs)
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of each garbage collection
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - started[0]))
+
+    gc.callbacks.append(on_gc)
+    try:
+        await asyncio.gather(*jobs)
+    finally:
+        gc.callbacks.remove(on_gc)
     wall = time.perf_counter() - t0
     buckets = int(wall / BUCKET_S) + 1
     toks = [0] * buckets
@@ -136,7 +155,11 @@ async def run_once(engine, prompts, out_lens, windows, tag: str, detok: bool) ->
               for i in range(buckets)]  # fmt: skip
     result = {"wall_s": wall, "output_tokens": sum(k for _, k in tokens_at),
               "last_first_token_s": max(f for f in first if f is not None),
-              "course": course}  # fmt: skip
+              "course": course, "gc_frozen_objects": gc.get_freeze_count(),
+              "gc_pauses": {f"gen{g}": {"count": len(ps), "total_ms": sum(ps) * 1e3,
+                                        "max_ms": max(ps, default=0.0) * 1e3}
+                            for g in range(3)
+                            for ps in [[d for k, d in pauses if k == g]]}}  # fmt: skip
     result["windows"] = []
     for tr in traces:
         kind = torch.autograd.DeviceType.CUDA if gpu else torch.autograd.DeviceType.CPU
@@ -147,7 +170,8 @@ async def run_once(engine, prompts, out_lens, windows, tag: str, detok: bool) ->
         ]
         lo = min((a for a, *_ in evs), default=0)
         hi = max((b for _, b, *_ in evs), default=0)
-        result["windows"].append({"window_s": tr["window_s"],
+        result["windows"].append({"window_s": tr["window_s"], "started_s": tr["started_s"],
+                                  "parse_s": tr["parse_s"],
                                   **summarize(evs, max(hi - lo, tr["span_ns"]))})  # fmt: skip
     return result
 
@@ -179,22 +203,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         warm = [p[:16] for p in prompts[:8]]
         run = llm.loop.run_until_complete
+        kv = llm.engine.core.kv  # each run starts with no cached prefix (the same prompts)
         run(run_once(llm.engine, warm, [16] * len(warm), [], "w", args.detokenize))
+        kv.reset_prefix_cache()
         plain = run(run_once(llm.engine, prompts, out_lens, [], "a", args.detokenize))
         traced = {"wall_s": None, "windows": []}
         if not args.no_trace:
+            kv.reset_prefix_cache()
             traced = run(run_once(llm.engine, prompts, out_lens, windows, "b", args.detokenize))
     finally:
         llm.close()
     rows = []
     for w in traced["windows"]:
+        w["window_s"] = [round(w["started_s"], 2), round(w["started_s"] + w["span_ms"] / 1e3, 2)]
         kinds = " ".join(f"{k}={v:.0f}" for k, v in w.get("kind_ms", {}).items())
         streams = " ".join(f"{v:.0f}" for v in w.get("stream_busy_ms", {}).values())
         rows.append([f"{w['window_s'][0]}-{w['window_s'][1]}", f"{w['span_ms']:.0f}",
                      f"{w['busy_frac']:.2f}", streams, kinds])  # fmt: skip
-    print(f"untraced wall {plain['wall_s']:.2f} s ({plain['output_tokens'] / plain['wall_s']:.0f}"
-          f" out tok/s), last first token at {plain['last_first_token_s']:.2f} s; traced wall "
-          f"{traced['wall_s']} s")  # fmt: skip
+    print(
+        f"untraced wall {plain['wall_s']:.2f} s ({plain['output_tokens'] / plain['wall_s']:.0f}"
+        f" out tok/s), last first token at {plain['last_first_token_s']:.2f} s; traced wall "
+        f"{traced['wall_s']} s; gc pauses (count, ms): "
+        + " ".join(f"{g} {v['count']}/{v['total_ms']:.0f}" for g, v in plain["gc_pauses"].items())
+    )
     if rows:
         print(format_table(["window s", "span ms", "busy", "stream busy ms",
                             "kernel ms by kind"], rows))  # fmt: skip

@@ -4,6 +4,7 @@ variables onto them (``config.env_overrides``)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "1"}) == {"emit_after_launch": True}
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "0"}) == {"decode_ahead": False}
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "1"}) == {"decode_ahead": True}
+    assert env_overrides({"VERIFYPD_GC_FREEZE": "0"}) == {"gc_freeze": False}
 
 
 def test_decode_ahead_is_decided_by_the_device_by_default() -> None:
@@ -48,3 +50,21 @@ def test_no_behaviour_is_read_from_the_environment_inside_the_package() -> None:
                 if not any(h in line for h in harmless):
                     offenders.append(f"{rel}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize(("gc_freeze", "frozen"), [(None, False), (True, True), (False, False)])
+def test_gc_freeze_moves_the_start_up_heap_out_of_collection(gc_freeze, frozen) -> None:
+    """None = only on CUDA (this CPU run: off); True freezes the heap the engine start-up left
+    (the test unfreezes it again: frozen objects in cycles would never be freed)."""
+    import gc
+
+    from helpers import tiny_config
+
+    from verifypd.engine.core import EngineCore
+
+    gc.unfreeze()
+    try:
+        EngineCore(replace(tiny_config(), gc_freeze=gc_freeze))
+        assert (gc.get_freeze_count() > 1000) is frozen
+    finally:
+        gc.unfreeze()

@@ -342,12 +342,13 @@ LANES = ("decode", "prefill", "verify")
 ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
+ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
-    ``VERIFYPD_EMIT_AFTER_LAUNCH`` and ``VERIFYPD_DECODE_AHEAD`` ("0" = off, "1" = on), for
-    the CLI and benchmarks to pass on."""
+    ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
+    ("0" = off, "1" = on), for the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
@@ -356,6 +357,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
     if ENV_DECODE_AHEAD in environ:
         out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
+    if ENV_GC_FREEZE in environ:
+        out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
     return out
 
 
@@ -383,6 +386,12 @@ class EngineConfig:
     # the speculation policy speculates for no one; ``LaneDispatcher``). None = on where
     # launches only enqueue (GPU).
     decode_ahead: bool | None = None
+    # After start-up, move every object the engine made so far out of the garbage collector's
+    # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
+    # created, not the start-up heap (on a GPU a full collection of it stalled the step loop
+    # for about 100 ms every second or two at batch 256). None = on for CUDA (a CPU process,
+    # e.g. the test suite building engine after engine, keeps collecting normally).
+    gc_freeze: bool | None = None
     # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
     # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
     calibrate_costs: bool | None = None

@@ -11,6 +11,7 @@ imports the policy or its controller.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from verifypd.types import (
     StepPlan,
 )
 
-__all__ = ["EngineCore", "SeqOutputState", "resolve_device", "resolve_dtype"]
+__all__ = ["EngineCore", "SeqOutputState", "freeze_heap", "resolve_device", "resolve_dtype"]
 
 logger = logging.getLogger("verifypd")
 
@@ -82,6 +83,8 @@ class EngineCore:
             config.scheduler.max_request_kv_share,
             config.spec.max_draft_len if self.spec.enabled else 0,
         )
+        if self._is_cuda if config.gc_freeze is None else config.gc_freeze:
+            freeze_heap()
 
     @property
     def observer(self) -> Observer:
@@ -335,3 +338,11 @@ def _cost_kind(plan: StepPlan) -> str | None:
     if len(widths) > 1:
         return "mixed"
     return "verify" if widths and widths != {0} else "decode"
+
+
+def freeze_heap() -> None:
+    """Collect once, then freeze what is left (``EngineConfig.gc_freeze``): the weights' Python
+    objects, graphs and tables stay out of every later collection. Process-wide and cheap to
+    repeat (a second engine in the process freezes its own start-up heap too)."""
+    gc.collect()
+    gc.freeze()
