@@ -54,17 +54,26 @@ def test_no_behaviour_is_read_from_the_environment_inside_the_package() -> None:
 
 @pytest.mark.parametrize(("gc_freeze", "frozen"), [(None, False), (True, True), (False, False)])
 def test_gc_freeze_moves_the_start_up_heap_out_of_collection(gc_freeze, frozen) -> None:
-    """None = only on CUDA (this CPU run: off); True freezes the heap the engine start-up left
-    (the test unfreezes it again: frozen objects in cycles would never be freed)."""
+    """None = only on CUDA (this CPU run: off); True freezes the heap start-up left, and
+    stopping the engine thaws it (frozen objects in cycles are never freed: a stopped engine's
+    memory would leak, which is how a 7B engine built after another ran out of GPU memory)."""
+    import asyncio
     import gc
+    import weakref
 
     from helpers import tiny_config
 
-    from verifypd.engine.core import EngineCore
+    from verifypd.lanes.async_engine import AsyncEngine
 
     gc.unfreeze()
     try:
-        EngineCore(replace(tiny_config(), gc_freeze=gc_freeze))
+        engine = AsyncEngine(replace(tiny_config(), gc_freeze=gc_freeze))
         assert (gc.get_freeze_count() > 1000) is frozen
+        core = weakref.ref(engine.core)
+        asyncio.run(engine.stop())
+        assert gc.get_freeze_count() == 0
+        del engine
+        gc.collect()
+        assert core() is None  # the stopped engine is collectable again
     finally:
         gc.unfreeze()

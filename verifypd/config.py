@@ -386,11 +386,13 @@ class EngineConfig:
     # the speculation policy speculates for no one; ``LaneDispatcher``). None = on where
     # launches only enqueue (GPU).
     decode_ahead: bool | None = None
-    # After start-up, move every object the engine made so far out of the garbage collector's
+    # After start-up, move every object the process holds out of the garbage collector's
     # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
     # created, not the start-up heap (on a GPU a full collection of it stalled the step loop
-    # for about 100 ms every second or two at batch 256). None = on for CUDA (a CPU process,
-    # e.g. the test suite building engine after engine, keeps collecting normally).
+    # for about 100 ms every second or two at batch 256). The serving front (AsyncEngine, so
+    # the server and LLM) freezes after start-up and unfreezes in stop()/close(): an engine
+    # dropped without them keeps its memory until the process ends. None = on for CUDA (a
+    # CPU process, e.g. the test suite building engine after engine, collects normally).
     gc_freeze: bool | None = None
     # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
     # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.

@@ -197,3 +197,23 @@ def test_cost_model_ignores_empty_steps_and_prefill():
         m.observe("bogus", 0.1, 1, 1)
     with pytest.raises(ValueError):
         m.observe("decode", -0.1, 1, 1)
+
+
+def test_a_prior_counted_as_few_observations_fades_fast():
+    """prior_count = 4: the first updates are a running mean with the prior as 4 verifies; a
+    drafter that accepts nothing parks (< 0.15) after one round of 24 verifies, where the
+    plain EWMA (w = 0.02) still believes 0.8 * 0.98^24 / (...) ~ 0.5."""
+    pooled, plain = AcceptanceEstimate(0.02, 0.8, prior_count=4), AcceptanceEstimate(0.02, 0.8)
+    pooled.update(4, 0)
+    assert pooled.value == pytest.approx(0.8 * 4 / 5)
+    for _ in range(23):
+        pooled.update(4, 0)
+        plain.update(4, 0)
+    assert pooled.value == pytest.approx(0.8 * 4 / 28) and pooled.value < 0.15
+    assert plain.value > 0.4
+    # Past 1 / w - prior_count updates the weight is the EWMA's own again.
+    e = Ewma(0.25, 1.0, prior_count=1)
+    assert [e.update(0.0) for _ in range(3)] == pytest.approx([0.5, 1 / 3, 0.25])
+    assert e.update(0.0) == pytest.approx(0.25 * 0.75)
+    with pytest.raises(ValueError):
+        Ewma(0.1, None, prior_count=2)

@@ -26,7 +26,8 @@ waited for its prefill past ``prefill_wait_guard_s``, or when the batch is large
 verify graphs (``max_spec_rows``).
 
 **Zero cost when speculation does not pay.** Every verify updates the population's acceptance
-(an EWMA over all requests; a new request's α̂ starts there). When it falls below
+(an EWMA over all requests whose prior counts as ``population_prior_count`` verifies; a new
+request's α̂ starts there). When it falls below
 ``accept_floor`` the drafter does not predict this traffic and the policy is *parked*: only
 requests whose own α̂ is above the floor are drafted for, the others only in probes, which are
 global, back off exponentially (every ``probe_min_steps`` steps, doubling to
@@ -84,6 +85,11 @@ class GoodputConfig:
     probe_max_steps: int = 4096
     probe_alpha: float = 0.5  # α a probed request is planned with
     population_weight: float = 0.02  # EWMA weight of one verify in the population's α
+    # The population's prior α (ControllerConfig.initial_acceptance) counts as this many
+    # verifies, not as the EWMA's whole memory: a drafter that does not predict the traffic
+    # parks the policy after a round or two of verifies instead of ~80 (each speculative step
+    # of a drafter that accepts nothing is a slow step for its whole batch).
+    population_prior_count: float = 4.0
     request_weight: float = 0.15  # EWMA weight of one verify in a request's α̂
     prefill_wait_guard_s: float | None = None  # None: no prefill-pressure rule
     max_spec_rows: int | None = None  # None: no row limit (no verify graphs, e.g. CPU)
@@ -152,6 +158,7 @@ class GoodputConfig:
             (1 <= self.probe_min_steps <= self.probe_max_steps, "1 <= probe min <= max"),
             (0.0 < self.probe_alpha < 1.0, "probe_alpha in (0, 1)"),
             (0.0 < self.population_weight <= 1.0, "population_weight in (0, 1]"),
+            (self.population_prior_count > 0.0, "population_prior_count > 0"),
             (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
             (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
             (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
@@ -231,7 +238,8 @@ class GoodputPolicy(DraftController):
         self.goodput = goodput or GoodputConfig()
         self.costs = costs if costs is not None else BatchCostModel()
         self.population = AcceptanceEstimate(self.goodput.population_weight,
-                                             config.initial_acceptance)  # fmt: skip
+                                             config.initial_acceptance,
+                                             self.goodput.population_prior_count)  # fmt: skip
         self.decisions = dict.fromkeys(REASONS, 0)
         self.num_fused = 0
         self.last: BatchDecision | None = None

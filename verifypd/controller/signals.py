@@ -21,13 +21,24 @@ LANES = ("decode", "verify", "prefill", "draft", "mixed")
 
 
 class Ewma:
-    """v ← v + w·(x − v). With no ``initial`` value the first update sets v = x."""
+    """v ← v + w·(x − v). With no ``initial`` value the first update sets v = x.
 
-    def __init__(self, weight: float, initial: float | None = None) -> None:
+    ``prior_count``: the initial value counts as that many observations, not as the whole
+    past: update n (from 0) weighs max(w, 1 / (prior_count + n + 1)), a running mean with the
+    prior until it is as long as the EWMA's memory (1 / w), the EWMA from then on. A small
+    weight alone would keep a wrong prior for ~1 / w updates."""
+
+    def __init__(
+        self, weight: float, initial: float | None = None, prior_count: float | None = None
+    ) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError("EWMA weight must be in (0, 1]")
+        if prior_count is not None and (prior_count <= 0.0 or initial is None):
+            raise ValueError("prior_count must be > 0 and needs an initial value")
         self.weight = weight
         self._value = initial
+        self._prior_count = prior_count
+        self._updates = 0
 
     @property
     def value(self) -> float | None:
@@ -36,7 +47,11 @@ class Ewma:
 
     def update(self, x: float) -> float:
         v = self._value
-        self._value = x if v is None else v + self.weight * (x - v)
+        w = self.weight
+        if self._prior_count is not None:
+            w = max(w, 1.0 / (self._prior_count + self._updates + 1))
+        self._updates += 1
+        self._value = x if v is None else v + w * (x - v)
         return self._value
 
 
@@ -50,9 +65,11 @@ class AcceptanceEstimate:
     The prior α₀ counts as one earlier observation of one position.
     """
 
-    def __init__(self, weight: float, prior: float) -> None:
-        self._accepted = Ewma(weight, prior)  # EWMA of K
-        self._tested = Ewma(weight, 1.0)  # EWMA of n
+    def __init__(self, weight: float, prior: float, prior_count: float | None = None) -> None:
+        # prior_count (see Ewma): the prior α₀ counts as that many verifies (None: the EWMA
+        # starts from it with weight w, i.e. the prior fades over ~1 / w verifies).
+        self._accepted = Ewma(weight, prior, prior_count)  # EWMA of K
+        self._tested = Ewma(weight, 1.0, prior_count)  # EWMA of n
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_updates = 0  # verifies that tested at least one position

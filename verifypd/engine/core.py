@@ -83,8 +83,6 @@ class EngineCore:
             config.scheduler.max_request_kv_share,
             config.spec.max_draft_len if self.spec.enabled else 0,
         )
-        if self._is_cuda if config.gc_freeze is None else config.gc_freeze:
-            freeze_heap()
 
     @property
     def observer(self) -> Observer:
@@ -102,6 +100,13 @@ class EngineCore:
     @property
     def _is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def gc_freeze(self) -> bool:
+        """Whether the serving front freezes the start-up heap (``EngineConfig.gc_freeze``;
+        None: on a GPU, where the host loop's pauses idle the device)."""
+        freeze = self.config.gc_freeze
+        return self._is_cuda if freeze is None else freeze
 
     @property
     def decode_ahead(self) -> bool:
@@ -342,7 +347,8 @@ def _cost_kind(plan: StepPlan) -> str | None:
 
 def freeze_heap() -> None:
     """Collect once, then freeze what is left (``EngineConfig.gc_freeze``): the weights' Python
-    objects, graphs and tables stay out of every later collection. Process-wide and cheap to
-    repeat (a second engine in the process freezes its own start-up heap too)."""
+    objects, graphs and tables stay out of every later collection. Process-wide; the serving
+    front (``AsyncEngine``) freezes after start-up and thaws (``gc.unfreeze``) when it stops,
+    so a stopped engine's memory can be collected again."""
     gc.collect()
     gc.freeze()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
 from verifypd.config import EngineConfig
-from verifypd.engine.core import EngineCore
+from verifypd.engine.core import EngineCore, freeze_heap
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
@@ -31,6 +32,7 @@ class AsyncEngine:
         self.observer = observer or Observer()
         self.core = EngineCore(config, self.observer)
         self.policy = SpeculationPolicy(self.core)
+        self._frozen = self.core.gc_freeze
         self.model_name = self.core.model_name
         self.tokenizer = self.core.tokenizer
         # One request may hold at most its share of the KV pool (max_request_kv_share): the
@@ -57,6 +59,8 @@ class AsyncEngine:
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")
+        if self._frozen:
+            freeze_heap()  # after everything start-up made (EngineConfig.gc_freeze)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -87,6 +91,9 @@ class AsyncEngine:
                 pass
             self._task = None
         self.executor.close()
+        if self._frozen:  # frozen objects are never collected: give this engine's back
+            self._frozen = False
+            gc.unfreeze()
 
     # ------------------------------------------------------------------ requests
     async def generate(
