@@ -260,6 +260,17 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
         assert {e.seq.request_id for e in d._ahead.plan.seqs} == {"A", "B"}
     else:  # asked once per step in flight, however often the loop polls
         assert await d._launch_ahead() is False and len(decisions) == 1
+        # ... and that decision is the next step's: once A lands, B drafts as decided there,
+        # without asking again (a second answer would have lost B's catch-up round).
+        for _ in range(500):
+            if d.collect():
+                break
+            await asyncio.sleep(0.01)
+        plan = d._plan_decode()
+        assert len(decisions) == 1 and d._decided is None
+        lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
+        assert lens["B"] > 0 and lens["A"] == 0
+        core.scheduler.abandon(plan)
     await engine.stop()
 
 

@@ -40,6 +40,7 @@ from verifypd.types import (
     ScheduledSeq,
     SeqStatus,
     Sequence,
+    SpecDecision,
     StepPlan,
 )
 
@@ -124,6 +125,9 @@ class LaneDispatcher:
         self.decode_ahead = decode_ahead and not single_lane
         self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
         self._declined: InFlight | None = None  # the head no step ahead was planned behind
+        # The policy's decision for the next decode step, made while deciding whether to run
+        # ahead (it speculated, so nothing ran ahead); _plan_decode takes it.
+        self._decided: SpecDecision | None = None
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
 
     # ------------------------------------------------------------------ signals
@@ -244,7 +248,9 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        decision = self.policy.decide(prefill_running=self._prefill_signal())
+        decision, self._decided = self._decided, None  # made for this step while one ran
+        if decision is None:
+            decision = self.policy.decide(prefill_running=self._prefill_signal())
         if "verify" in self.in_flight or self.verify_queue:
             decision = NO_SPECULATION
         entries = self.sched.plan_decode(decision)
@@ -267,8 +273,12 @@ class LaneDispatcher:
                 return False  # a speculative round is under way
             batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
             decision = self.policy.decide(self._prefill_signal(), batch + self.core.decodable())
-            if decision.lens:
-                return False  # the next step waits for its tokens and drafts
+            if decision.lens:  # the next step waits for its tokens and drafts, as decided
+                # here: a decision has side effects (catch-up rounds, probes, the no-gain
+                # hold), so it is not asked again when that step is planned (asked twice, the
+                # second answer lost every catch-up round the first one scheduled).
+                self._decided = decision
+                return False
         entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
         if not entries:
             return False
