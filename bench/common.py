@@ -47,6 +47,7 @@ TOPICS = {
     "offline": "offline",
     "overlap": "profile",
     "profile_decode": "profile",
+    "profile_offline": "profile",
     "profile_spec": "profile",
     "timeline": "profile",
     "peer_vllm": "peer",

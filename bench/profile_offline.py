@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         for c in course[::step]]))  # fmt: skip
     meta = metadata("profile_offline", sys.argv[1:] if argv is None else argv, vars(args), device)
     report = {**meta, "engine_config": cfg, "untraced": plain, "traced": traced}
-    path = result_path(args.out, "profile", device, "json", f"offline-{args.tag}".rstrip("-"))
+    path = result_path(args.out, "profile_offline", device, "json", args.tag)
     print("wrote", write_json(path, report))
     return report
 

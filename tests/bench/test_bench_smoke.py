@@ -179,7 +179,7 @@ def test_profile_offline(tmp_path: Path) -> None:
         assert 5 * 4 <= lens <= 5 * 12
         assert sum(c["out_tok_s"] * bench.BUCKET_S for c in run["course"]) == pytest.approx(lens)
         assert run["course"][-1]["started"] == 5
-    assert (tmp_path / "profile-cpu-offline.json").is_file()
+    assert (tmp_path / "profile_offline-cpu.json").is_file()
 
 
 def test_profile_offline_summary() -> None:
