@@ -280,3 +280,41 @@ def test_the_launch_log_stays_bounded_for_launches_ahead_too():
     for _ in range(10_000):
         d._log_launch("decode")
     assert 2048 <= len(d.launch_log) <= 4096
+
+
+async def test_a_catch_up_round_decided_for_the_step_ahead_runs():
+    """The goodput policy: A's decode step is in flight when B arrives with a prompt its
+    drafter has not followed (further behind than max_catch_up). Deciding on a step ahead of
+    A's, the policy schedules B's catch-up round, so nothing runs ahead; that decision must be
+    the next step's. Asked again (as before 3846172), the round was already spent, B was no
+    candidate, and with decode-ahead on a GPU (a step always in flight) B never drafted."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=False)
+    engine = AsyncEngine(tiny_config(decode_ahead=True, spec=spec))
+    d, core = engine.dispatcher, engine.core
+    pol = d.policy.controller  # CPU costs: make B's round pay, with A riding along
+    pol.costs.catch_up = lambda tokens: 0.0
+    pol.goodput = dataclasses.replace(pol.goodput, rider_slack=10.0, eager_draft_s=0.0)
+    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
+    core.add_request("A", [1, 2, 3, 4, 5], quiet)
+    for _ in range(20):  # A's prefill, then its first decode step (left in flight)
+        await d.tick()
+        if "decode" in d.in_flight:
+            break
+    assert "decode" in d.in_flight and d._ahead is None
+    core.add_request("B", list(range(10, 110)), dataclasses.replace(quiet, speculate=True))
+    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
+    core.scheduler.begin_step(prefill)
+    core.apply_step(prefill, core.launch(prefill).result())  # B decodes next, drafter far
+
+    assert await d._launch_ahead() is False
+    assert pol.last.reason == "catch_up"
+    for _ in range(500):  # A's step lands
+        if d.collect():
+            break
+        await asyncio.sleep(0.01)
+    plan = d._plan_decode()
+    lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
+    assert lens["B"] > 0 and lens["A"] == 0
+    assert pol.decisions["catch_up"] == 1
+    core.scheduler.abandon(plan)
+    await engine.stop()
