@@ -20,6 +20,7 @@ from verifypd.types import (
     RequestFailure,
     SamplingParams,
     SeqStatus,
+    SpecDecision,
     StepPlan,
     StructuredOutput,
 )
@@ -316,5 +317,28 @@ async def test_a_catch_up_round_decided_for_the_step_ahead_runs():
     lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
     assert lens["B"] > 0 and lens["A"] == 0
     assert pol.decisions["catch_up"] == 1
+    core.scheduler.abandon(plan)
+    await engine.stop()
+
+
+async def test_a_stored_decision_naming_no_one_left_is_not_used():
+    """A decision stored for the next step whose speculating sequences all ended with the step
+    in flight is dropped: the policy decides for the batch there is."""
+    engine = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
+    d, core = engine.dispatcher, engine.core
+    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
+    core.add_request("A", [1, 2, 3, 4, 5], quiet)
+    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
+    core.scheduler.begin_step(prefill)
+    core.apply_step(prefill, core.launch(prefill).result())  # A decodes next
+    gone = max(s.seq_id for s in core.decodable()) + 1
+    d._decided = SpecDecision(lens={gone: 4}, fused=True)
+    decisions = []
+    decide = d.policy.decide
+    d.policy.decide = lambda *a, **k: decisions.append(1) or decide(*a, **k)
+    plan = d._plan_decode()
+    assert len(decisions) == 1 and d._decided is None
+    assert [(e.seq.request_id, e.draft_len) for e in plan.seqs] == [("A", 0)]
+    assert not plan.fused
     core.scheduler.abandon(plan)
     await engine.stop()

@@ -249,6 +249,10 @@ class LaneDispatcher:
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
         decision, self._decided = self._decided, None  # made for this step while one ran
+        if decision is not None and not any(
+            s.seq_id in decision.lens for s in self.core.decodable()
+        ):  # everyone it named ended with the step in flight: it is not this batch's
+            decision = None
         if decision is None:
             decision = self.policy.decide(prefill_running=self._prefill_signal())
         if "verify" in self.in_flight or self.verify_queue:
