@@ -230,6 +230,35 @@ async def test_a_request_failing_in_a_step_ahead_ends_alone():
         await engine.stop()
 
 
+QUIET = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
+
+
+async def _a_in_flight(engine: AsyncEngine) -> None:
+    """Request A (may not speculate) prefilled, its first decode step left in flight."""
+    d = engine.dispatcher
+    engine.core.add_request("A", [1, 2, 3, 4, 5], QUIET)
+    for _ in range(20):
+        await d.tick()
+        if "decode" in d.in_flight:
+            break
+    assert "decode" in d.in_flight and d._ahead is None
+
+
+def _prefill_now(core: EngineCore) -> None:
+    """Every waiting prompt prefilled in one step, landed: its requests decode next."""
+    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
+    core.scheduler.begin_step(prefill)
+    core.apply_step(prefill, core.launch(prefill).result())
+
+
+async def _land_decode(d) -> None:
+    for _ in range(500):  # the decode step in flight lands
+        if d.collect():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the decode step never landed")
+
+
 @pytest.mark.parametrize("speculates", [True, False])
 async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
     """A decode step of A is in flight and B, just prefilled, may speculate: the policy's
@@ -238,17 +267,9 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
     ahead with both."""
     engine = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
     d, core = engine.dispatcher, engine.core
-    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
-    core.add_request("A", [1, 2, 3, 4, 5], quiet)
-    for _ in range(20):  # A's prefill, then its first decode step (left in flight)
-        await d.tick()
-        if "decode" in d.in_flight:
-            break
-    assert "decode" in d.in_flight and d._ahead is None
-    core.add_request("B", [7, 8, 9], dataclasses.replace(quiet, speculate=speculates))
-    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
-    core.scheduler.begin_step(prefill)
-    core.apply_step(prefill, core.launch(prefill).result())  # B decodes next
+    await _a_in_flight(engine)
+    core.add_request("B", [7, 8, 9], dataclasses.replace(QUIET, speculate=speculates))
+    _prefill_now(core)  # B decodes next
 
     decisions = []
     decide = d.policy.decide
@@ -263,10 +284,7 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
         assert await d._launch_ahead() is False and len(decisions) == 1
         # ... and that decision is the next step's: once A lands, B drafts as decided there,
         # without asking again (a second answer would have lost B's catch-up round).
-        for _ in range(500):
-            if d.collect():
-                break
-            await asyncio.sleep(0.01)
+        await _land_decode(d)
         plan = d._plan_decode()
         assert len(decisions) == 1 and d._decided is None
         lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
@@ -295,24 +313,13 @@ async def test_a_catch_up_round_decided_for_the_step_ahead_runs():
     pol = d.policy.controller  # CPU costs: make B's round pay, with A riding along
     pol.costs.catch_up = lambda tokens: 0.0
     pol.goodput = dataclasses.replace(pol.goodput, rider_slack=10.0, eager_draft_s=0.0)
-    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
-    core.add_request("A", [1, 2, 3, 4, 5], quiet)
-    for _ in range(20):  # A's prefill, then its first decode step (left in flight)
-        await d.tick()
-        if "decode" in d.in_flight:
-            break
-    assert "decode" in d.in_flight and d._ahead is None
-    core.add_request("B", list(range(10, 110)), dataclasses.replace(quiet, speculate=True))
-    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
-    core.scheduler.begin_step(prefill)
-    core.apply_step(prefill, core.launch(prefill).result())  # B decodes next, drafter far
+    await _a_in_flight(engine)
+    core.add_request("B", list(range(10, 110)), dataclasses.replace(QUIET, speculate=True))
+    _prefill_now(core)  # B decodes next, its drafter far behind
 
     assert await d._launch_ahead() is False
     assert pol.last.reason == "catch_up"
-    for _ in range(500):  # A's step lands
-        if d.collect():
-            break
-        await asyncio.sleep(0.01)
+    await _land_decode(d)
     plan = d._plan_decode()
     lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
     assert lens["B"] > 0 and lens["A"] == 0
@@ -326,11 +333,8 @@ async def test_a_stored_decision_naming_no_one_left_is_not_used():
     in flight is dropped: the policy decides for the batch there is."""
     engine = AsyncEngine(tiny_config(decode_ahead=True, spec=tiny_draft_spec()))
     d, core = engine.dispatcher, engine.core
-    quiet = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculate=False)
-    core.add_request("A", [1, 2, 3, 4, 5], quiet)
-    prefill = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
-    core.scheduler.begin_step(prefill)
-    core.apply_step(prefill, core.launch(prefill).result())  # A decodes next
+    core.add_request("A", [1, 2, 3, 4, 5], QUIET)
+    _prefill_now(core)  # A decodes next
     gone = max(s.seq_id for s in core.decodable()) + 1
     d._decided = SpecDecision(lens={gone: 4}, fused=True)
     decisions = []
