@@ -11,7 +11,6 @@ imports the policy or its controller.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from verifypd.types import (
     StepPlan,
 )
 
-__all__ = ["EngineCore", "SeqOutputState", "freeze_heap", "resolve_device", "resolve_dtype"]
+__all__ = ["EngineCore", "SeqOutputState", "resolve_device", "resolve_dtype"]
 
 logger = logging.getLogger("verifypd")
 
@@ -343,12 +342,3 @@ def _cost_kind(plan: StepPlan) -> str | None:
     if len(widths) > 1:
         return "mixed"
     return "verify" if widths and widths != {0} else "decode"
-
-
-def freeze_heap() -> None:
-    """Collect once, then freeze what is left (``EngineConfig.gc_freeze``): the weights' Python
-    objects, graphs and tables stay out of every later collection. Process-wide; the serving
-    front (``AsyncEngine``) freezes after start-up and thaws (``gc.unfreeze``) when it stops,
-    so a stopped engine's memory can be collected again."""
-    gc.collect()
-    gc.freeze()

@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from verifypd.config import EngineConfig
-from verifypd.engine.core import EngineCore, freeze_heap
+from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
@@ -60,7 +60,7 @@ class AsyncEngine:
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")
         if self._frozen:
-            freeze_heap()  # after everything start-up made (EngineConfig.gc_freeze)
+            _freeze_heap()  # after everything start-up made (EngineConfig.gc_freeze)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -190,3 +190,11 @@ class AsyncEngine:
 
     def _report_depths(self) -> None:
         self.observer.requests(self.num_running, self.num_waiting)
+
+
+def _freeze_heap() -> None:
+    """Collect once, then freeze what is left (``EngineConfig.gc_freeze``): the weights' Python
+    objects, graphs and tables stay out of every later collection. Process-wide; ``stop``
+    thaws it (``gc.unfreeze``) so a stopped engine's memory can be collected again."""
+    gc.collect()
+    gc.freeze()
