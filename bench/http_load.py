@@ -4,9 +4,9 @@ open-loop trace drives ``verifypd serve``, ``vllm serve`` or any OpenAI-compatib
 Each request is a streaming ``/v1/completions`` call with token-id prompts (``prompt: [ids]``),
 greedy or sampled, ``ignore_eos``, ``stream_options.include_usage``. A delta is one SSE chunk
 that carries output; its token count is ``len(choices[0].token_ids)`` where the server sends
-token ids (vLLM with ``return_token_ids``), else 1. Tokens the chunks did not account for
-(detokenizers hold back incomplete text, so chunks can merge) are added to the last delta from
-the usage count, so TPOT and throughput use the server's own token count.
+token ids (``return_token_ids``, honoured by verifypd and vLLM), else 1. Tokens the chunks did
+not account for (detokenizers hold back incomplete text, so chunks can merge) are added to the
+last delta from the usage count, so TPOT and throughput use the server's own token count.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class HttpEngine:
     def __init__(self, base_url: str, model: str, extra: dict[str, Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.extra = dict(extra or {})  # server-specific body fields (vLLM: return_token_ids)
+        self.extra = dict(extra or {})  # server-specific body fields (return_token_ids)
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> HttpEngine:

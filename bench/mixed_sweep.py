@@ -51,8 +51,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--http-extra",
         type=json.loads,
-        default={},
-        help="--http: extra body fields, JSON (vLLM: '{\"return_token_ids\": true}')",
+        default={"return_token_ids": True},
+        help="--http: extra body fields, JSON (default: return_token_ids, which verifypd and vLLM "
+        "honour, so a chunk's tokens are counted exactly; '{}' for other servers)",
     )
     g.add_argument(
         "--http-alpha",

@@ -488,7 +488,7 @@ async def http_load(args, cmd: list[str], proc, t0: float) -> dict[str, Any]:
     base = f"http://127.0.0.1:{args.port}"
     await wait_ready(base, args.server_timeout, proc)
     res: dict[str, Any] = {"command": cmd, "startup_s": time.perf_counter() - t0, "rates": []}
-    extra = {"return_token_ids": True} if args.engine == "vllm" else {}
+    extra = {"return_token_ids": True}  # both servers: exact token counts per chunk
     async with HttpEngine(base, await served_model(base), extra) as http:
         warm = make_requests(
             MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"

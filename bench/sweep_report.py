@@ -178,10 +178,17 @@ def join_ours(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# ``mixed.py --sweep --http --mode-label``: the labels of our policy server's rows and of vLLM's
+# OpenAI server's rows
+HTTP_POLICY = ("policy", "policy-http")
+HTTP_VLLM = ("vllm", "vllm-http")
+
+
 def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str, Any]]):
-    """One report: our rows, the HTTP rows, the vLLM rows, our criteria and, per vLLM file,
-    the ahead-of-vLLM criterion (against the in-process policy rows, and the HTTP rows labelled
-    ``policy`` when there are any)."""
+    """One report: our rows, the HTTP rows, the vLLM rows, our criteria and the ahead-of-vLLM
+    criterion twice: the in-process policy rows against the in-process vLLM rows, and our HTTP
+    policy rows against vLLM's HTTP rows (the same client against both servers) or, without
+    those, against the in-process vLLM rows."""
     rows = list(ours["sweep"])
     out: dict[str, Any] = {
         "device": ours.get("device"), "git_commit": ours.get("git_commit"),
@@ -194,9 +201,16 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
     vllm_rows = [r for v in vllm for r in v["sweep"]]
     out["sweep"] = rows + http_rows + vllm_rows
     http_policy = [dict(r, mode="policy") for h in http for r in h["sweep"]
-                   if r["mode"] == "policy"]  # fmt: skip
+                   if r["mode"] in HTTP_POLICY]  # fmt: skip
+    http_vllm = [r for h in http for r in h["sweep"] if r["mode"] in HTTP_VLLM]
     out["criteria"]["policy_ahead_of_vllm"] = ahead_of_vllm(rows, vllm_rows)
-    out["criteria"]["http_policy_ahead_of_vllm"] = ahead_of_vllm(http_policy, vllm_rows)
+    # over HTTP against vLLM's server driven by the same client when that was run, else
+    # against the in-process vLLM rows
+    http_ref = http_vllm or vllm_rows
+    out["criteria"]["http_policy_ahead_of_vllm"] = {
+        **ahead_of_vllm(http_policy, http_ref),
+        "vllm_front": "http" if http_vllm else "in-process",
+    }
     return out
 
 
@@ -204,7 +218,8 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     crit = dict(merged["criteria"])
     lines = criteria_lines({k: v for k, v in crit.items() if "vllm" not in k})
     lines += vllm_lines(crit["policy_ahead_of_vllm"], "vLLM (in-process)")
-    lines += vllm_lines(crit["http_policy_ahead_of_vllm"], "vLLM (HTTP policy rows)")
+    front = crit["http_policy_ahead_of_vllm"].get("vllm_front", "in-process")
+    lines += vllm_lines(crit["http_policy_ahead_of_vllm"], f"vLLM (HTTP policy rows vs {front})")
     return lines
 
 

@@ -204,6 +204,7 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     assert ahead["verdict"] == "MISS" and ahead["num_misses"] == 1  # TTFT 120 > 100 at 8/s
     assert [c["ok"] for c in ahead["checks"]] == [True, False]
     assert merged["criteria"]["http_policy_ahead_of_vllm"]["verdict"] == "PASS"
+    assert merged["criteria"]["http_policy_ahead_of_vllm"]["vllm_front"] == "in-process"
     lines = report.report_lines(merged)
     assert any(line.startswith("MISS policy ahead of vLLM (in-process)") for line in lines)
     assert any("MISS hetero t=0.0 rate=8: ttft 120.0 vs 100.0" in line for line in lines)
@@ -212,6 +213,21 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     assert none["verdict"] == "N/A"
     with pytest.raises(ValueError, match="different sweep plans"):
         report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
+
+
+def test_http_policy_against_vllm_server_rows() -> None:
+    """With vLLM's server driven by the same client, the HTTP policy rows are judged against
+    those rows (labels ``policy-http`` / ``vllm-http``), not against in-process vLLM."""
+    report = load_bench("sweep_report")
+    ours = {"sweep": [_row("policy", 2)]}
+    vllm = [{"sweep": [_row("vllm", 2, ttft=500.0, itl=50.0, tpot=50.0)]}]  # beaten in-process
+    http = [{"sweep": [_row("policy-http", 2, ttft=80.0, itl=19.0, tpot=9.0),
+                       _row("vllm-http", 2, ttft=70.0, itl=25.0, tpot=10.0)]}]  # fmt: skip
+    merged = report.merge(ours, vllm, http)
+    crit = merged["criteria"]["http_policy_ahead_of_vllm"]
+    assert crit["vllm_front"] == "http" and crit["verdict"] == "MISS"
+    assert crit["checks"][0]["ttft_p99_ms"] == {"policy": 80.0, "vllm": 70.0}
+    assert any("HTTP policy rows vs http" in line for line in report.report_lines(merged))
 
 
 def test_peer_sweep_replays_the_same_traces(

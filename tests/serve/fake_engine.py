@@ -56,6 +56,7 @@ class FakeSeq:
     blocks: list[int] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     unsent: str = ""  # text past the stop-string check, not yet in a delta
+    ids_sent: int = 0  # output tokens already in a delta
     prefill_left: int = 0
     finish_reason: str | None = None
     last_token_at: float | None = None
@@ -228,8 +229,9 @@ class FakeEngine:
     def _delta(self, request: FakeRequest, seq: FakeSeq, finished: bool = False) -> RequestOutput:
         tail = seq.stop.flush() if finished else ""
         new_text, seq.unsent = seq.unsent + tail, ""
+        new_ids, seq.ids_sent = seq.output[seq.ids_sent :], len(seq.output)
         return RequestOutput(
-            request.request_id, seq.index, [], new_text, finished,
+            request.request_id, seq.index, new_ids, new_text, finished,
             seq.finish_reason if finished else None, seq.num_prompt, len(seq.output),
             request.num_cached,
         )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import bounded, tiny_config, tiny_draft_spec
-from server_utils import serve_engine
+from server_utils import parse_sse, serve_engine
 
 from verifypd.config import CacheConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -47,3 +47,25 @@ async def test_http_accepts_it_in_synthetic_mode() -> None:
             payload = await resp.json()
             assert resp.status == 200, payload
             assert payload["usage"]["completion_tokens"] == 4
+
+
+@bounded(120)
+async def test_streamed_token_ids_count_every_token_of_a_verify_step() -> None:
+    """With speculation a chunk can carry several tokens; return_token_ids lets an HTTP client
+    count them exactly (the benchmarks' ITL per token depends on it)."""
+    spec = tiny_draft_spec(
+        max_draft_len=3, initial_draft_len=3, synthetic_acceptance=1.0, controller=False
+    )
+    engine = AsyncEngine(tiny_config(spec=spec, cache=CacheConfig(num_blocks=128)))
+    body = {"prompt": [1, 2, 3], "max_tokens": 13, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}  # fmt: skip
+    async with serve_engine(engine) as h:
+        full = await (await h.client.post("/v1/completions", json=body)).json()
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        events = parse_sse(await (await h.client.post("/v1/completions", json=stream)).text())
+    per_chunk = [c["choices"][0]["token_ids"] for c in events[:-1] if c["choices"]
+                 if "token_ids" in c["choices"][0]]  # fmt: skip
+    assert max(map(len, per_chunk)) > 1  # a verify step's tokens in one chunk
+    assert [t for ids in per_chunk for t in ids] == full["choices"][0]["token_ids"]
+    assert len(full["choices"][0]["token_ids"]) == 13 == events[-2]["usage"]["completion_tokens"]
+    assert full["choices"][0]["prompt_token_ids"] == [1, 2, 3]

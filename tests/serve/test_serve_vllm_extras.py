@@ -180,3 +180,75 @@ def test_parse_list() -> None:
     assert parse_list("*") == ("*",)
     with pytest.raises(ValueError):
         parse_list('["a", 1]')
+
+
+# -- return_token_ids (vLLM's field) -----------------------------------------------------
+
+
+def _content(events: list) -> list[dict]:
+    return [e for e in events[:-1] if e["choices"]]
+
+
+@bounded(10)
+async def test_return_token_ids_stream_completion(harness: Harness) -> None:
+    body = {**WITH_USAGE, "prompt": "ab", "return_token_ids": True}
+    events = parse_sse(await (await harness.client.post("/v1/completions", json=body)).text())
+    chunks = _content(events)
+    ids = [t for c in chunks for t in c["choices"][0].get("token_ids", [])]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert ids == [ord(ch) for ch in text] and len(ids) == events[-2]["usage"]["completion_tokens"]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [97, 98]  # the first chunk only
+    assert not any("prompt_token_ids" in c["choices"][0] for c in chunks[1:])
+    plain = parse_sse(await (await harness.client.post("/v1/completions", json=STREAM)).text())
+    assert not any("token_ids" in c["choices"][0] for c in _content(plain))  # not asked for
+
+
+@bounded(10)
+async def test_return_token_ids_full_completion_per_prompt_and_choice(harness: Harness) -> None:
+    body = {"prompt": ["ab", "c"], "n": 2, "max_tokens": 5, "return_token_ids": True}
+    resp = await (await harness.client.post("/v1/completions", json=body)).json()
+    assert len(resp["choices"]) == 4
+    for choice in resp["choices"]:
+        want = [97, 98] if choice["index"] < 2 else [99]
+        assert choice["prompt_token_ids"] == want
+        assert choice["token_ids"] == [ord(ch) for ch in choice["text"]] and choice["text"]
+
+
+@bounded(10)
+async def test_return_token_ids_chat(harness: Harness) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "return_token_ids": True}  # fmt: skip
+    prompt = [ord(ch) for ch in "<user>hi\n<assistant>"]
+    full = await (await harness.client.post("/v1/chat/completions", json=chat)).json()
+    assert full["prompt_token_ids"] == prompt
+    message = full["choices"][0]["message"]["content"]
+    assert full["choices"][0]["token_ids"] == [ord(ch) for ch in message]
+    resp = await harness.client.post("/v1/chat/completions", json={**chat, "stream": True})
+    chunks = _content(parse_sse(await resp.text()))
+    with_ids = [c for c in chunks if "token_ids" in c["choices"][0]]
+    assert with_ids[0]["prompt_token_ids"] == prompt
+    assert not any("prompt_token_ids" in c for c in with_ids[1:])
+    ids = [t for c in with_ids for t in c["choices"][0]["token_ids"]]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert ids == [ord(ch) for ch in streamed] and len(ids) == 6
+
+
+@bounded(10)
+async def test_return_token_ids_must_be_a_bool(harness: Harness) -> None:
+    body = {"prompt": "a", "max_tokens": 2, "return_token_ids": "yes"}
+    resp = await harness.client.post("/v1/completions", json=body)
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "return_token_ids"
+
+
+@bounded(10)
+async def test_return_token_ids_stream_with_tools(harness: Harness) -> None:
+    """Output of a request with tools is held back until its choice ends: its token ids all
+    come with the first chunk sent then."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "stream": True,
+            "tools": [tool], "return_token_ids": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    events = parse_sse(await (await harness.client.post("/v1/chat/completions", json=chat)).text())
+    with_ids = [c for c in _content(events) if "token_ids" in c["choices"][0]]
+    assert len(with_ids) == 1 and len(with_ids[0]["choices"][0]["token_ids"]) == 7
+    assert with_ids[0]["prompt_token_ids"] and events[-2]["usage"]["completion_tokens"] == 7

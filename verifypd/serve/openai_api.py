@@ -36,6 +36,7 @@ from verifypd.serve.protocol import (
     tool_call_chunk,
     tool_finish_reason,
     usage_chunk,
+    with_token_ids,
 )
 from verifypd.serve.schemas import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -75,8 +76,11 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         resolve_max_tokens(len(ids), requested, state.engine.max_model_len, "prompt")
     check_logprobs_limit(body.logprobs, max_logprobs(state.engine), "logprobs")
     extras = completion_extras(body, tokenizer, prompts, texts, echo_only)
-    meta = ResponseMeta.new("completion", state.model_name, body.include_usage, extras)
     params = to_sampling_params(body, requested, output_constraint(body, None))
+    meta = ResponseMeta.new(
+        "completion", state.model_name, body.include_usage, extras,
+        prompts=prompts if body.return_token_ids else None, n_per_prompt=params.n,
+    )  # fmt: skip
     return await generate_response(request, state, meta, prompts, params, body.is_stream)
 
 
@@ -91,8 +95,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     check_logprobs_limit(body.top_logprobs, max_logprobs(state.engine), "top_logprobs")
     extras = chat_extras(body, state.engine.tokenizer)
     parsed = tools if tools.renders_tools else None
-    meta = ResponseMeta.new("chat", state.model_name, body.include_usage, extras, parsed)
     params = to_sampling_params(body, max_tokens, constraint)
+    meta = ResponseMeta.new(
+        "chat", state.model_name, body.include_usage, extras, parsed,
+        prompts=[ids] if body.return_token_ids else None, n_per_prompt=params.n,
+    )  # fmt: skip
     return await generate_response(request, state, meta, [ids], params, body.is_stream)
 
 
@@ -319,11 +326,16 @@ async def _send_finish(
 ) -> None:
     """A choice's closing chunk; with tools, its parsed output first (the text of a request
     with tools is held back until it ends, then sent as tool calls or as content)."""
+    chunks = []
     if meta.tools is not None:
         content, calls = meta.tools.parse(collected.text(index))
         if calls:
-            await sse.send(tool_call_chunk(meta, index, calls))
+            chunks.append(tool_call_chunk(meta, index, calls))
         elif content:
-            await sse.send(text_chunk(meta, index, content))
+            chunks.append(text_chunk(meta, index, content))
         reason = tool_finish_reason(reason, calls)
-    await sse.send(finish_chunk(meta, index, reason))
+    chunks.append(finish_chunk(meta, index, reason))
+    if meta.tools is not None and meta.prompts is not None:  # the held-back tokens' ids
+        with_token_ids(meta, chunks[0], index, collected.token_ids[index], True)
+    for chunk in chunks:
+        await sse.send(chunk)

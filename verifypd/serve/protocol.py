@@ -33,6 +33,10 @@ class ResponseMeta:
     include_usage: bool = False
     extras: ChoiceExtras | None = field(default=None, compare=False)  # echo, log-probs
     tools: Any = None  # a ``serve.tools.ToolPlan`` whose output is parsed for tool calls
+    # ``return_token_ids``: the request's prompts (choice i's is prompts[i // n_per_prompt]);
+    # None: token ids not asked for
+    prompts: list[list[int]] | None = field(default=None, compare=False)
+    n_per_prompt: int = 1
 
     @classmethod
     def new(
@@ -42,9 +46,17 @@ class ResponseMeta:
         include_usage: bool = False,
         extras: ChoiceExtras | None = None,
         tools: Any = None,
+        prompts: list[list[int]] | None = None,
+        n_per_prompt: int = 1,
     ) -> ResponseMeta:
         rid = f"{ID_PREFIXES[kind]}-{uuid.uuid4().hex}"
-        return cls(kind, model, rid, int(time.time()), include_usage, extras, tools)
+        return cls(
+            kind, model, rid, int(time.time()), include_usage, extras, tools, prompts, n_per_prompt
+        )
+
+    def prompt_ids(self, index: int) -> list[int]:
+        assert self.prompts is not None
+        return self.prompts[index // self.n_per_prompt]
 
     def head(self, chunk: bool) -> dict:
         obj = (CHUNK_OBJECTS if chunk else OBJECTS)[self.kind]
@@ -64,10 +76,12 @@ class OutputCollector:
     num_cached_tokens: int = 0
     n_per_prompt: int = 0  # 0: n (one prompt)
     logprobs: list[ChoiceLogprobs] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
     _prompt_tokens: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.texts = [[] for _ in range(self.n)]
+        self.token_ids = [[] for _ in range(self.n)]
         self.finish_reasons = [None] * self.n
         self.num_output_tokens = [0] * self.n
         self.logprobs = [ChoiceLogprobs() for _ in range(self.n)]
@@ -75,6 +89,7 @@ class OutputCollector:
 
     def add(self, out: RequestOutput) -> None:
         self.texts[out.index].append(out.new_text)
+        self.token_ids[out.index].extend(out.new_token_ids)
         self.logprobs[out.index].add(out)
         self.num_output_tokens[out.index] = max(
             self.num_output_tokens[out.index], out.num_output_tokens
@@ -122,9 +137,36 @@ def text_chunk(meta: ResponseMeta, index: int, text: str) -> dict:
 
 
 def delta_chunk(meta: ResponseMeta, out: RequestOutput, sent_chars: int | None) -> dict | None:
-    """A delta's chunk with its echo and log-probs (``meta.extras``); ``sent_chars``: the
-    characters of this choice already sent (None: nothing yet, this is its first chunk).
-    None when the delta has nothing to send."""
+    """A delta's chunk with its echo and log-probs (``meta.extras``) and, when asked for, its
+    token ids; ``sent_chars``: the characters of this choice already sent (None: nothing yet,
+    this is its first chunk). None when the delta has nothing to send."""
+    chunk = _delta_chunk(meta, out, sent_chars)
+    if meta.prompts is None:
+        return chunk
+    if chunk is None:
+        if not out.new_token_ids:
+            return None
+        chunk = text_chunk(meta, out.index, "")  # tokens whose text is held back
+    return with_token_ids(meta, chunk, out.index, out.new_token_ids, sent_chars is None)
+
+
+def with_token_ids(
+    meta: ResponseMeta, chunk: dict, index: int, token_ids: list[int], first: bool
+) -> dict:
+    """vLLM's ``return_token_ids`` fields on a chunk of choice ``index``: its ``token_ids``,
+    and on the choice's first chunk the prompt's ids (on the choice for completions, on the
+    chunk for chat, as vLLM places them)."""
+    choice = chunk["choices"][0]
+    choice["token_ids"] = list(token_ids)
+    if first:
+        if meta.kind == "chat":
+            chunk["prompt_token_ids"] = meta.prompt_ids(index)
+        else:
+            choice["prompt_token_ids"] = meta.prompt_ids(index)
+    return chunk
+
+
+def _delta_chunk(meta: ResponseMeta, out: RequestOutput, sent_chars: int | None) -> dict | None:
     extras = meta.extras
     if extras is None:
         return text_chunk(meta, out.index, out.new_text) if out.new_text else None
@@ -171,7 +213,15 @@ def usage_chunk(meta: ResponseMeta, usage: dict) -> dict:
 def full_response(meta: ResponseMeta, collected: OutputCollector) -> dict:
     """The non-streaming body with every choice and the usage."""
     choices = [_full_choice(meta, i, collected) for i in range(collected.n)]
-    return {**meta.head(chunk=False), "choices": choices, "usage": collected.usage()}
+    body = {**meta.head(chunk=False), "choices": choices, "usage": collected.usage()}
+    if meta.prompts is not None:  # vLLM's return_token_ids
+        for i, choice in enumerate(choices):
+            choice["token_ids"] = collected.token_ids[i]
+            if meta.kind == "completion":
+                choice["prompt_token_ids"] = meta.prompt_ids(i)
+        if meta.kind == "chat":
+            body["prompt_token_ids"] = meta.prompts[0]
+    return body
 
 
 def _full_choice(meta: ResponseMeta, index: int, collected: OutputCollector) -> dict:

@@ -73,6 +73,9 @@ class _SamplingFields(StructuredFields):
     min_tokens: int | None = Field(default=None, ge=0)
     bad_words: list[str] | None = None
     include_stop_str_in_output: bool | None = None
+    # vLLM's extension: the output's token ids beside its text (``token_ids`` per choice, per
+    # chunk when streaming) and the prompt's (``prompt_token_ids``, once per choice)
+    return_token_ids: bool | None = None
     # verifypd extension, benchmark only: this request's synthetic acceptance alpha (400 on a
     # server not started with --synthetic-acceptance).
     synthetic_acceptance: float | None = Field(default=None, ge=0, le=1)
