@@ -26,6 +26,7 @@ from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
 from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
 from verifypd.serve.limits import ServeLimits, body_size_middleware
+from verifypd.serve.loop_health import add_loop_health
 from verifypd.serve.metrics import PrometheusObserver
 from verifypd.serve.openai_api import STATE_KEY, create_chat_completion, create_completion
 from verifypd.serve.state import RETRY_AFTER_DRAINING_S, ServerState
@@ -75,6 +76,7 @@ def build_app(
     app[STATE_KEY] = state
     _add_routes(app, state)
     install_cors(app, cors or CorsConfig())
+    add_loop_health(app, observer)
     if engine is not None:
         state.attach(engine)
     return app

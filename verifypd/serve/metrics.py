@@ -26,6 +26,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                 5.0, 10.0, 20.0, 40.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
                0.25, 0.5, 1.0)  # fmt: skip
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 
 # name -> (kind, help, extra label, buckets)
@@ -68,12 +69,27 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     "requests_finished": (Counter, "Requests finished, by reason", "reason", None),
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
+    # The server's event loop (serve.loop_health): how late a 10 ms sleep wakes, and every
+    # garbage collection's pause, by generation.
+    "event_loop_lag_seconds": (
+        Histogram,
+        "How much later than asked the server's event loop woke",
+        None,
+        LAG_BUCKETS,
+    ),
+    "gc_pause_seconds": (
+        Histogram,
+        "Garbage-collection pauses of the server process",
+        "generation",
+        LAG_BUCKETS,
+    ),
 }
 # The goodput policy's reasons for speculating nobody (verifypd.controller.goodput.REASONS);
 # a speculating step is counted as speculate|catch_up|probe with _fused or _separate.
 POLICY_OFF_REASONS = ("no_gain", "no_candidates", "latency_guard", "prefill_pressure",
                       "prefill_running", "batch_too_large")  # fmt: skip
-PRESET_LABELS = {"lane": LANES, "reason": FINISH_REASONS, "decision": POLICY_OFF_REASONS}
+PRESET_LABELS = {"lane": LANES, "reason": FINISH_REASONS, "decision": POLICY_OFF_REASONS,
+                 "generation": ("0", "1", "2")}  # fmt: skip
 
 
 def exported_names() -> list[str]:
@@ -120,6 +136,12 @@ class PrometheusObserver(Observer):
         return self._families[name].labels(model=self.model_name, **labels)
 
     # -- Observer hooks ------------------------------------------------------------------
+
+    def loop_lag(self, seconds: float) -> None:
+        self._m["event_loop_lag_seconds"].observe(seconds)
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        self._labeled("gc_pause_seconds", generation=str(generation)).observe(seconds)
 
     def lane_step(self, lane: str, seconds: float, num_tokens: int) -> None:
         self._labeled("lane_step_seconds", lane=lane).observe(seconds)
