@@ -8,8 +8,8 @@ import contextlib
 import gc
 import time
 
-from prometheus_client.parser import text_string_to_metric_families
 from server_utils import Harness, bounded, wait_until
+from test_serve_vllm_metrics import samples_of
 
 from verifypd.serve.loop_health import GcTimer, probe_lag
 
@@ -44,14 +44,6 @@ async def test_lag_probe_sees_a_blocked_loop() -> None:
             await task
 
 
-def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 @bounded(10)
 async def test_loop_health_reaches_metrics(harness: Harness) -> None:
     model = ("model", "fake-model")
@@ -59,7 +51,7 @@ async def test_loop_health_reaches_metrics(harness: Harness) -> None:
     gc2 = ("verifypd_gc_pause_seconds_count", (("generation", "2"), model))
 
     async def samples() -> dict:
-        return _samples(await (await harness.client.get("/metrics")).text())
+        return samples_of(await (await harness.client.get("/metrics")).text())
 
     before = await samples()
     gc.collect()
