@@ -97,6 +97,51 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, An
         yield json.loads(data)
 
 
+# The server's own histograms of a request's first token and of its wait before its first
+# schedule, as verifypd and vLLM name them in their Prometheus metrics.
+SERVER_HISTOGRAMS = {
+    "ttft": ("verifypd_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    "queue": ("verifypd_request_queue_seconds", "vllm:request_queue_time_seconds"),
+}
+
+
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each ``SERVER_HISTOGRAMS`` entry in a Prometheus text page, summed over
+    its label sets; an entry the page lacks is left out."""
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        base = name.split("{", 1)[0]
+        for key, names in SERVER_HISTOGRAMS.items():
+            for n in names:
+                for i, suffix in enumerate(("_sum", "_count")):
+                    if base == n + suffix:
+                        totals.setdefault(key, [0.0, 0.0])[i] += float(value)
+    return {k: (v[0], v[1]) for k, v in totals.items()}
+
+
+async def server_totals(base_url: str) -> dict[str, tuple[float, float]]:
+    """``histogram_totals`` of ``GET /metrics``; empty where the server has no such page."""
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base_url.rstrip('/')}/metrics") as resp:
+                return histogram_totals(await resp.text()) if resp.status == 200 else {}
+    except aiohttp.ClientError:
+        return {}
+
+
+def server_means(before: dict, after: dict) -> dict[str, float | None]:
+    """Mean ms of each histogram over the requests between two ``server_totals``."""
+    out: dict[str, float | None] = {}
+    for key in SERVER_HISTOGRAMS:
+        if key in before and key in after:
+            d_sum, d_count = (a - b for a, b in zip(after[key], before[key], strict=True))
+            out[f"server_{key}_mean_ms"] = d_sum / d_count * 1e3 if d_count > 0 else None
+    return out
+
+
 async def served_model(base_url: str) -> str:
     """The first model id of ``GET /v1/models``."""
     async with aiohttp.ClientSession() as session:

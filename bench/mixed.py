@@ -129,6 +129,12 @@ MODES = {
         "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
     ),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
+    # ... and with a long prompt prefilled in one chunk (max_prefill_chunk 4096 against the
+    # default 2048: the sweep's longest prompt is 3072 tokens).
+    "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
+    "policy-chunk4k": Mode(
+        "three", True, True, policy="goodput", sched_options=(("max_prefill_chunk", 4096),)
+    ),
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),

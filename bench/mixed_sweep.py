@@ -13,9 +13,10 @@ import time
 from functools import partial
 from typing import Any
 
+import numpy as np
 from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
-from http_load import HttpEngine, served_model
+from http_load import HttpEngine, served_model, server_means, server_totals
 from loadgen import run_load
 from sweep import (
     SweepPlan,
@@ -26,6 +27,7 @@ from sweep import (
     summary_row,
 )
 from sweep_report import plot_all, table
+from ttft_anatomy import StepLog, anatomy
 
 SCRIPT = "mixed"
 
@@ -46,6 +48,11 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         help="start no run that would end past this many s (its estimate); 0 = off",
     )
     g.add_argument("--estimate-only", action="store_true", help="print the wall-time estimate")
+    g.add_argument(
+        "--ttft-anatomy",
+        action="store_true",
+        help="log every lane step and add each row's TTFT parts (bench/ttft_anatomy.py)",
+    )
     g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
     g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
     g.add_argument(
@@ -143,11 +150,14 @@ def engine_sweep(
         recorder = attach_recorder(llm, bench.LoadRecorder())
         spec_on = core.spec.enabled
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
+        steps = StepLog().attach(llm.engine.dispatcher) if args.ttft_anatomy else None
         for rate, profile, temp in plan.runs():
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
             core.kv.reset_prefix_cache()  # a replayed trace must not hit the last run's cache
             recorder.reset()
+            if steps is not None:
+                steps.reset()
             preemptions = core.scheduler.num_preemptions
             snapshot = partial(policy_snapshot, core) if MODES[name].controller else None
             try:
@@ -166,6 +176,8 @@ def engine_sweep(
                     engine_error=engine_error(llm.engine),
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
                 )
+                if steps is not None:
+                    row["ttft_anatomy"] = anatomy(steps, res["traces"])
             except Exception as exc:  # noqa: BLE001 - record and go on
                 res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,
                                              "temperature": temp, "mode": name,
@@ -236,8 +248,16 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
             ):
                 continue
             try:
+                before = await server_totals(args.http)
                 res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
                 row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
+                # The server's own first-token and queue means against the client's: what
+                # the HTTP front and the network add.
+                ttfts = [t.ttft_s for t in res["traces"] if t.ttft_s is not None]
+                row["server"] = {
+                    **server_means(before, await server_totals(args.http)),
+                    "client_ttft_mean_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
+                }
             except Exception as exc:  # noqa: BLE001 - record and go on
                 row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
                        "mode": args.mode_label, **error_record(exc)}  # fmt: skip

@@ -302,6 +302,11 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     for r in rows:
         assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions"} <= set(r)
         assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
+        # The server's own first-token mean, from its /metrics around the run, lies inside
+        # the client's (which adds the HTTP front and the network).
+        server = r["server"]
+        assert 0 < server["server_ttft_mean_ms"] <= server["client_ttft_mean_ms"]
+        assert 0 <= server["server_queue_mean_ms"] <= server["server_ttft_mean_ms"]
     assert data["sweep_engines"]["policy"]["send_alpha"] is True
     http = load_bench("http_load").HttpEngine("http://x", "m")
     sent = http.body([1, 2], SamplingParams(max_tokens=2, synthetic_acceptance=0.6))
@@ -319,3 +324,26 @@ def test_max_wall_skips_runs_that_would_overrun(tmp_path: Path) -> None:
     assert [(s["rate"], s["mode"]) for s in data["skipped"]] == [(0.5, "off")] * 2
     assert data["estimate_s"] > 0
     assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
+
+
+def test_server_histogram_totals_of_both_servers() -> None:
+    """verifypd's and vLLM's first-token and queue histograms, summed over label sets; the
+    means between two scrapes."""
+    http = load_bench("http_load")
+    page = """# HELP x
+verifypd_time_to_first_token_seconds_bucket{le="0.1",model="m"} 3.0
+verifypd_time_to_first_token_seconds_sum{model="m"} 0.5
+verifypd_time_to_first_token_seconds_count{model="m"} 4.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25
+vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.25
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 5.0
+verifypd_time_to_first_token_seconds_created{model="m"} 1.7e9
+"""
+    before = http.histogram_totals(page)
+    assert before == {"ttft": (0.5, 4.0), "queue": (0.5, 5.0)}
+    after = {"ttft": (0.9, 6.0), "queue": (0.5, 5.0)}
+    assert http.server_means(before, after) == {
+        "server_ttft_mean_ms": pytest.approx(200.0),
+        "server_queue_mean_ms": None,  # no request between the scrapes
+    }
+    assert http.server_means({}, after) == {}

@@ -1,0 +1,118 @@
+"""Where a first token's time goes (issue 14 diagnostics, ``mixed.py --sweep --ttft-anatomy``).
+
+``StepLog`` wraps a ``LaneDispatcher``'s fold-back and logs every lane step it folds in: its
+lane, launch and fold-back times and tokens, and the requests whose prompt it finished. Per
+request, ``anatomy`` splits the client's TTFT into
+
+- ``queue``: arrival in the engine until its first prompt chunk is planned (a prefill lane busy
+  with earlier prompts, or the dispatcher busy elsewhere);
+- ``prefill``: that planning until the step holding its last chunk is folded back in (its
+  chunks on the GPU, sharing it with the decode and verify lanes, and the gaps between them);
+- ``deliver``: the rest of the client's TTFT (the engine's ``add_request`` after the intended
+  arrival, making and handing over the delta).
+
+For each prefill step it also gives the share of its wall time during which the decode or
+verify lane had a step in flight too (the GPU shared), and its time per 1k prompt tokens.
+Rows report medians over all requests and over the slowest 5 % by TTFT (the p99's company).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PROMPT_LANES = ("prefill", "mixed")
+
+
+@dataclass
+class FoldedStep:
+    lane: str
+    start: float  # launch (the dispatcher's clock)
+    end: float  # folded back in
+    num_tokens: int
+    # (request_id, engine arrival, first planned) of each request whose prompt this step ended
+    prompts_done: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+class StepLog:
+    """Every step a dispatcher folds back in (``attach``), until ``reset``."""
+
+    def __init__(self) -> None:
+        self.steps: list[FoldedStep] = []
+        self._seen: set[int] = set()
+
+    def reset(self) -> None:
+        self.steps = []
+        self._seen = set()
+
+    def attach(self, dispatcher: Any) -> StepLog:
+        inner = dispatcher._fold
+
+        def fold(flight, seconds):
+            inner(flight, seconds)
+            plan = flight.plan
+            step = FoldedStep(plan.lane, flight.start, dispatcher.clock(), plan.num_tokens)
+            if plan.lane in PROMPT_LANES:
+                for e in plan.seqs:
+                    seq = e.seq
+                    if seq.num_output_tokens > 0 and seq.seq_id not in self._seen:
+                        self._seen.add(seq.seq_id)
+                        arrived, planned = seq.arrival_time, seq.first_scheduled_time
+                        step.prompts_done.append((seq.request_id, arrived, planned or arrived))
+            self.steps.append(step)
+
+        dispatcher._fold = fold
+        return self
+
+
+def _median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def _overlap(step: FoldedStep, others: list[FoldedStep]) -> float:
+    """Share of ``step``'s wall time during which some step of ``others`` was in flight."""
+    span = step.end - step.start
+    if span <= 0:
+        return 0.0
+    cuts = sorted((max(o.start, step.start), min(o.end, step.end)) for o in others)
+    covered, reach = 0.0, step.start
+    for a, b in cuts:
+        if b <= reach:
+            continue
+        covered += b - max(a, reach)
+        reach = b
+    return covered / span
+
+
+def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, Any]:
+    """Per request the parts of its TTFT (ms), summarized; see the module docstring."""
+    done: dict[str, tuple[float, float, float]] = {}  # request_id -> (arrived, planned, end)
+    for s in log.steps:
+        for rid, arrived, planned in s.prompts_done:
+            done.setdefault(rid, (arrived, planned, s.end))
+    parts = []
+    for t in traces:
+        if t.ttft_s is None or t.request_id not in done:
+            continue
+        arrived, planned, end = done[t.request_id]
+        queue, prefill = planned - arrived, end - planned
+        parts.append((t.ttft_s, queue, prefill, t.ttft_s - queue - prefill))
+    prompt_steps = [s for s in log.steps if s.lane in PROMPT_LANES]
+    decode_steps = [s for s in log.steps if s.lane in ("decode", "verify")]
+    shared = [_overlap(s, decode_steps) for s in prompt_steps]
+    per_1k = [(s.end - s.start) * 1e6 / s.num_tokens for s in prompt_steps if s.num_tokens]
+    out: dict[str, Any] = {
+        "num_requests": len(parts),
+        "num_prompt_steps": len(prompt_steps),
+        "prompt_step_ms_per_1k_tokens_p50": _median(per_1k),
+        "prompt_step_shared_p50": _median(shared),
+        "prompt_step_tokens_p50": _median([float(s.num_tokens) for s in prompt_steps]),
+    }
+    parts.sort(key=lambda p: p[0])
+    slow = parts[len(parts) - max(1, round(len(parts) * slow_share)) :] if parts else []
+    for name, group in (("all", parts), ("slowest", slow)):
+        for i, key in enumerate(("ttft", "queue", "prefill", "deliver")):
+            out[f"{name}_{key}_p50_ms"] = _median([p[i] * 1e3 for p in group])
+    return out

@@ -1,0 +1,55 @@
+"""TTFT anatomy (bench/ttft_anatomy.py, ``mixed.py --sweep --ttft-anatomy``): the parts of a
+first token's time from a log of folded lane steps, on constructed steps and in a tiny sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import load_bench
+from test_bench_sweep import SWEEP_TINY
+
+
+def _trace(loadgen, rid: str, arrival: float, first: float):
+    t = loadgen.Trace(rid, "short", 8, 4, arrival)
+    t.deltas.append((first, 1))
+    return t
+
+
+def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
+    ana, loadgen = load_bench("ttft_anatomy"), load_bench("loadgen")
+    log = ana.StepLog()
+    step = ana.FoldedStep
+    log.steps = [
+        step("decode", 0.00, 0.04, 4),
+        step("prefill", 0.01, 0.05, 1000, [("a", 0.000, 0.010)]),
+        step("decode", 0.04, 0.06, 4),
+        step("prefill", 0.06, 0.10, 2000, [("b", 0.020, 0.060)]),
+    ]
+    # Client TTFTs (intended arrival -> first delta): a 0.055 s, b 0.090 s.
+    traces = [_trace(loadgen, "a", 0.0, 0.055), _trace(loadgen, "b", 0.02, 0.11)]
+    out = ana.anatomy(log, traces, slow_share=0.5)
+    assert out["num_requests"] == 2 and out["num_prompt_steps"] == 2
+    assert out["slowest_ttft_p50_ms"] == pytest.approx(90.0)  # b alone
+    assert out["slowest_queue_p50_ms"] == pytest.approx(40.0)
+    assert out["slowest_prefill_p50_ms"] == pytest.approx(40.0)
+    assert out["slowest_deliver_p50_ms"] == pytest.approx(10.0)
+    assert out["all_queue_p50_ms"] == pytest.approx(25.0)  # median of 10 and 40
+    # The first prefill shared all 40 ms with decode steps (0-40 and 40-60), the second none.
+    assert out["prompt_step_shared_p50"] == pytest.approx(0.5)
+    assert out["prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(30.0)  # 40 and 20 ms/1k
+
+
+def test_tiny_sweep_with_anatomy(tmp_path: Path) -> None:
+    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
+    load_bench("mixed").main([*args, "--ttft-anatomy", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())["sweep"]
+    assert len(rows) == 1
+    row, parts = rows[0], rows[0]["ttft_anatomy"]
+    assert parts["num_requests"] == row["num_finished"] == 4
+    assert parts["num_prompt_steps"] >= 1 and parts["prompt_step_tokens_p50"] > 0
+    for key in ("queue", "prefill", "deliver"):
+        assert parts[f"all_{key}_p50_ms"] >= 0, key  # the parts lie inside the client's TTFT
+    assert parts["all_prefill_p50_ms"] > 0
+    assert parts["slowest_ttft_p50_ms"] == pytest.approx(row["ttft_p99_ms"], rel=0.5)
