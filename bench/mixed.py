@@ -341,12 +341,9 @@ def mode_config(args, name: str) -> EngineConfig:
         spec=spec,
         lane_mode=mode.lane_mode,
     )  # fmt: skip
-    sched = dataclasses.replace(
-        cfg.scheduler,
-        max_prefill_chunk=args.max_prefill_chunk,
-        ttft_budget_s=args.ttft_budget_s,
-        **dict(mode.sched_options),
-    )
+    sched_options = {"max_prefill_chunk": args.max_prefill_chunk,
+                     "ttft_budget_s": args.ttft_budget_s, **dict(mode.sched_options)}  # fmt: skip
+    sched = dataclasses.replace(cfg.scheduler, **sched_options)
     return cfg.replace(scheduler=sched, **dict(mode.engine_options))
 
 

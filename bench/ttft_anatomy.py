@@ -8,22 +8,36 @@ request, ``anatomy`` splits the client's TTFT into
   with earlier prompts, or the dispatcher busy elsewhere);
 - ``prefill``: that planning until the step holding its last chunk is folded back in (its
   chunks on the GPU, sharing it with the decode and verify lanes, and the gaps between them);
-- ``deliver``: the rest of the client's TTFT (the engine's ``add_request`` after the intended
-  arrival, making and handing over the delta).
+- ``deliver``: the rest of the client's TTFT, itself split (where the client's clock is the
+  engine's) into ``submit``, the engine's arrival after the trace's intended one (the event
+  loop, shared in-process by the load generator and the engine, was busy), and ``emit``, the
+  fold-back until the client holds the delta.
 
 For each prefill step it also gives the share of its wall time during which the decode or
-verify lane had a step in flight too (the GPU shared), and its time per 1k prompt tokens.
-Rows report medians over all requests and over the slowest 5 % by TTFT (the p99's company).
+verify lane had a step in flight too (the GPU shared), and its time per 1k prompt tokens (all
+steps, and those of at least 1024 tokens). The host side: the wall time of each dispatcher
+tick (the loop holds no other task while a tick runs its synchronous planning, drafting,
+launching and folding). Rows report medians over all requests and over the slowest 5 % by
+TTFT (the p99's company).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 PROMPT_LANES = ("prefill", "mixed")
+BIG_STEP_TOKENS = 1024
+LONG_TICK_S = 0.005
+# The client (loadgen, perf_counter) and the engine (Sequence.arrival_time, monotonic) share a
+# clock where both read the same one (CLOCK_MONOTONIC on Linux): then deliver splits.
+SAME_CLOCK = (
+    time.get_clock_info("perf_counter").implementation
+    == time.get_clock_info("monotonic").implementation
+)
 
 
 @dataclass
@@ -40,12 +54,12 @@ class StepLog:
     """Every step a dispatcher folds back in (``attach``), until ``reset``."""
 
     def __init__(self) -> None:
-        self.steps: list[FoldedStep] = []
-        self._seen: set[int] = set()
+        self.reset()
 
     def reset(self) -> None:
-        self.steps = []
-        self._seen = set()
+        self.steps: list[FoldedStep] = []
+        self.ticks: list[float] = []  # wall seconds of each dispatcher tick
+        self._seen: set[int] = set()
 
     def attach(self, dispatcher: Any) -> StepLog:
         inner = dispatcher._fold
@@ -64,6 +78,16 @@ class StepLog:
             self.steps.append(step)
 
         dispatcher._fold = fold
+        tick = dispatcher.tick
+
+        async def timed_tick():
+            t = time.perf_counter()
+            try:
+                return await tick()
+            finally:
+                self.ticks.append(time.perf_counter() - t)
+
+        dispatcher.tick = timed_tick
         return self
 
 
@@ -92,27 +116,41 @@ def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, A
     for s in log.steps:
         for rid, arrived, planned in s.prompts_done:
             done.setdefault(rid, (arrived, planned, s.end))
+    keys = ("ttft", "queue", "prefill", "deliver", "submit", "emit")
     parts = []
     for t in traces:
         if t.ttft_s is None or t.request_id not in done:
             continue
         arrived, planned, end = done[t.request_id]
         queue, prefill = planned - arrived, end - planned
-        parts.append((t.ttft_s, queue, prefill, t.ttft_s - queue - prefill))
+        split = (arrived - t.arrival, t.deltas[0][0] - end) if SAME_CLOCK else (None, None)
+        parts.append((t.ttft_s, queue, prefill, t.ttft_s - queue - prefill, *split))
     prompt_steps = [s for s in log.steps if s.lane in PROMPT_LANES]
     decode_steps = [s for s in log.steps if s.lane in ("decode", "verify")]
     shared = [_overlap(s, decode_steps) for s in prompt_steps]
-    per_1k = [(s.end - s.start) * 1e6 / s.num_tokens for s in prompt_steps if s.num_tokens]
+
+    def per_1k(steps: list[FoldedStep]) -> float | None:
+        return _median([(s.end - s.start) * 1e6 / s.num_tokens for s in steps if s.num_tokens])
+
+    big = [s for s in prompt_steps if s.num_tokens >= BIG_STEP_TOKENS]
+    ticks = np.asarray(log.ticks) * 1e3
     out: dict[str, Any] = {
         "num_requests": len(parts),
         "num_prompt_steps": len(prompt_steps),
-        "prompt_step_ms_per_1k_tokens_p50": _median(per_1k),
+        "prompt_step_ms_per_1k_tokens_p50": per_1k(prompt_steps),
+        "big_prompt_step_ms_per_1k_tokens_p50": per_1k(big),
+        "num_big_prompt_steps": len(big),
         "prompt_step_shared_p50": _median(shared),
         "prompt_step_tokens_p50": _median([float(s.num_tokens) for s in prompt_steps]),
+        "tick_p99_ms": float(np.percentile(ticks, 99)) if ticks.size else None,
+        "tick_max_ms": float(ticks.max()) if ticks.size else None,
+        "num_long_ticks": int((ticks >= LONG_TICK_S * 1e3).sum()),
+        "long_ticks_ms": float(ticks[ticks >= LONG_TICK_S * 1e3].sum()),
     }
     parts.sort(key=lambda p: p[0])
     slow = parts[len(parts) - max(1, round(len(parts) * slow_share)) :] if parts else []
     for name, group in (("all", parts), ("slowest", slow)):
-        for i, key in enumerate(("ttft", "queue", "prefill", "deliver")):
-            out[f"{name}_{key}_p50_ms"] = _median([p[i] * 1e3 for p in group])
+        for i, key in enumerate(keys):
+            values = [p[i] * 1e3 for p in group if p[i] is not None]
+            out[f"{name}_{key}_p50_ms"] = _median(values)
     return out

@@ -144,3 +144,18 @@ def test_noahead_modes_turn_decode_ahead_off_and_nothing_else(name) -> None:
     cfg = mixed.mode_config(args, name)
     assert base.decode_ahead is None and cfg.decode_ahead is False
     assert cfg.replace(decode_ahead=None) == base
+
+
+def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() -> None:
+    """Each of ``MODES`` gives a valid EngineConfig; a mode's scheduler options override the
+    command line's (the chunk-4k variants against --max-prefill-chunk)."""
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny"])
+    for name in mixed.MODES:
+        assert mixed.mode_config(args, name).scheduler.max_prefill_chunk > 0, name
+    assert mixed.mode_config(args, "off").scheduler.max_prefill_chunk == 2048
+    assert mixed.mode_config(args, "off-chunk4k").scheduler.max_prefill_chunk == 4096
+    chunked = mixed.mode_config(args, "policy-chunk4k")
+    assert chunked.replace(scheduler=mixed.mode_config(args, "policy").scheduler) == (
+        mixed.mode_config(args, "policy")
+    )

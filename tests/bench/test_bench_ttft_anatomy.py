@@ -27,14 +27,22 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
         step("decode", 0.04, 0.06, 4),
         step("prefill", 0.06, 0.10, 2000, [("b", 0.020, 0.060)]),
     ]
-    # Client TTFTs (intended arrival -> first delta): a 0.055 s, b 0.090 s.
-    traces = [_trace(loadgen, "a", 0.0, 0.055), _trace(loadgen, "b", 0.02, 0.11)]
+    log.ticks = [0.001, 0.006, 0.002]  # one tick held the loop 6 ms
+    # Client TTFTs (intended arrival -> first delta): a 0.055 s, b 0.090 s; b reached the
+    # engine 5 ms after its intended arrival.
+    traces = [_trace(loadgen, "a", 0.0, 0.055), _trace(loadgen, "b", 0.015, 0.105)]
     out = ana.anatomy(log, traces, slow_share=0.5)
     assert out["num_requests"] == 2 and out["num_prompt_steps"] == 2
     assert out["slowest_ttft_p50_ms"] == pytest.approx(90.0)  # b alone
     assert out["slowest_queue_p50_ms"] == pytest.approx(40.0)
     assert out["slowest_prefill_p50_ms"] == pytest.approx(40.0)
     assert out["slowest_deliver_p50_ms"] == pytest.approx(10.0)
+    if ana.SAME_CLOCK:  # deliver = submit (engine arrival after the intended) + emit
+        assert out["slowest_submit_p50_ms"] == pytest.approx(5.0)
+        assert out["slowest_emit_p50_ms"] == pytest.approx(5.0)
+        assert out["all_emit_p50_ms"] == pytest.approx(5.0)
+    assert out["num_long_ticks"] == 1 and out["tick_max_ms"] == pytest.approx(6.0)
+    assert out["big_prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(20.0)  # b's step only
     assert out["all_queue_p50_ms"] == pytest.approx(25.0)  # median of 10 and 40
     # The first prefill shared all 40 ms with decode steps (0-40 and 40-60), the second none.
     assert out["prompt_step_shared_p50"] == pytest.approx(0.5)
@@ -49,7 +57,8 @@ def test_tiny_sweep_with_anatomy(tmp_path: Path) -> None:
     row, parts = rows[0], rows[0]["ttft_anatomy"]
     assert parts["num_requests"] == row["num_finished"] == 4
     assert parts["num_prompt_steps"] >= 1 and parts["prompt_step_tokens_p50"] > 0
-    for key in ("queue", "prefill", "deliver"):
+    for key in ("queue", "prefill", "deliver", "submit", "emit"):
         assert parts[f"all_{key}_p50_ms"] >= 0, key  # the parts lie inside the client's TTFT
+    assert parts["tick_max_ms"] > 0 and parts["num_long_ticks"] >= 0
     assert parts["all_prefill_p50_ms"] > 0
     assert parts["slowest_ttft_p50_ms"] == pytest.approx(row["ttft_p99_ms"], rel=0.5)
