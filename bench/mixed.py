@@ -97,7 +97,7 @@ class Mode:
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float | bool | None], ...] = ()  # other SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
-    engine_options: tuple[tuple[str, bool | None], ...] = ()  # EngineConfig fields set
+    engine_options: tuple[tuple[str, bool | int | None], ...] = ()  # EngineConfig fields set
 
 
 MODES = {
@@ -140,6 +140,16 @@ MODES = {
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),
     "policy-noahead": Mode(
         "three", True, True, policy="goodput", engine_options=(("decode_ahead", False),)
+    ),
+    # Prompt steps enqueued whole (EngineConfig.prefill_slice_layers = 0, as before it; the
+    # default enqueues them 4 layers at a time, the event loop free in between), and 1 layer
+    # at a time, for A/Bs in the same run.
+    "off-whole": Mode("three", False, engine_options=(("prefill_slice_layers", 0),)),
+    "policy-whole": Mode(
+        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 0),)
+    ),
+    "policy-slice1": Mode(
+        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 1),)
     ),
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).

@@ -25,6 +25,10 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "0"}) == {"decode_ahead": False}
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "1"}) == {"decode_ahead": True}
     assert env_overrides({"VERIFYPD_GC_FREEZE": "0"}) == {"gc_freeze": False}
+    assert env_overrides({"VERIFYPD_PREFILL_SLICE_LAYERS": "0"}) == {"prefill_slice_layers": 0}
+    assert env_overrides({"VERIFYPD_PREFILL_SLICE_LAYERS": " 2"}) == {"prefill_slice_layers": 2}
+    with pytest.raises(ValueError, match="VERIFYPD_PREFILL_SLICE_LAYERS"):
+        env_overrides({"VERIFYPD_PREFILL_SLICE_LAYERS": "-1"})
 
 
 def test_decode_ahead_is_decided_by_the_device_by_default() -> None:

@@ -343,12 +343,14 @@ ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
+ENV_PREFILL_SLICE_LAYERS = "VERIFYPD_PREFILL_SLICE_LAYERS"
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
-    ("0" = off, "1" = on), for the CLI and benchmarks to pass on."""
+    ("0" = off, "1" = on) and ``VERIFYPD_PREFILL_SLICE_LAYERS`` (an int), for the CLI and
+    benchmarks to pass on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
@@ -359,6 +361,11 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
     if ENV_GC_FREEZE in environ:
         out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
+    if ENV_PREFILL_SLICE_LAYERS in environ:
+        text = environ[ENV_PREFILL_SLICE_LAYERS].strip()
+        if not text.isdigit():
+            raise ValueError(f"{ENV_PREFILL_SLICE_LAYERS} must be an int >= 0, got {text!r}")
+        out["prefill_slice_layers"] = int(text)
     return out
 
 
@@ -386,6 +393,12 @@ class EngineConfig:
     # the speculation policy speculates for no one; ``LaneDispatcher``). None = on where
     # launches only enqueue (GPU).
     decode_ahead: bool | None = None
+    # An eager prompt step is enqueued this many layers at a time, the event loop free in
+    # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
+    # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
+    # for a 200-token chunk, and while one was enqueued in one piece no decode step could be
+    # launched or folded back in: that was the decode lanes' ITL p99 (17-25 ms).
+    prefill_slice_layers: int = 4
     # After start-up, move every object the process holds out of the garbage collector's
     # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
     # created, not the start-up heap (on a GPU a full collection of it stalled the step loop
@@ -411,6 +424,9 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.lane_mode not in ("three", "single"):
             raise ValueError("lane_mode must be three|single")
+        if type(self.prefill_slice_layers) is not int or self.prefill_slice_layers < 0:
+            got = self.prefill_slice_layers
+            raise ValueError(f"prefill_slice_layers must be an int >= 0, got {got!r}")
         if self.calibrate_costs not in (None, True, False):
             got = self.calibrate_costs
             raise ValueError(f"calibrate_costs must be a bool or None, got {got!r}")

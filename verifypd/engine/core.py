@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from verifypd.batch_costs import BatchCostModel
@@ -252,6 +252,11 @@ class EngineCore:
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""
         return self.runner.launch(plan)
+
+    def launch_iter(self, plan: StepPlan, every: int) -> Generator[None, None, PendingStep]:
+        """``launch`` in pieces: an eager forward pauses after every ``every`` layers
+        (``ModelRunner.launch_iter``); returns the ``PendingStep``."""
+        return self.runner.launch_iter(plan, every)
 
     def prefill_budget(self, now: float | None = None) -> int:
         """Prefill tokens for the next prefill step: ``max_num_batched_tokens``, or with

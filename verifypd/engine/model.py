@@ -5,9 +5,14 @@ Differences between the families are config flags: Qwen2 adds a bias to the q/k/
 Projections are fused: ``qkv_proj`` = [q | k | v] rows and ``gate_up_proj`` = [gate | up] rows.
 All attention, norm and activation math goes through an ``Ops`` table (torch reference or
 Triton), and ``forward`` is free of host syncs so it can be captured in a CUDA graph.
+``forward_iter`` is the same forward as a generator that pauses between layer groups: an
+eager prompt step is enqueued a few layers at a time, with the event loop free in between.
 """
 
 from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +22,17 @@ from verifypd.config import ModelConfig
 from verifypd.engine.rope import build_cos_sin_cache
 from verifypd.kernels import Ops
 from verifypd.kernels.metadata import AttentionMetadata
+
+T = TypeVar("T")
+
+
+def drain(steps: Generator[None, None, T]) -> T:
+    """Runs a generator that only pauses (yields None) to its end; returns its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 def packed_shard_sizes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -192,9 +208,20 @@ class DecoderLM(nn.Module):
     ) -> Tensor:
         """input_ids, positions: [T] int64; kv: [num_layers, 2, num_blocks, block_size, Hkv, D]
         -> final-norm hidden states [T, H]. Writes the new tokens' KV into ``kv``."""
+        return drain(self.forward_iter(input_ids, positions, kv, meta))
+
+    def forward_iter(
+        self, input_ids: Tensor, positions: Tensor, kv: Tensor, meta: AttentionMetadata,
+        every: int = 0,
+    ) -> Generator[None, None, Tensor]:  # fmt: skip
+        """``forward``, pausing (yielding None) after every ``every`` layers but the last
+        (0: never); the hidden states are the generator's return value."""
         residual = self.embed_tokens(input_ids)  # [T, H]
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             residual = layer(residual, positions, kv[i], meta, self.cos_sin_cache)
+            if every and i < last and (i + 1) % every == 0:
+                yield
         hidden, _ = self.ops.rms_norm(residual, self.norm.weight, self.cfg.rms_norm_eps)
         return hidden
 

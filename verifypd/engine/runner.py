@@ -7,6 +7,7 @@ sampled ids come back through a pinned buffer (``PendingStep.result``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from verifypd.engine.device_drafts import device_ids, drafter_probs
 from verifypd.engine.grammar import GrammarTable, apply_token_bitmask, fill_step_masks, read_drafts
 from verifypd.engine.logits_pipeline import LogitsProcessor
 from verifypd.engine.logprobs import PromptScoring, StepLogprobs, any_asks_logprobs
-from verifypd.engine.model import DecoderLM
+from verifypd.engine.model import DecoderLM, drain
 from verifypd.engine.rejection import (
     emit_accepted,
     greedy_accept,
@@ -172,21 +173,36 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
         """Runs the model over all query tokens; returns fp32 logits of ``rows`` only."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.pool.kv, inputs.meta)
+        return drain(self.forward_iter(inputs, rows))
+
+    @torch.inference_mode()
+    def forward_iter(
+        self, inputs: StepInputs, rows: list[int], every: int = 0
+    ) -> Generator[None, None, torch.Tensor]:
+        """``forward``, pausing after every ``every`` layers (``DecoderLM.forward_iter``)."""
+        hidden = yield from self.model.forward_iter(
+            inputs.input_ids, inputs.positions, self.pool.kv, inputs.meta, every
+        )
         if not rows:
             return hidden.new_empty((0, 0), dtype=torch.float32)
         index = self._to_device(rows, torch.int64)
         return self.model.compute_logits(hidden.index_select(0, index))
 
-    @torch.inference_mode()
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues the whole step; the only host sync happens in ``PendingStep.result``."""
+        return drain(self.launch_iter(plan))
+
+    @torch.inference_mode()
+    def launch_iter(self, plan: StepPlan, every: int = 0) -> Generator[None, None, PendingStep]:
+        """``launch`` as a generator: an eager forward pauses after every ``every`` layers
+        (0: never), so the caller can do other work between the pieces of a long step (each
+        piece is enqueued in full before the pause). Returns the ``PendingStep``."""
         deferred = any(device_ids(s) is not None for s in plan.seqs)
         span = Span(self.is_cuda) if deferred else None  # the GPU reaches it after the drafts
         inputs = self.prepare(plan)
         drafts = read_drafts(self.grammars, plan.seqs)  # before the forward is enqueued
         verify_flat = [r for rows in inputs.verify_rows for r in rows]
-        logits, logprobs = self._logits_and_logprobs(plan, inputs, verify_flat)  # raw log-probs
+        logits, logprobs = yield from self._logits_and_logprobs(plan, inputs, verify_flat, every)
         logits = self.process_logits(plan, inputs, logits, drafts)  # grammar masks, draft cuts
         pieces: list[torch.Tensor] = []
         layout = [NO_TOKEN] * len(plan.seqs)
@@ -224,20 +240,20 @@ class ModelRunner:
         return pending
 
     def _logits_and_logprobs(
-        self, plan: StepPlan, inputs: StepInputs, verify_flat: list[int]
-    ) -> tuple[torch.Tensor, StepLogprobs | None]:
+        self, plan: StepPlan, inputs: StepInputs, verify_flat: list[int], every: int
+    ) -> Generator[None, None, tuple[torch.Tensor, StepLogprobs | None]]:
         """The sampling rows' logits and, for the entries that ask, their log-probs (taken
         here, before any sampling-time change to the logits). Prompt rows scored for
         ``prompt_logprobs`` are computed after the sampling rows, in an eager forward."""
         rows = inputs.sample_rows + verify_flat
         if not any_asks_logprobs(plan):  # the common case: one pass over the plan, no work
-            return self.logits(inputs, rows), None
+            return (yield from self.logits_iter(inputs, rows, every)), None
         prompt = PromptScoring.build(plan, inputs.meta.query_lens_cpu)
         if prompt.rows:
             self.num_eager_steps += 1
-            logits = self.forward(inputs, rows + prompt.rows)
+            logits = yield from self.forward_iter(inputs, rows + prompt.rows, every)
         else:
-            logits = self.logits(inputs, rows)
+            logits = yield from self.logits_iter(inputs, rows, every)
         groups = (inputs.sample_seqs, inputs.verify_seqs, [len(r) for r in inputs.verify_rows])
         logprobs = StepLogprobs.start(plan, logits, groups, prompt, self._to_device)
         return logits[: len(rows)], logprobs
@@ -245,12 +261,18 @@ class ModelRunner:
     def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
         """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every
         sequence feeds the same q tokens) and a graph for q was captured, else eager."""
+        return drain(self.logits_iter(inputs, rows))
+
+    def logits_iter(
+        self, inputs: StepInputs, rows: list[int], every: int = 0
+    ) -> Generator[None, None, torch.Tensor]:
+        """``logits``; an eager forward pauses after every ``every`` layers."""
         graphs = self.graphs.get(inputs.meta.max_query_len)
         num_seqs = inputs.meta.num_seqs
         if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
             self.num_eager_steps += 1
             self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1
-            return self.forward(inputs, rows)
+            return (yield from self.forward_iter(inputs, rows, every))
         self.num_graph_steps += 1
         full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V]
         if len(rows) == full.shape[0]:

@@ -56,6 +56,7 @@ class AsyncEngine:
             emit_after_launch=self.executor.enqueues and config.emit_after_launch,
             policy=self.policy,
             decode_ahead=self.core.decode_ahead,
+            background_lanes=self.executor.background_lanes,
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")
@@ -90,6 +91,7 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self.dispatcher.cancel_launches()
         self.executor.close()
         if self._frozen:  # frozen objects are never collected: give this engine's back
             self._frozen = False

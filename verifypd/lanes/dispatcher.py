@@ -19,11 +19,14 @@ The dispatcher launches a lane's step on that lane's stream and does not wait fo
 lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
 work. A lane has at most one step in flight, and a sequence is in at most one step. Priority is
 strict with bounded starvation: a waiting prefill whose oldest request has waited past the TTFT
-budget goes first once.
+budget goes first once. A launch that pauses part-way (``background_lanes``: an eager prompt
+step enqueued a few layers at a time) runs as a task of its own: its lane is busy from the
+start, and the other lanes launch and land while it is being enqueued.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -96,6 +99,7 @@ class LaneDispatcher:
         emit_after_launch: bool = False,
         policy: SpeculationPolicy | None = None,
         decode_ahead: bool = False,
+        background_lanes: frozenset[str] = frozenset(),
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -129,6 +133,9 @@ class LaneDispatcher:
         # ahead (it speculated, so nothing ran ahead); _plan_decode takes it.
         self._decided: SpecDecision | None = None
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
+        # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
+        self.background_lanes = background_lanes
+        self._launches: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -364,6 +371,19 @@ class LaneDispatcher:
         self._log_launch(lane)
         self._report()
         flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
+        if lane in self.background_lanes:
+            task = asyncio.create_task(self._finish_launch(lane, plan, flight))
+            self._launches.add(task)
+            task.add_done_callback(self._launches.discard)
+            return
+        await self._finish_launch(lane, plan, flight)
+
+    def cancel_launches(self) -> None:
+        """Cancels the launches still being enqueued (the engine stops)."""
+        for task in list(self._launches):
+            task.cancel()
+
+    async def _finish_launch(self, lane: str, plan: StepPlan, flight: InFlight) -> None:
         try:
             flight.pending = await self._launch_fn(lane, plan)
         except RequestFailure as failure:  # some requests' own inputs: the rest go on

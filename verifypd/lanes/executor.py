@@ -1,10 +1,13 @@
 """Where a lane's step runs: the executor strategy the dispatcher launches through.
 
 A launch must never block the event loop. On GPU a launch only enqueues kernels on the lane's
-stream (``StreamExecutor``) and the dispatcher polls the step's CUDA event; on CPU the forward
-itself is the work, so it runs in one worker thread (``ThreadExecutor``). Both run the
-policy's ``after_launch`` (chained drafts, the drafter following prompt chunks) on the event-loop
-thread, which alone touches the scheduler and the KV allocator.
+stream (``StreamExecutor``) and the dispatcher polls the step's CUDA event; an eager prompt
+step, whose enqueueing alone takes many milliseconds of host time, is enqueued a few layers at
+a time with the event loop free in between (``background_lanes``: the dispatcher runs such a
+launch as a task of its own). On CPU the forward itself is the work, so it runs in one worker
+thread (``ThreadExecutor``). Both run the policy's ``after_launch`` (chained drafts, the
+drafter following prompt chunks) on the event-loop thread, which alone touches the scheduler
+and the KV allocator.
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ class LaneStreams:
 
 class StepExecutor(Protocol):
     """Launches one lane's step; ``enqueues``: a launch returns before the step has run (so a
-    landed step's deltas can be made while the next one runs)."""
+    landed step's deltas can be made while the next one runs); ``background_lanes``: lanes
+    whose launch pauses part-way (the dispatcher must not wait for it)."""
 
     enqueues: bool
     streams: LaneStreams
+    background_lanes: frozenset[str]
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep: ...
 
@@ -65,14 +70,32 @@ class StreamExecutor:
 
     def __init__(self, core: EngineCore, policy: SpeculationPolicy, streams: LaneStreams) -> None:
         self.core, self.policy, self.streams = core, policy, streams
+        self.slice_layers = core.config.prefill_slice_layers
+        self.background_lanes = frozenset(("prefill",) if self.slice_layers else ())
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep:
+        if lane in self.background_lanes:
+            return await self._launch_in_pieces(lane, plan)
         with self.streams.context(lane):
             if lane == "verify" and self.streams.streams:
                 follow_drafts(plan, torch.cuda.current_stream())
             pending = self.core.launch(plan)
             self.policy.after_launch(plan, pending)
             return pending
+
+    async def _launch_in_pieces(self, lane: str, plan: StepPlan) -> PendingStep:
+        """Enqueues the step ``slice_layers`` layers at a time, on its lane's stream, yielding
+        to the event loop between the pieces (the other lanes launch and land meanwhile)."""
+        pieces = self.core.launch_iter(plan, self.slice_layers)
+        while True:
+            with self.streams.context(lane):
+                try:
+                    next(pieces)
+                except StopIteration as stop:
+                    pending = stop.value
+                    self.policy.after_launch(plan, pending)
+                    return pending
+            await asyncio.sleep(0)
 
     def close(self) -> None:
         pass
@@ -82,6 +105,7 @@ class ThreadExecutor:
     """CPU: a step runs in one worker thread while the event loop stays free."""
 
     enqueues = False
+    background_lanes: frozenset[str] = frozenset()
 
     def __init__(self, core: EngineCore, policy: SpeculationPolicy, streams: LaneStreams) -> None:
         self.core, self.policy, self.streams = core, policy, streams

@@ -1,0 +1,178 @@
+"""Prompt steps enqueued in pieces (``EngineConfig.prefill_slice_layers``): the runner's
+launch pauses between layer groups, and the dispatcher runs such a launch as a task of its own,
+so decode steps launch and land while a prompt step is still being enqueued. Same tokens as a
+launch in one piece; failures part-way end only their requests and leak nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import tiny_config
+
+from verifypd.config import SchedulerConfig
+from verifypd.engine.core import EngineCore
+from verifypd.engine.model import drain
+from verifypd.lanes.dispatcher import LaneDispatcher
+from verifypd.lanes.executor import LaneStreams, StreamExecutor, executor_for
+from verifypd.lanes.spec_policy import SpeculationPolicy
+from verifypd.types import RequestFailure, SamplingParams, ScheduledSeq, StepPlan
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def _core(slice_layers: int = 1) -> EngineCore:
+    sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
+    return EngineCore(tiny_config(scheduler=sched, prefill_slice_layers=slice_layers))
+
+
+def _prompt_plan(core: EngineCore, rid: str, n: int) -> StepPlan:
+    (seq,) = core.add_request(rid, list(range(3, 3 + n)), GREEDY)
+    assert core.kv.allocate(seq.block_table, n)
+    return StepPlan("prefill", [ScheduledSeq(seq, n)])
+
+
+def test_launch_iter_pauses_between_layer_groups_and_matches_launch() -> None:
+    core = _core()
+    layers = len(core.runner.model.layers)
+    assert layers == 2
+    plan = _prompt_plan(core, "a", 20)
+    whole = core.launch(plan).result()
+    pieces = core.launch_iter(plan, 1)
+    pauses = 0
+    while True:
+        try:
+            next(pieces)
+            pauses += 1
+        except StopIteration as stop:
+            sliced = stop.value.result()
+            break
+    assert pauses == layers - 1 and sliced == whole and whole[0]
+    assert drain(core.launch_iter(plan, 0)).result() == whole  # 0: one piece, no pause
+
+
+def test_prefill_slice_layers_is_validated() -> None:
+    with pytest.raises(ValueError, match="prefill_slice_layers"):
+        tiny_config(prefill_slice_layers=-1)
+    core = _core(0)
+    assert StreamExecutor(
+        core, SpeculationPolicy(core), LaneStreams(core.device)
+    ).background_lanes == (frozenset())
+    # On CPU a launch runs in a worker thread, whole: nothing launches in the background.
+    assert executor_for(_core(), SpeculationPolicy(core), ()).background_lanes == frozenset()
+
+
+def _dispatcher(core: EngineCore, outputs: list):
+    """A dispatcher launching through the GPU executor (on CPU: no streams, each piece runs
+    as it is enqueued). TTFT budget 0: a waiting prompt goes before decode steps (on a GPU
+    the decode lane is busy most of the time; on CPU its steps land at once)."""
+    executor = StreamExecutor(core, SpeculationPolicy(core), LaneStreams(core.device))
+    assert executor.background_lanes == {"prefill"}
+    return LaneDispatcher(core, executor.launch, outputs.append, 0.0,
+                          background_lanes=executor.background_lanes)  # fmt: skip
+
+
+async def _run(d: LaneDispatcher, core: EngineCore, max_iters: int = 500) -> None:
+    """The engine loop's shape: a tick, then a turn of the event loop."""
+    for _ in range(max_iters):
+        await d.tick()
+        await asyncio.sleep(0)
+        if not core.has_unfinished() and not d.in_flight:
+            return
+    raise AssertionError("requests did not finish")
+
+
+def _tokens(outputs: list) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for o in outputs:
+        out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
+async def test_decode_steps_launch_while_a_prompt_step_is_enqueued() -> None:
+    core = _core(slice_layers=1)
+    outputs: list = []
+    d = _dispatcher(core, outputs)
+    inner, pieces = core.launch_iter, []
+
+    def launch_iter(plan, every):  # notes the launch log at each piece of a prompt step
+        gen = inner(plan, every)
+        while True:
+            pieces.append((plan.seqs[0].seq.request_id, len(d.launch_log)))
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
+            yield
+
+    core.launch_iter = launch_iter
+    core.add_request("a", [5, 6, 7, 8], GREEDY)
+    for _ in range(6):  # a is prefilled and decoding
+        await d.tick()
+        await asyncio.sleep(0)
+    assert "decode" in d.launch_log
+    core.add_request("b", list(range(3, 50)), GREEDY)
+    await _run(d, core)
+    b = [at for rid, at in pieces if rid == "b"]
+    assert len(b) == 2  # two layers: two pieces
+    assert "decode" in d.launch_log[b[0] : b[-1]]  # a decoded while b's prompt was enqueued
+    # The same tokens as the engine launching every step whole.
+    whole = _core(slice_layers=0)
+    reference: list = []
+    ref = LaneDispatcher(whole, _whole_launcher(whole), reference.append, 0.5)
+    whole.add_request("a", [5, 6, 7, 8], GREEDY)
+    whole.add_request("b", list(range(3, 50)), GREEDY)
+    await _run(ref, whole)
+    assert _tokens(outputs) == _tokens(reference) and len(_tokens(outputs)["b"]) == 12
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+
+
+def _whole_launcher(core: EngineCore):
+    async def launch(lane: str, plan: StepPlan):
+        return core.launch(plan)
+
+    return launch
+
+
+@pytest.mark.parametrize("failure", ["request", "step"])
+async def test_a_prompt_step_failing_part_way_ends_its_requests_only(failure: str) -> None:
+    core = _core(slice_layers=1)
+    outputs: list = []
+    d = _dispatcher(core, outputs)
+    inner = core.launch_iter
+
+    def launch_iter(plan, every):
+        gen = inner(plan, every)
+        next(gen)  # the first piece is enqueued, then the step fails
+        yield
+        if any(e.seq.request_id == "bad" for e in plan.seqs):
+            if failure == "request":
+                raise RequestFailure({"bad"}, ValueError("its own input"))
+            raise RuntimeError("device lost")
+        return drain(gen)
+
+    core.launch_iter = launch_iter
+    core.add_request("ok", [5, 6, 7, 8], GREEDY)
+    for _ in range(6):
+        await d.tick()
+        await asyncio.sleep(0)
+    core.add_request("bad", list(range(3, 40)), GREEDY)
+    await _run(d, core)
+    finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
+    assert finish == {"ok": "length", "bad": "error"}
+    assert len(_tokens(outputs)["ok"]) == 12
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+
+
+async def test_cancel_launches_stops_a_launch_part_way() -> None:
+    core = _core(slice_layers=1)
+    d = _dispatcher(core, [])
+    core.add_request("a", list(range(3, 30)), GREEDY)
+    await d.tick()  # the prompt step's launch starts as a task and pauses after a piece
+    assert d.in_flight["prefill"].pending is None and len(d._launches) == 1
+    d.cancel_launches()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not d._launches and d.in_flight["prefill"].pending is None
