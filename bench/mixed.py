@@ -151,6 +151,12 @@ MODES = {
     "policy-slice1": Mode(
         "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 1),)
     ),
+    "policy-slice2": Mode(
+        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 2),)
+    ),
+    "policy-slice4": Mode(
+        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 4),)
+    ),
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
     "policy-overhead": Mode(

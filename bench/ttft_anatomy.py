@@ -103,7 +103,7 @@ def _overlap(step: FoldedStep, others: list[FoldedStep]) -> float:
     cuts = sorted((max(o.start, step.start), min(o.end, step.end)) for o in others)
     covered, reach = 0.0, step.start
     for a, b in cuts:
-        if b <= reach:
+        if b <= max(a, reach):  # no overlap, or covered already
             continue
         covered += b - max(a, reach)
         reach = b

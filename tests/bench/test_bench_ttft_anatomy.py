@@ -46,6 +46,9 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
     assert out["all_queue_p50_ms"] == pytest.approx(25.0)  # median of 10 and 40
     # The first prefill shared all 40 ms with decode steps (0-40 and 40-60), the second none.
     assert out["prompt_step_shared_p50"] == pytest.approx(0.5)
+    later = ana.FoldedStep("decode", 0.2, 0.3, 4)  # after both: shares nothing
+    assert ana._overlap(log.steps[1], [later]) == 0.0
+    assert ana._overlap(log.steps[1], [log.steps[0], later]) == pytest.approx(0.75)
     assert out["prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(30.0)  # 40 and 20 ms/1k
 
 

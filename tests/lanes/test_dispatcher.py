@@ -110,7 +110,9 @@ async def test_verify_queue_feeds_the_verify_lane():
     spec = tiny_draft_spec()
     core, d, clock = _dispatcher(spec)
     _add(core, "a", 5, clock, max_tokens=20)
-    await _ticks(d, 2)  # prefill, then decode lane drafts and queues a verify
+    await _ticks(d, 2)  # prefill; its first token goes out and the tick launches no more
+    assert d.launch_log == ["prefill"]
+    await d.tick()  # the decode lane drafts and queues a verify
     # the decode lane drafted (no plain decodes left), so the verify lane took the drafts
     assert d.launch_log == ["prefill", "verify"] and d.verify_queue == []
     for _ in range(40):

@@ -176,3 +176,20 @@ async def test_cancel_launches_stops_a_launch_part_way() -> None:
     for _ in range(3):
         await asyncio.sleep(0)
     assert not d._launches and d.in_flight["prefill"].pending is None
+
+
+async def test_a_first_token_goes_out_before_anything_more_is_launched() -> None:
+    """The tick that hands out a first token returns before launching (the next launch may
+    be a long host section: TTFT must not wait for it); later tokens do not stop a tick."""
+    core = _core(slice_layers=0)
+    outputs: list = []
+    d = LaneDispatcher(core, _whole_launcher(core), outputs.append, 0.5)
+    core.add_request("a", [5, 6, 7, 8], GREEDY)
+    await d.tick()
+    assert d.launch_log == ["prefill"] and not outputs
+    assert await d.tick()  # the prompt step landed (CPU): its token goes out, nothing launches
+    assert d.launch_log == ["prefill"] and len(outputs) == 1
+    await d.tick()
+    assert d.launch_log == ["prefill", "decode"]
+    await d.tick()  # the decode step's token goes out and the next decode step launches
+    assert d.launch_log == ["prefill", "decode", "decode"] and len(outputs) == 2

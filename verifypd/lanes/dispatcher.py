@@ -136,6 +136,8 @@ class LaneDispatcher:
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
+        # First tokens were just handed out: ``tick`` returns before launching anything more.
+        self._first_tokens_out = False
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -171,6 +173,9 @@ class LaneDispatcher:
         progressed = await self._launch_ahead()
         progressed = self.collect() or progressed
         try:
+            if self._first_tokens_out:  # their consumers (a stream writer) run first: the
+                self._first_tokens_out = False  # next launch may be a long host section (a
+                return True  # drafter catching up on the new prompt), which TTFT would wait for
             progressed = await self._launch_ahead() or progressed
             return await self._launch_next(progressed)
         finally:
@@ -218,8 +223,10 @@ class LaneDispatcher:
         # emit now, so it is never planned again.
         pipelined = self.decode_ahead and set(self.in_flight) == {"decode"}
         waits = self.emit_after_launch and (not self.in_flight or pipelined)
-        if not waits or any(s.params.stop or s.first_token_time is None for s in self._unemitted):
+        first = any(s.first_token_time is None for s in self._unemitted)
+        if not waits or first or any(s.params.stop for s in self._unemitted):
             self._emit()
+            self._first_tokens_out = first
         if done:
             self._report()
         return bool(done)
