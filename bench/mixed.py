@@ -157,6 +157,12 @@ MODES = {
     "policy-slice4": Mode(
         "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 4),)
     ),
+    # Prompt steps not padded to a 64-row bucket (EngineConfig.prompt_token_bucket = 0, as
+    # before it), for A/Bs in the same run.
+    "off-nobucket": Mode("three", False, engine_options=(("prompt_token_bucket", 0),)),
+    "policy-nobucket": Mode(
+        "three", True, True, policy="goodput", engine_options=(("prompt_token_bucket", 0),)
+    ),
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
     "policy-overhead": Mode(

@@ -127,6 +127,7 @@ class ModelRunner:
         *,
         synthetic_acceptance: float | None = None,
         always_pad_verify: bool = False,
+        prompt_token_bucket: int = 0,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -137,7 +138,9 @@ class ModelRunner:
         # (``SpecConfig.synthetic_acceptance``).
         self.synthetic_acceptance = synthetic_acceptance
         # Plans into tensors; it holds the captured graphs (query length -> graphs, GPU only).
-        self.inputs = StepInputBuilder(block_size, device, {}, always_pad_verify)
+        self.inputs = StepInputBuilder(
+            block_size, device, {}, always_pad_verify, prompt_token_bucket
+        )
         self.num_graph_steps = 0
         self.num_eager_steps = 0
         self.eager_shapes: Counter[tuple[int, int]] = Counter()  # (num seqs, max query len)

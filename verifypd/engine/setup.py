@@ -108,6 +108,7 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         device,
         synthetic_acceptance=config.spec.synthetic_acceptance,
         always_pad_verify=config.spec.always_pad_verify,
+        prompt_token_bucket=config.prompt_token_bucket if device.type == "cuda" else 0,
     )
     runner.logits_processor.eos_token_ids = frozenset(eos)
     grammars = GrammarTable(GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, eos))

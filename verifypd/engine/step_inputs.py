@@ -36,6 +36,7 @@ class StepInputBuilder:
         device: torch.device,
         graphs: dict[int, StepGraphs],
         always_pad_verify: bool = False,
+        prompt_token_bucket: int = 0,
     ) -> None:
         self.block_size = block_size
         self.device = device
@@ -43,6 +44,9 @@ class StepInputBuilder:
         self.graphs = graphs  # the runner's: query length -> captured graphs
         # Tests (``SpecConfig.always_pad_verify``): pad mixed-L verify batches without graphs.
         self.always_pad_verify = always_pad_verify
+        # A prompt step's token count is padded to a multiple of this (EngineConfig.
+        # prompt_token_bucket): its GEMMs then see row counts cuBLAS has seen before.
+        self.prompt_token_bucket = prompt_token_bucket
 
     def prepare(self, plan: StepPlan) -> StepInputs:
         """The step's input tensors (ids, positions, attention metadata) and which rows sample."""
@@ -79,8 +83,21 @@ class StepInputBuilder:
             else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
                 sample_seqs.append(i)
                 sample_rows.append(first)
+        if plan.lane == "prefill" and (pad := self._prompt_padding(len(ids))):
+            ids += [0] * pad  # rows past query_start_loc[B]: no sequence's, never read
+            pos += [0] * pad
+            slots += [-1] * pad  # their KV is stored nowhere
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
                             sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+
+    def _prompt_padding(self, num_tokens: int) -> int:
+        """Rows to add to a prompt step of ``num_tokens`` tokens: up to the next multiple of
+        ``prompt_token_bucket`` past the GEMV-sized steps (16 rows and fewer never reach
+        cuBLAS); 0 when off."""
+        bucket = self.prompt_token_bucket
+        if not bucket or num_tokens <= 16:
+            return 0
+        return -num_tokens % bucket
 
     def _upload(self, plan, ids, pos, slots, qsl, seq_lens, patches, *rows) -> StepInputs:
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
