@@ -194,3 +194,18 @@ def test_profile_offline_summary() -> None:
     assert s["kind_ms"] == {
         k: pytest.approx(10 / 1e6) for k in ("gemm", "attention", "norm/rope/act")
     }
+
+
+def test_gemm_host_smoke(tmp_path: Path) -> None:
+    """bench/gemm_host.py on CPU (tiny shapes): every projection and case timed, the simulated
+    prompt steps' host time split into first layer and the rest."""
+    load_bench("gemm_host").main(["--device", "cpu", "--model", "tiny", "--calls", "20",
+                                  "--layers", "2", "--steps", "2", "--no-ceilings",
+                                  "--out", str(tmp_path)])  # fmt: skip
+    data = read_json(tmp_path, "gemm_host")
+    assert data["complete"] is True and data["git_commit"]
+    calls = data["results"]["one_call"]
+    assert set(calls) == {"qkv", "o", "gate_up", "down"}
+    assert all(v > 0 for r in calls.values() for v in r.values())
+    steps = data["results"]["prompt_steps"]
+    assert steps["gemm_host_ms_per_step"] > 0 and steps["first_layer_p50_us"] > 0
