@@ -29,6 +29,9 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_PREFILL_SLICE_LAYERS": " 2"}) == {"prefill_slice_layers": 2}
     with pytest.raises(ValueError, match="VERIFYPD_PREFILL_SLICE_LAYERS"):
         env_overrides({"VERIFYPD_PREFILL_SLICE_LAYERS": "-1"})
+    assert env_overrides({"VERIFYPD_PROMPT_TOKEN_BUCKET": "0"}) == {"prompt_token_bucket": 0}
+    with pytest.raises(ValueError, match="VERIFYPD_PROMPT_TOKEN_BUCKET"):
+        env_overrides({"VERIFYPD_PROMPT_TOKEN_BUCKET": "sixty-four"})
 
 
 def test_decode_ahead_is_decided_by_the_device_by_default() -> None:

@@ -344,13 +344,14 @@ ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
 ENV_PREFILL_SLICE_LAYERS = "VERIFYPD_PREFILL_SLICE_LAYERS"
+ENV_PROMPT_TOKEN_BUCKET = "VERIFYPD_PROMPT_TOKEN_BUCKET"
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
-    ("0" = off, "1" = on) and ``VERIFYPD_PREFILL_SLICE_LAYERS`` (an int), for the CLI and
-    benchmarks to pass on."""
+    ("0" = off, "1" = on), ``VERIFYPD_PREFILL_SLICE_LAYERS`` and ``VERIFYPD_PROMPT_TOKEN_BUCKET``
+    (ints, 0 = off), for the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
@@ -361,11 +362,13 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
     if ENV_GC_FREEZE in environ:
         out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
-    if ENV_PREFILL_SLICE_LAYERS in environ:
-        text = environ[ENV_PREFILL_SLICE_LAYERS].strip()
-        if not text.isdigit():
-            raise ValueError(f"{ENV_PREFILL_SLICE_LAYERS} must be an int >= 0, got {text!r}")
-        out["prefill_slice_layers"] = int(text)
+    for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
+                             (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket")):  # fmt: skip
+        if name in environ:
+            text = environ[name].strip()
+            if not text.isdigit():
+                raise ValueError(f"{name} must be an int >= 0, got {text!r}")
+            out[field_name] = int(text)
     return out
 
 
