@@ -122,6 +122,21 @@ MODES = {
         policy="goodput",
         spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
     ),
+    # The policy taking the shortest step among the plans within 5 % / 10 % of the best
+    # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the
+    # step cap at 1.5 plain steps (the tail a plain step has at light load).
+    "policy-tail5": Mode(
+        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.05),)
+    ),
+    "policy-tail10": Mode(
+        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.10),)
+    ),
+    "policy-notail": Mode(
+        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.0),)
+    ),
+    "policy-cap15": Mode(
+        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.5),)
+    ),
     "policy-capped": Mode(
         "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.25),)
     ),

@@ -299,6 +299,10 @@ class SpecConfig:
     # pays none, a drafting step still waits for its tokens): GoodputConfig.round_overhead_s.
     # 0 by default: not yet measured (the batch-64 7B turnaround was 1.2 ms at 69b0f77).
     round_overhead_s: float = 0.0
+    # The goodput policy takes, among the plans within this fraction of the best tokens/s, the
+    # one with the shortest step: the gap a request sees when its first draft is rejected,
+    # the ITL tail (GoodputConfig.tail_tolerance). 0: the best tokens/s.
+    tail_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -335,6 +339,8 @@ class SpecConfig:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if not 0.0 <= self.tail_tolerance < 1.0:
+            raise ValueError(f"tail_tolerance must be in [0, 1), got {self.tail_tolerance!r}")
 
 
 LANES = ("decode", "prefill", "verify")

@@ -149,6 +149,11 @@ class GoodputConfig:
     # tokens landed first (fold-back, planning, upload between GPU steps). Added to every
     # speculative plan's step time (value and guard). 0: not charged.
     round_overhead_s: float = 0.0
+    # The ITL tail: a round whose first draft is rejected hands each of its requests one token
+    # after the whole step, so the step itself is the inter-token gap in the tail. Among the
+    # plans within this fraction of the best tokens/s, the one with the shortest step wins
+    # (a shorter L, or fewer speculators); 0: the best tokens/s always.
+    tail_tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -166,6 +171,7 @@ class GoodputConfig:
             (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
             (self.no_gain_hold_steps >= 1, "no_gain_hold_steps >= 1"),
             (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
+            (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
@@ -326,10 +332,10 @@ class GoodputPolicy(DraftController):
         if held is not None and self.num_steps < held[1] and held[0] == self._key(batch, cands):
             return no_gain
         self.num_searches += 1
-        best = self._best_plan(len(batch), cands, t0)
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
-        if best is None or best.value <= bar * len(batch) / t0:
+        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0)
+        if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
         self._no_gain = None
@@ -404,16 +410,20 @@ class GoodputPolicy(DraftController):
         out.sort(key=lambda c: (c.last, -c.alpha, c.seq_id))
         return out
 
-    def _best_plan(self, rows: int, cands: list[_Candidate], t0: float) -> _Plan | None:
-        """The best plan over L = 1..L_max and the speculating sets S = the first k candidates,
-        k at the ends of the α̂ buckets. Work per step is O(buckets · L_max), not O(B · L_max):
-        it runs on the host before every decode step."""
+    def _best_plan(
+        self, rows: int, cands: list[_Candidate], t0: float, floor: float
+    ) -> _Plan | None:
+        """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
+        the ends of the α̂ buckets, with the most tokens per second (or, with
+        ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
+        tokens per second (None: none does). Work per step is
+        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step."""
         g = self.goodput
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = self._waiting if g.waiting_riders_exempt else 0
         groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
-        best: _Plan | None = None
+        plans: list[_Plan] = []
         for L in range(1, self.config.max_draft_len + 1):
             tokens, least = float(rows), math.inf
             for grp in groups:
@@ -427,12 +437,16 @@ class GoodputPolicy(DraftController):
                     bound = min(bound, (1.0 + g.rider_slack) * t0)
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     step_s += g.round_overhead_s
-                    if step_s > bound:
-                        continue
                     value = tokens / (step_s + one_off / g.amortize_steps)
-                    if best is None or value > best.value:
-                        best = _Plan(value, step_s + one_off, tokens, k, L, fused)
-        return best
+                    if step_s <= bound and value > floor:
+                        plans.append(_Plan(value, step_s + one_off, tokens, k, L, fused))
+        if not plans:
+            return None
+        best = max(plans, key=lambda p: p.value)  # the first of equals: deterministic
+        if not g.tail_tolerance:
+            return best
+        close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
+        return min(close, key=lambda p: (p.step_s, -p.value))
 
     def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
         """(fused, seconds) of one round: the fused step and the separate decode + verify."""
