@@ -1,14 +1,15 @@
 """Prompt steps enqueued in pieces (``EngineConfig.prefill_slice_layers``): the runner's
 launch pauses between layer groups, and the dispatcher runs such a launch as a task of its own,
 so decode steps launch and land while a prompt step is still being enqueued. Same tokens as a
-launch in one piece; failures part-way end only their requests and leak nothing."""
+launch in one piece; failures part-way end only their requests and leak nothing. The drafter's
+forward behind a prompt step (``SpecConfig.follow_prefill``) is enqueued in pieces too."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, tiny_draft_spec
 
 from verifypd.config import SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -19,6 +20,7 @@ from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import RequestFailure, SamplingParams, ScheduledSeq, StepPlan
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+LONG = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
 
 
 def _core(slice_layers: int = 1) -> EngineCore:
@@ -193,3 +195,53 @@ async def test_a_first_token_goes_out_before_anything_more_is_launched() -> None
     assert d.launch_log == ["prefill", "decode"]
     await d.tick()  # the decode step's token goes out and the next decode step launches
     assert d.launch_log == ["prefill", "decode", "decode"] and len(outputs) == 2
+
+
+async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
+    """With ``follow_prefill`` the drafter's KV of a prompt is computed behind its prompt step,
+    in pieces of ``prefill_slice_layers`` like the step itself (decode steps launch in
+    between), so its first speculative round needs no catch-up; lossless, nothing leaked."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
+                           initial_draft_len=3, follow_prefill=True)  # fmt: skip
+    sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
+    core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
+    outputs: list = []
+    d = _dispatcher(core, outputs)
+    drafter = core.spec.drafter
+    inner, pieces, fed = drafter.follow_iter, [], {}
+
+    def follow_iter(items, every):  # notes the launch log at each piece of the drafter's
+        assert every == 1
+        gen = inner(items, every)
+        while True:
+            pieces.append((items[0][0].request_id, len(d.launch_log)))
+            try:
+                next(gen)
+            except StopIteration as stop:
+                for seq, end in items:
+                    fed[seq.request_id] = end
+                return stop.value
+            yield
+
+    drafter.follow_iter = follow_iter
+    core.add_request("a", [5, 6, 7, 8], LONG)
+    for _ in range(6):  # a is prefilled and decoding (speculating: up to 4 tokens a step)
+        await d.tick()
+        await asyncio.sleep(0)
+    assert any(lane != "prefill" for lane in d.launch_log)
+    core.add_request("b", list(range(3, 50)), GREEDY)
+    await _run(d, core)
+    assert fed == {"a": 4, "b": 47}  # every prompt token, behind its prompt step
+    b = [at for rid, at in pieces if rid == "b"]
+    assert len(b) == 2  # the drafter's two layers: two pieces
+    assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
+    plain = _core(slice_layers=0)
+    reference: list = []
+    ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
+    plain.add_request("a", [5, 6, 7, 8], LONG)
+    plain.add_request("b", list(range(3, 50)), GREEDY)
+    await _run(ref, plain)
+    assert _tokens(outputs) == _tokens(reference)
+    assert core.spec.num_verifies > 0
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0

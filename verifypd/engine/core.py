@@ -235,19 +235,35 @@ class EngineCore:
         """The drafter computes its KV of the prompt chunks in ``plan`` (on the same stream,
         behind them) for the sequences ``expects`` names (by seq_id); the others' drafter
         catches up only if they draft later. Host state: on the loop thread."""
-        drafter = self.spec.drafter
-        if drafter is None or not self.config.spec.follow_prefill:
-            return
-        items = [
+        items = self._follow_items(plan, expects)
+        if items:
+            try:
+                self.spec.drafter.follow(items)
+            except Exception:  # an optimization: the drafter catches up when it drafts
+                logger.exception("drafter catch-up behind a prefill failed")
+
+    def follow_prefill_iter(
+        self, plan: StepPlan, expects: Callable[[int], bool], every: int
+    ) -> Generator[None, None, None]:
+        """``follow_prefill``, the drafter's forward pausing after every ``every`` layers."""
+        items = self._follow_items(plan, expects)
+        if items:
+            try:
+                yield from self.spec.drafter.follow_iter(items, every)
+            except Exception:  # an optimization: the drafter catches up when it drafts
+                logger.exception("drafter catch-up behind a prefill failed")
+
+    def _follow_items(
+        self, plan: StepPlan, expects: Callable[[int], bool]
+    ) -> list[tuple[Sequence, int]]:
+        """(sequence, prompt tokens after this step) the drafter follows in ``plan``."""
+        if self.spec.drafter is None or not self.config.spec.follow_prefill:
+            return []
+        return [
             (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
             for e in plan.seqs
             if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
         ]
-        if items:
-            try:
-                drafter.follow(items)
-            except Exception:  # an optimization: the drafter catches up when it drafts
-                logger.exception("drafter catch-up behind a prefill failed")
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""

@@ -11,6 +11,7 @@ for the new token count, so the rollback is lazy and happens at the next proposa
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +22,7 @@ from verifypd.config import SpecConfig
 from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.loader import LoadedModel
+from verifypd.engine.model import drain
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
@@ -196,12 +198,21 @@ class DraftModelProposer:
             return None
         return view
 
-    @torch.inference_mode()
     def follow(self, items: list[tuple[Sequence, int]]) -> int:
         """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
         computes the drafter's KV of ``seq``'s tokens up to ``end`` in one forward without
         logits, so the request's first speculative round starts steady instead of feeding
         its whole context inside a decode step. Returns the tokens fed."""
+        return drain(self.follow_iter(items))
+
+    @torch.inference_mode()
+    def follow_iter(
+        self, items: list[tuple[Sequence, int]], every: int = 0
+    ) -> Generator[None, None, int]:
+        """``follow``, its eager forward pausing after every ``every`` layers (0: never), so
+        the event loop can launch other lanes' steps in between (the dispatcher's background
+        launch of a prompt step). The views count the fed tokens only once every piece is
+        enqueued: until then a drafting never reads them."""
         views = []
         for seq, end in items:
             view = self.views.get(seq.seq_id)
@@ -214,7 +225,8 @@ class DraftModelProposer:
         if not views:
             return 0
         entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
-        self.runner.forward(self.runner.prepare(StepPlan("draft", entries)), [])
+        inputs = self.runner.prepare(StepPlan("draft", entries))
+        yield from self.runner.forward_iter(inputs, [], every)
         # It runs behind the prompt chunk on the prefill stream; only the first drafting of
         # these views waits for it (``_wait_for_follow``), not every drafting (the decode
         # stream must not wait behind a prompt chunk).

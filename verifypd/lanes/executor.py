@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -23,6 +24,8 @@ from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import StepPlan
+
+T = TypeVar("T")
 
 
 class LaneStreams:
@@ -85,16 +88,21 @@ class StreamExecutor:
 
     async def _launch_in_pieces(self, lane: str, plan: StepPlan) -> PendingStep:
         """Enqueues the step ``slice_layers`` layers at a time, on its lane's stream, yielding
-        to the event loop between the pieces (the other lanes launch and land meanwhile)."""
-        pieces = self.core.launch_iter(plan, self.slice_layers)
+        to the event loop between the pieces (the other lanes launch and land meanwhile); then
+        what follows it (the drafter's forward behind prompt chunks), in pieces too."""
+        pending = await self._in_pieces(lane, self.core.launch_iter(plan, self.slice_layers))
+        after = self.policy.after_launch_iter(plan, pending, self.slice_layers)
+        await self._in_pieces(lane, after)
+        return pending
+
+    async def _in_pieces(self, lane: str, pieces: Generator[None, None, T]) -> T:
+        """Runs ``pieces`` on the lane's stream, a turn of the event loop after each pause."""
         while True:
             with self.streams.context(lane):
                 try:
                     next(pieces)
                 except StopIteration as stop:
-                    pending = stop.value
-                    self.policy.after_launch(plan, pending)
-                    return pending
+                    return stop.value
             await asyncio.sleep(0)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Generator
 
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
 from verifypd.engine.core import EngineCore
@@ -174,6 +175,16 @@ class SpeculationPolicy(SpecListener):
         (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
+
+    def after_launch_iter(
+        self, plan: StepPlan, pending: PendingStep, every: int
+    ) -> Generator[None, None, None]:
+        """``after_launch`` for a launch in pieces: the drafter's forward behind the prompt
+        chunks pauses after every ``every`` layers, like the prompt step's own."""
+        self.chain_after(plan, pending)
+        expects = getattr(self.controller, "expects_speculation", None)
+        if expects is not None:
+            yield from self.core.follow_prefill_iter(plan, expects, every)
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
