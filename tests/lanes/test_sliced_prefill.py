@@ -245,3 +245,41 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     assert core.spec.num_verifies > 0
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
+
+
+async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() -> None:
+    """A request aborted between the pieces of the drafter's forward behind its prompt step:
+    its drafter blocks go back at once, so no further piece may write to them; the follow
+    stops (its batch-mates' drafters catch up later), the rest goes on losslessly."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
+                           initial_draft_len=3, follow_prefill=True)  # fmt: skip
+    sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
+    core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
+    outputs: list = []
+    d = _dispatcher(core, outputs)
+    drafter = core.spec.drafter
+    inner, fed = drafter.follow_iter, []
+
+    def follow_iter(items, every):
+        gen = inner(items, every)
+        next(gen)  # the first piece is enqueued
+        yield
+        if any(seq.request_id == "b" for seq, _ in items):
+            outputs.extend(core.abort_request("b"))
+        fed.append((sorted(seq.request_id for seq, _ in items), (yield from gen)))
+
+    drafter.follow_iter = follow_iter
+    core.add_request("b", list(range(3, 23)), GREEDY)
+    core.add_request("c", list(range(30, 50)), GREEDY)
+    await _run(d, core)
+    assert fed == [(["b", "c"], 0)]  # one prompt step for both; its follow stopped
+    finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
+    assert finish == {"b": "abort", "c": "length"}
+    plain = _core(slice_layers=0)
+    reference: list = []
+    ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
+    plain.add_request("c", list(range(30, 50)), GREEDY)
+    await _run(ref, plain)
+    assert _tokens(outputs)["c"] == _tokens(reference)["c"]
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0

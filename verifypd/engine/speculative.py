@@ -226,7 +226,18 @@ class DraftModelProposer:
             return 0
         entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
         inputs = self.runner.prepare(StepPlan("draft", entries))
-        yield from self.runner.forward_iter(inputs, [], every)
+        pieces = self.runner.forward_iter(inputs, [], every)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration:
+                break
+            yield
+            if any(self.views.get(v.seq_id) is not v for v in views):
+                # A request ended meanwhile and its blocks went back: enqueue no more writes
+                # to them. The others' views keep their old progress (they catch up later).
+                pieces.close()
+                return 0
         # It runs behind the prompt chunk on the prefill stream; only the first drafting of
         # these views waits for it (``_wait_for_follow``), not every drafting (the decode
         # stream must not wait behind a prompt chunk).
