@@ -138,8 +138,9 @@ MODES = {
         "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.5),)
     ),
     # The policy with the drafter following prompt steps (SpecConfig.follow_prefill): its KV of
-    # a prompt computed behind the prompt step, in pieces like it, instead of in an eager
-    # catch-up round that holds the event loop (~15 ms on an H200) for every running request.
+    # a prompt computed behind the prompt step, in pieces, after the step's launch (which
+    # lands meanwhile), instead of in an eager catch-up round that holds the event loop
+    # (~15 ms on an H200) for every running request.
     "policy-follow": Mode(
         "three", True, True, policy="goodput", spec_options=(("follow_prefill", True),)
     ),

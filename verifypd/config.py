@@ -254,10 +254,11 @@ class SpecConfig:
     # policy, while it expects to speculate). Off by default: on an H100 with a 0.5B drafter
     # the eager drafter forward added ~20 ms of host time to every prefill step and doubled
     # the decode tail; drafters catch up in rate-limited catch-up rounds instead. Since
-    # 2026-11-26 the forward is enqueued in pieces like the prompt step (prefill_slice_layers,
-    # the event loop free in between), while a catch-up round's eager forward still holds the
-    # loop (~15 ms a round on an H200): not yet measured against it (bench/mixed.py mode
-    # policy-follow).
+    # 2026-11-26, behind a prompt step launched in pieces (GPU, prefill_slice_layers), the
+    # forward is queued to run after the launch has returned, in pieces too (the event loop
+    # free in between, the step landing meanwhile; the request decodes plainly until it is
+    # fed), while a catch-up round's eager forward still holds the loop (~15 ms a round on an
+    # H200): not yet measured against it (bench/mixed.py mode policy-follow).
     follow_prefill: bool = False
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.

@@ -565,3 +565,24 @@ def test_tail_tolerance_is_checked():
         GoodputConfig(tail_tolerance=1.0)
     with pytest.raises(ValueError, match="tail_tolerance"):
         SpecConfig(tail_tolerance=-0.1)
+
+
+def test_a_row_whose_drafter_is_being_fed_decodes_plainly_as_a_waiting_rider():
+    """A row whose drafter is being fed its prompt behind the prefill (``drafter_busy``) is no
+    candidate; it rides along plainly and, like a row waiting for its catch-up round, outside
+    the rider bound when ``waiting_riders_exempt`` (it speculates once fed)."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3)
+    out = {}
+    for exempt in (False, True):
+        policy = _policy(shape, waiting_riders_exempt=exempt, rider_slack=0.05)
+        ids = _add(policy, 4)
+        for i in ids:
+            _teach(policy, i, 0.9)
+        out[exempt] = policy.decide(_views(ids[:3]) + [SeqView(3, 1, drafter_busy=True)])
+    assert out[True].reason == "speculate" and out[True].draft_lens[3] == 0
+    assert all(out[True].draft_lens[i] > 0 for i in range(3))
+    assert out[False].draft_len == 0  # a plain rider may not wait a whole round
+    policy = _policy(shape)
+    _add(policy, 1)
+    _teach(policy, 0, 0.9)
+    assert policy.decide([SeqView(0, 1, drafter_busy=True)]).reason == "no_candidates"

@@ -199,8 +199,10 @@ async def test_a_first_token_goes_out_before_anything_more_is_launched() -> None
 
 async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     """With ``follow_prefill`` the drafter's KV of a prompt is computed behind its prompt step,
-    in pieces of ``prefill_slice_layers`` like the step itself (decode steps launch in
-    between), so its first speculative round needs no catch-up; lossless, nothing leaked."""
+    after the launch has returned (the step lands meanwhile), in pieces of
+    ``prefill_slice_layers`` (other steps launch in between); nothing drafts for the request
+    until it is enqueued, and its first speculative round needs no catch-up. Lossless, nothing
+    leaked."""
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
                            initial_draft_len=3, follow_prefill=True)  # fmt: skip
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
@@ -208,7 +210,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     outputs: list = []
     d = _dispatcher(core, outputs)
     drafter = core.spec.drafter
-    inner, pieces, fed = drafter.follow_iter, [], {}
+    inner, pieces, fed, drafted = drafter.follow_iter, [], {}, []
 
     def follow_iter(items, every):  # notes the launch log at each piece of the drafter's
         assert every == 1
@@ -223,7 +225,12 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
                 return stop.value
             yield
 
-    drafter.follow_iter = follow_iter
+    def draft(entries, temps, draft=core.draft):  # who drafts, and whether b was being fed
+        busy = {_rid(core, sid) for sid, v in drafter.views.items() if v.following}
+        drafted.append(({e.seq.request_id for e in entries if e.draft_len}, busy))
+        return draft(entries, temps)
+
+    drafter.follow_iter, core.draft = follow_iter, draft
     core.add_request("a", [5, 6, 7, 8], LONG)
     for _ in range(6):  # a is prefilled and decoding (speculating: up to 4 tokens a step)
         await d.tick()
@@ -235,6 +242,9 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 2  # the drafter's two layers: two pieces
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
+    assert any("b" in who for who, _ in drafted)  # b speculated once fed
+    assert any("b" in busy for _, busy in drafted)  # a drafted while b was being fed ...
+    assert not any(who & busy for who, busy in drafted)  # ... and b never then
     plain = _core(slice_layers=0)
     reference: list = []
     ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
@@ -245,6 +255,10 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     assert core.spec.num_verifies > 0
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
+
+
+def _rid(core: EngineCore, seq_id: int) -> str | None:
+    return next((s.request_id for s in core.running if s.seq_id == seq_id), None)
 
 
 async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() -> None:
@@ -283,3 +297,23 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     assert _tokens(outputs)["c"] == _tokens(reference)["c"]
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
+
+
+async def test_closing_the_executor_stops_the_drafter_following_a_prompt() -> None:
+    """The engine stops while the drafter's forward behind a prompt step is being enqueued:
+    ``close`` cancels it, the view is drafted for again later (nothing left ``following``)."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=True)
+    sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
+    core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
+    executor = StreamExecutor(core, SpeculationPolicy(core), LaneStreams(core.device))
+    core.add_request("a", list(range(3, 33)), GREEDY)
+    plan = StepPlan("prefill", core.scheduler.plan_prefill(64, 8))
+    pending = await executor.launch("prefill", plan)
+    assert pending.result() and executor.busy
+    await asyncio.sleep(0)  # the drafter's first piece is enqueued
+    (view,) = core.spec.drafter.views.values()
+    assert view.following and view.num_computed_tokens == 0
+    executor.close()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not executor.busy and not view.following and view.num_computed_tokens == 0

@@ -188,6 +188,9 @@ class SeqView:
     seq_id: int
     drafter_behind: int = 1  # tokens the drafter must feed before drafting (1-2 when steady)
     tokens_left: int = 1 << 30  # tokens before max_tokens: drafts past it are thrown away
+    # Its drafter is being fed its prompt behind the prefill (``follow_iter``): it decodes
+    # plainly until that is done, and counts as waiting for its catch-up.
+    drafter_busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,9 @@ class GoodputPolicy(DraftController):
         self._waiting = 0
         for v in batch:
             st = self._requests.get(v.seq_id)
+            if v.drafter_busy:
+                self._waiting += bool(st is not None and st.speculate)
+                continue
             far = v.drafter_behind > g.max_catch_up
             beyond = g.chunk_catch_up and v.drafter_behind > g.chunk_catch_up
             if st is None or not st.speculate or (far and not catching_up):

@@ -235,28 +235,18 @@ class EngineCore:
         """The drafter computes its KV of the prompt chunks in ``plan`` (on the same stream,
         behind them) for the sequences ``expects`` names (by seq_id); the others' drafter
         catches up only if they draft later. Host state: on the loop thread."""
-        items = self._follow_items(plan, expects)
+        items = self.follow_items(plan, expects)
         if items:
             try:
                 self.spec.drafter.follow(items)
             except Exception:  # an optimization: the drafter catches up when it drafts
                 logger.exception("drafter catch-up behind a prefill failed")
 
-    def follow_prefill_iter(
-        self, plan: StepPlan, expects: Callable[[int], bool], every: int
-    ) -> Generator[None, None, None]:
-        """``follow_prefill``, the drafter's forward pausing after every ``every`` layers."""
-        items = self._follow_items(plan, expects)
-        if items:
-            try:
-                yield from self.spec.drafter.follow_iter(items, every)
-            except Exception:  # an optimization: the drafter catches up when it drafts
-                logger.exception("drafter catch-up behind a prefill failed")
-
-    def _follow_items(
+    def follow_items(
         self, plan: StepPlan, expects: Callable[[int], bool]
     ) -> list[tuple[Sequence, int]]:
-        """(sequence, prompt tokens after this step) the drafter follows in ``plan``."""
+        """(sequence, its prompt tokens once ``plan`` has run) for each prompt chunk of
+        ``plan`` the drafter follows (``SpecConfig.follow_prefill``); read at launch."""
         if self.spec.drafter is None or not self.config.spec.follow_prefill:
             return []
         return [
@@ -264,6 +254,25 @@ class EngineCore:
             for e in plan.seqs
             if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
         ]
+
+    def follow_iter(
+        self, items: list[tuple[Sequence, int]], every: int = 0
+    ) -> Generator[None, None, None]:
+        """The drafter's forward over ``items`` (``follow_items``), pausing after every
+        ``every`` layers. An optimization: if it fails, the drafter catches up when it drafts."""
+        if not items:
+            return
+        try:
+            yield from self.spec.drafter.follow_iter(items, every)
+        except Exception:
+            logger.exception("drafter catch-up behind a prefill failed")
+
+    def drafter_busy(self, seq: Sequence) -> bool:
+        """The drafter is being fed ``seq``'s prompt behind its prefill (``follow_iter``):
+        nothing may draft for it until that is enqueued."""
+        drafter = self.spec.drafter
+        view = drafter.views.get(seq.seq_id) if drafter is not None else None
+        return view is not None and view.following
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""

@@ -46,6 +46,9 @@ class DraftView:
         self.params = seq.params
         self.seed = seq.seed ^ _DRAFT_SEED_SALT
         self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow``)
+        # While its forward behind a prompt chunk is being enqueued in pieces (``follow_iter``):
+        # nothing else may draft for it or feed it.
+        self.following = False
         # The first drafted position whose verify has not landed: the KV from there on is the
         # drafts'. ``verified`` keeps the accepted ones; without it none is kept.
         self.draft_start: int | None = None
@@ -210,34 +213,45 @@ class DraftModelProposer:
         self, items: list[tuple[Sequence, int]], every: int = 0
     ) -> Generator[None, None, int]:
         """``follow``, its eager forward pausing after every ``every`` layers (0: never), so
-        the event loop can launch other lanes' steps in between (the dispatcher's background
-        launch of a prompt step). The views count the fed tokens only once every piece is
-        enqueued: until then a drafting never reads them."""
+        the event loop can launch other lanes' steps in between. It may run after the prompt
+        step has landed: a request that has ended by then is skipped, and its views are
+        ``following`` (not drafted for) until every piece is enqueued; they count the fed
+        tokens only then."""
         views = []
         for seq, end in items:
+            if seq.status.is_finished:
+                continue
             view = self.views.get(seq.seq_id)
             if view is None:
                 view = self.views[seq.seq_id] = DraftView(seq)
-            if view.num_computed_tokens >= end or not self.kv.allocate(view.block_table, end):
+            if view.following or view.num_computed_tokens >= end:
+                continue
+            if not self.kv.allocate(view.block_table, end):
                 continue
             view.token_ids = self._drafter_ids(seq.token_ids[:end])
             views.append(view)
         if not views:
             return 0
-        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
-        inputs = self.runner.prepare(StepPlan("draft", entries))
-        pieces = self.runner.forward_iter(inputs, [], every)
-        while True:
-            try:
-                next(pieces)
-            except StopIteration:
-                break
-            yield
-            if any(self.views.get(v.seq_id) is not v for v in views):
-                # A request ended meanwhile and its blocks went back: enqueue no more writes
-                # to them. The others' views keep their old progress (they catch up later).
-                pieces.close()
-                return 0
+        for v in views:
+            v.following = True
+        try:
+            entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+            inputs = self.runner.prepare(StepPlan("draft", entries))
+            pieces = self.runner.forward_iter(inputs, [], every)
+            while True:
+                try:
+                    next(pieces)
+                except StopIteration:
+                    break
+                yield
+                if any(self.views.get(v.seq_id) is not v for v in views):
+                    # A request ended meanwhile and its blocks went back: enqueue no more
+                    # writes to them. The others keep their old progress (they catch up later).
+                    pieces.close()
+                    return 0
+        finally:
+            for v in views:
+                v.following = False
         # It runs behind the prompt chunk on the prefill stream; only the first drafting of
         # these views waits for it (``_wait_for_follow``), not every drafting (the decode
         # stream must not wait behind a prompt chunk).

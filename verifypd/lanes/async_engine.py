@@ -73,7 +73,7 @@ class AsyncEngine:
         """Ends the dispatch task once no step is in flight; ``generate`` starts it again.
         The offline ``LLM`` pauses after each call, so its private loop holds no pending task
         between calls."""
-        while self.dispatcher.in_flight:
+        while self.dispatcher.in_flight or self.executor.busy:
             await asyncio.sleep(0)
         if self._task is not None:
             self._task.cancel()

@@ -7,12 +7,14 @@ a time with the event loop free in between (``background_lanes``: the dispatcher
 launch as a task of its own). On CPU the forward itself is the work, so it runs in one worker
 thread (``ThreadExecutor``). Both run the policy's ``after_launch`` (chained drafts, the
 drafter following prompt chunks) on the event-loop thread, which alone touches the scheduler
-and the KV allocator.
+and the KV allocator; behind a launch in pieces, the drafter's forward over the prompt chunks
+is itself enqueued in pieces, after the launch has returned (``busy`` until it is).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +62,7 @@ class StepExecutor(Protocol):
     enqueues: bool
     streams: LaneStreams
     background_lanes: frozenset[str]
+    busy: bool  # work started by a launch still runs after it returned
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep: ...
 
@@ -75,6 +78,11 @@ class StreamExecutor:
         self.core, self.policy, self.streams = core, policy, streams
         self.slice_layers = core.config.prefill_slice_layers
         self.background_lanes = frozenset(("prefill",) if self.slice_layers else ())
+        # The drafter's forwards behind prompt steps, run one after another by one task.
+        self._behind: collections.deque[tuple[str, Generator[None, None, None]]] = (
+            collections.deque()
+        )
+        self._behind_task: asyncio.Task | None = None
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep:
         if lane in self.background_lanes:
@@ -88,12 +96,33 @@ class StreamExecutor:
 
     async def _launch_in_pieces(self, lane: str, plan: StepPlan) -> PendingStep:
         """Enqueues the step ``slice_layers`` layers at a time, on its lane's stream, yielding
-        to the event loop between the pieces (the other lanes launch and land meanwhile); then
-        what follows it (the drafter's forward behind prompt chunks), in pieces too."""
+        to the event loop between the pieces (the other lanes launch and land meanwhile). The
+        drafter's forward behind its prompt chunks (``SpecConfig.follow_prefill``) is queued
+        to run after it, in pieces too, while the step lands and hands out its tokens."""
         pending = await self._in_pieces(lane, self.core.launch_iter(plan, self.slice_layers))
-        after = self.policy.after_launch_iter(plan, pending, self.slice_layers)
-        await self._in_pieces(lane, after)
+        with self.streams.context(lane):
+            self.policy.chain_after(plan, pending)
+        behind = self.policy.follow_behind(plan, self.slice_layers)
+        if behind is not None:
+            self._behind.append((lane, behind))
+            if self._behind_task is None:
+                self._behind_task = asyncio.create_task(self._run_behind())
         return pending
+
+    async def _run_behind(self) -> None:
+        """Runs the queued forwards behind prompt steps in order, each on its lane's stream
+        (one at a time: a prompt's next chunk is followed once its last one has been)."""
+        try:
+            while self._behind:
+                lane, pieces = self._behind.popleft()
+                await self._in_pieces(lane, pieces)
+        finally:
+            self._behind_task = None
+
+    @property
+    def busy(self) -> bool:
+        """A forward behind a prompt step is queued or being enqueued."""
+        return self._behind_task is not None
 
     async def _in_pieces(self, lane: str, pieces: Generator[None, None, T]) -> T:
         """Runs ``pieces`` on the lane's stream, a turn of the event loop after each pause."""
@@ -106,7 +135,12 @@ class StreamExecutor:
             await asyncio.sleep(0)
 
     def close(self) -> None:
-        pass
+        """Cancels the forwards behind prompt steps not yet enqueued (the engine stops)."""
+        if self._behind_task is not None:
+            self._behind_task.cancel()
+        for _, pieces in self._behind:
+            pieces.close()
+        self._behind.clear()
 
 
 class ThreadExecutor:
@@ -114,6 +148,7 @@ class ThreadExecutor:
 
     enqueues = False
     background_lanes: frozenset[str] = frozenset()
+    busy = False  # nothing runs behind a step once its launch has returned
 
     def __init__(self, core: EngineCore, policy: SpeculationPolicy, streams: LaneStreams) -> None:
         self.core, self.policy, self.streams = core, policy, streams

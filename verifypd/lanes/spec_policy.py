@@ -124,6 +124,7 @@ class SpeculationPolicy(SpecListener):
                 seq.seq_id,
                 self.core.drafter_behind(seq),
                 seq.params.max_tokens - seq.num_output_tokens,
+                self.core.drafter_busy(seq),
             )
             for seq in (self.core.decodable() if seqs is None else seqs)
         ]
@@ -176,15 +177,14 @@ class SpeculationPolicy(SpecListener):
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
 
-    def after_launch_iter(
-        self, plan: StepPlan, pending: PendingStep, every: int
-    ) -> Generator[None, None, None]:
-        """``after_launch`` for a launch in pieces: the drafter's forward behind the prompt
-        chunks pauses after every ``every`` layers, like the prompt step's own."""
-        self.chain_after(plan, pending)
+    def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
+        """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
+        generator pausing after every ``every`` layers, to run after the launch has returned
+        (the prompt step lands and hands out its first tokens meanwhile); None: nothing to
+        follow. Who is followed is read now."""
         expects = getattr(self.controller, "expects_speculation", None)
-        if expects is not None:
-            yield from self.core.follow_prefill_iter(plan, expects, every)
+        items = self.core.follow_items(plan, expects) if expects is not None else []
+        return self.core.follow_iter(items, every) if items else None
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
