@@ -7,6 +7,7 @@ forward behind a prompt step (``SpecConfig.follow_prefill``) is enqueued in piec
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 from helpers import tiny_config, tiny_draft_spec
@@ -207,6 +208,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
                            initial_draft_len=3, follow_prefill=True)  # fmt: skip
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
     core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
+    _pin_costs(core)
     outputs: list = []
     d = _dispatcher(core, outputs)
     drafter = core.spec.drafter
@@ -221,7 +223,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
                 next(gen)
             except StopIteration as stop:
                 for seq, end in items:
-                    fed[seq.request_id] = end
+                    fed.setdefault(seq.request_id, []).append(end)
                 return stop.value
             yield
 
@@ -236,11 +238,11 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
         await d.tick()
         await asyncio.sleep(0)
     assert any(lane != "prefill" for lane in d.launch_log)
-    core.add_request("b", list(range(3, 50)), GREEDY)
+    core.add_request("b", list(range(3, 103)), GREEDY)  # two prompt chunks
     await _run(d, core)
-    assert fed == {"a": 4, "b": 47}  # every prompt token, behind its prompt step
+    assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
     b = [at for rid, at in pieces if rid == "b"]
-    assert len(b) == 2  # the drafter's two layers: two pieces
+    assert len(b) == 4  # the drafter's two layers: two pieces a chunk
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
     assert any("b" in who for who, _ in drafted)  # b speculated once fed
     assert any("b" in busy for _, busy in drafted)  # a drafted while b was being fed ...
@@ -249,12 +251,32 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     reference: list = []
     ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
     plain.add_request("a", [5, 6, 7, 8], LONG)
-    plain.add_request("b", list(range(3, 50)), GREEDY)
+    plain.add_request("b", list(range(3, 103)), GREEDY)
     await _run(ref, plain)
     assert _tokens(outputs) == _tokens(reference)
     assert core.spec.num_verifies > 0
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
+
+
+@dataclass(frozen=True)
+class _MemoryBound:
+    """Step costs of a memory-bound GPU: a verify nearly as cheap as a decode step."""
+
+    def target_time(self, rows, q):
+        return 1e-2 + 1e-5 * rows * max(q, 1)
+
+    def draft_time(self, rows):
+        return 1e-4
+
+    def prefill_time(self, tokens):
+        return 1e-3 + 1e-4 * tokens
+
+
+def _pin_costs(core: EngineCore) -> None:
+    """The policy's costs fixed (levels frozen): its decisions do not depend on this CPU."""
+    core.costs.shape = _MemoryBound()
+    core.costs.observe = lambda *a, **k: None
 
 
 def _rid(core: EngineCore, seq_id: int) -> str | None:
