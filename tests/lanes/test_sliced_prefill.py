@@ -242,7 +242,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     await _run(d, core)
     assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
     b = [at for rid, at in pieces if rid == "b"]
-    assert len(b) == 4  # the drafter's two layers: two pieces a chunk
+    assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
     assert any("b" in who for who, _ in drafted)  # b speculated once fed
     assert any("b" in busy for _, busy in drafted)  # a drafted while b was being fed ...
@@ -298,6 +298,7 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
 
     def follow_iter(items, every):
         gen = inner(items, every)
+        next(gen)  # the views are claimed
         next(gen)  # the first piece is enqueued
         yield
         if any(seq.request_id == "b" for seq, _ in items):
@@ -322,20 +323,29 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
 
 
 async def test_closing_the_executor_stops_the_drafter_following_a_prompt() -> None:
-    """The engine stops while the drafter's forward behind a prompt step is being enqueued:
-    ``close`` cancels it, the view is drafted for again later (nothing left ``following``)."""
+    """Forwards behind prompt steps run one after another; a queued one has claimed its
+    request at its launch (the policy sees it busy before its turn). The engine stops while
+    they are being enqueued: ``close`` cancels them and nothing stays ``following`` (the
+    requests are drafted for again later, from where their drafter got)."""
     spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=True)
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
     core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
     executor = StreamExecutor(core, SpeculationPolicy(core), LaneStreams(core.device))
-    core.add_request("a", list(range(3, 33)), GREEDY)
-    plan = StepPlan("prefill", core.scheduler.plan_prefill(64, 8))
-    pending = await executor.launch("prefill", plan)
-    assert pending.result() and executor.busy
-    await asyncio.sleep(0)  # the drafter's first piece is enqueued
-    (view,) = core.spec.drafter.views.values()
-    assert view.following and view.num_computed_tokens == 0
+    seqs = []
+    for rid, n in (("a", 30), ("b", 20)):
+        (seq,) = core.add_request(rid, list(range(3, 3 + n)), GREEDY)
+        seqs.append(seq)
+        plan = StepPlan("prefill", core.scheduler.plan_prefill(64, 8))
+        assert [e.seq for e in plan.seqs] == [seq]
+        pending = await executor.launch("prefill", plan)
+        assert executor.busy and core.drafter_busy(seq)  # claimed at its launch
+        core.apply_step(plan, pending.result())  # landed (CPU): its first token is out
+    await asyncio.sleep(0)
+    a, b = (core.spec.drafter.views[s.seq_id] for s in seqs)
+    assert (a.following, a.num_computed_tokens) == (0, 30)  # fed while b's step launched
+    assert (b.following, b.num_computed_tokens) == (1, 0) and core.drafter_busy(seqs[1])
     executor.close()
     for _ in range(3):
         await asyncio.sleep(0)
-    assert not executor.busy and not view.following and view.num_computed_tokens == 0
+    assert not executor.busy and not any(map(core.drafter_busy, seqs))
+    assert (b.following, b.follow_end, b.num_computed_tokens) == (0, 0, 0)

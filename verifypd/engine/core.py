@@ -272,7 +272,7 @@ class EngineCore:
         nothing may draft for it until that is enqueued."""
         drafter = self.spec.drafter
         view = drafter.views.get(seq.seq_id) if drafter is not None else None
-        return view is not None and view.following
+        return view is not None and view.following > 0
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""

@@ -46,9 +46,10 @@ class DraftView:
         self.params = seq.params
         self.seed = seq.seed ^ _DRAFT_SEED_SALT
         self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow``)
-        # While its forward behind a prompt chunk is being enqueued in pieces (``follow_iter``):
-        # nothing else may draft for it or feed it.
-        self.following = False
+        # Forwards behind its prompt chunks queued or being enqueued in pieces (``follow_iter``),
+        # and the prompt length they feed it up to: while any is, nothing else drafts for it.
+        self.following = 0
+        self.follow_end = 0
         # The first drafted position whose verify has not landed: the KV from there on is the
         # drafts'. ``verified`` keeps the accepted ones; without it none is kept.
         self.draft_start: int | None = None
@@ -212,29 +213,38 @@ class DraftModelProposer:
     def follow_iter(
         self, items: list[tuple[Sequence, int]], every: int = 0
     ) -> Generator[None, None, int]:
-        """``follow``, its eager forward pausing after every ``every`` layers (0: never), so
-        the event loop can launch other lanes' steps in between. It may run after the prompt
-        step has landed: a request that has ended by then is skipped, and its views are
-        ``following`` (not drafted for) until every piece is enqueued; they count the fed
-        tokens only then."""
-        views = []
+        """``follow`` in pieces: its first ``next`` claims the views (``following``: nothing
+        drafts for them) and their blocks, and pauses, so the forward can be queued behind
+        earlier ones; the next ones enqueue it, pausing after every ``every`` layers (0: in one
+        piece), the event loop free in between. A request that has ended by its turn is left
+        out, and one that ends part-way stops it (its blocks went back: no more writes to
+        them; the others keep their progress and catch up later). The views count the fed
+        tokens once every piece is enqueued."""
+        claimed = []
         for seq, end in items:
             if seq.status.is_finished:
                 continue
             view = self.views.get(seq.seq_id)
             if view is None:
                 view = self.views[seq.seq_id] = DraftView(seq)
-            if view.following or view.num_computed_tokens >= end:
+            if max(view.num_computed_tokens, view.follow_end) >= end:
                 continue
             if not self.kv.allocate(view.block_table, end):
                 continue
-            view.token_ids = self._drafter_ids(seq.token_ids[:end])
-            views.append(view)
-        if not views:
+            view.following += 1
+            view.follow_end = end
+            claimed.append((seq, view, end))
+        if not claimed:
             return 0
-        for v in views:
-            v.following = True
         try:
+            yield  # claimed; the forward waits for its turn
+            live = [(seq, v, end) for seq, v, end in claimed
+                    if self.views.get(seq.seq_id) is v and v.num_computed_tokens < end]  # fmt: skip
+            if not live:
+                return 0
+            for seq, v, end in live:
+                v.token_ids = self._drafter_ids(seq.token_ids[:end])
+            views = [v for _, v, _ in live]
             entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
             inputs = self.runner.prepare(StepPlan("draft", entries))
             pieces = self.runner.forward_iter(inputs, [], every)
@@ -245,24 +255,24 @@ class DraftModelProposer:
                     break
                 yield
                 if any(self.views.get(v.seq_id) is not v for v in views):
-                    # A request ended meanwhile and its blocks went back: enqueue no more
-                    # writes to them. The others keep their old progress (they catch up later).
                     pieces.close()
                     return 0
-        finally:
+            # It runs behind the prompt chunk on the prefill stream; only the first drafting
+            # of these views waits for it (``_wait_for_follow``), not every drafting (the
+            # decode stream must not wait behind a prompt chunk).
+            ready = None
+            if self.runner.is_cuda:
+                ready = torch.cuda.Event()
+                ready.record()
             for v in views:
-                v.following = False
-        # It runs behind the prompt chunk on the prefill stream; only the first drafting of
-        # these views waits for it (``_wait_for_follow``), not every drafting (the decode
-        # stream must not wait behind a prompt chunk).
-        ready = None
-        if self.runner.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
-        for v in views:
-            v.num_computed_tokens = v.num_tokens
-            v.ready = ready
-        return sum(e.num_new_tokens for e in entries)
+                v.num_computed_tokens = v.num_tokens
+                v.ready = ready
+            return sum(e.num_new_tokens for e in entries)
+        finally:
+            for _, v, _ in claimed:
+                v.following -= 1
+                if not v.following:
+                    v.follow_end = v.num_computed_tokens
 
     def _wait_for_follow(self, views: list[DraftView]) -> None:
         for v in views:

@@ -181,10 +181,17 @@ class SpeculationPolicy(SpecListener):
         """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
         generator pausing after every ``every`` layers, to run after the launch has returned
         (the prompt step lands and hands out its first tokens meanwhile); None: nothing to
-        follow. Who is followed is read now."""
+        follow. Who is followed is read, and their drafter views claimed, now."""
         expects = getattr(self.controller, "expects_speculation", None)
         items = self.core.follow_items(plan, expects) if expects is not None else []
-        return self.core.follow_iter(items, every) if items else None
+        if not items:
+            return None
+        pieces = self.core.follow_iter(items, every)
+        try:
+            next(pieces)  # claims the drafter views now: nobody drafts for them meanwhile
+        except StopIteration:
+            return None
+        return pieces
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
