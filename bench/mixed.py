@@ -100,6 +100,16 @@ class Mode:
     engine_options: tuple[tuple[str, bool | int | None], ...] = ()  # EngineConfig fields set
 
 
+def _policy_with(
+    spec: tuple[tuple[str, float | bool | None], ...] = (),
+    sched: tuple[tuple[str, float | None], ...] = (),
+    engine: tuple[tuple[str, bool | int | None], ...] = (),
+) -> Mode:
+    """The goodput policy on three lanes with some settings changed: a variant for A/Bs."""
+    return Mode("three", True, True, policy="goodput", spec_options=spec, sched_options=sched,
+                engine_options=engine)  # fmt: skip
+
+
 MODES = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
@@ -115,106 +125,58 @@ MODES = {
     # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
     # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
     # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
-    "policy-loose": Mode(
-        "three",
-        True,
-        True,
-        policy="goodput",
-        spec_options=(("guard_slack", 0.10), ("rider_slack", 0.25)),
-    ),
+    "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
     # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the
     # step cap at 1.5 plain steps (the tail a plain step has at light load).
-    "policy-tail5": Mode(
-        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.05),)
-    ),
-    "policy-tail10": Mode(
-        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.10),)
-    ),
-    "policy-notail": Mode(
-        "three", True, True, policy="goodput", spec_options=(("tail_tolerance", 0.0),)
-    ),
-    "policy-cap15": Mode(
-        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.5),)
-    ),
+    "policy-tail5": _policy_with(spec=(("tail_tolerance", 0.05),)),
+    "policy-tail10": _policy_with(spec=(("tail_tolerance", 0.10),)),
+    "policy-notail": _policy_with(spec=(("tail_tolerance", 0.0),)),
+    "policy-cap15": _policy_with(spec=(("max_step_ratio", 1.5),)),
     # The policy with the drafter following prompt steps (SpecConfig.follow_prefill): its KV of
     # a prompt computed behind the prompt step, in pieces, after the step's launch (which
     # lands meanwhile), instead of in an eager catch-up round that holds the event loop
     # (~15 ms on an H200) for every running request.
-    "policy-follow": Mode(
-        "three", True, True, policy="goodput", spec_options=(("follow_prefill", True),)
-    ),
-    "policy-capped": Mode(
-        "three", True, True, policy="goodput", spec_options=(("max_step_ratio", 1.25),)
-    ),
-    "policy-bounded": Mode(
-        "three", True, True, policy="goodput", sched_options=(("prefill_step_target_s", 0.02),)
-    ),
+    "policy-follow": _policy_with(spec=(("follow_prefill", True),)),
+    "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
+    "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     # ... and with a long prompt prefilled in one chunk (max_prefill_chunk 4096 against the
     # default 2048: the sweep's longest prompt is 3072 tokens).
     "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
-    "policy-chunk4k": Mode(
-        "three", True, True, policy="goodput", sched_options=(("max_prefill_chunk", 4096),)
-    ),
+    "policy-chunk4k": _policy_with(sched=(("max_prefill_chunk", 4096),)),
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),
-    "policy-noahead": Mode(
-        "three", True, True, policy="goodput", engine_options=(("decode_ahead", False),)
-    ),
+    "policy-noahead": _policy_with(engine=(("decode_ahead", False),)),
     # Prompt steps enqueued whole (EngineConfig.prefill_slice_layers = 0, as before it; the
     # default enqueues them 4 layers at a time, the event loop free in between), and 1 layer
     # at a time, for A/Bs in the same run.
     "off-whole": Mode("three", False, engine_options=(("prefill_slice_layers", 0),)),
-    "policy-whole": Mode(
-        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 0),)
-    ),
-    "policy-slice1": Mode(
-        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 1),)
-    ),
-    "policy-slice2": Mode(
-        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 2),)
-    ),
-    "policy-slice4": Mode(
-        "three", True, True, policy="goodput", engine_options=(("prefill_slice_layers", 4),)
-    ),
+    "policy-whole": _policy_with(engine=(("prefill_slice_layers", 0),)),
+    "policy-slice1": _policy_with(engine=(("prefill_slice_layers", 1),)),
+    "policy-slice2": _policy_with(engine=(("prefill_slice_layers", 2),)),
+    "policy-slice4": _policy_with(engine=(("prefill_slice_layers", 4),)),
     # Prompt steps not padded to a 64-row bucket (EngineConfig.prompt_token_bucket = 0, as
     # before it), for A/Bs in the same run.
     "off-nobucket": Mode("three", False, engine_options=(("prompt_token_bucket", 0),)),
-    "policy-nobucket": Mode(
-        "three", True, True, policy="goodput", engine_options=(("prompt_token_bucket", 0),)
-    ),
+    "policy-nobucket": _policy_with(engine=(("prompt_token_bucket", 0),)),
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
-    "policy-overhead": Mode(
-        "three", True, True, policy="goodput", spec_options=(("round_overhead_s", 1.2e-3),)
-    ),
+    "policy-overhead": _policy_with(spec=(("round_overhead_s", 1.2e-3),)),
     # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill), and without
     # the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then
     # catches up eagerly in a catch-up round instead of never drafting and keeping the batch
     # plain while it rides along). policy-noyield: the policy with yield_to_prefill off, for
     # runs at commits where it was on by default (9039577).
-    "policy-yield": Mode(
-        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", True),)
-    ),
-    "policy-noyield": Mode(
-        "three", True, True, policy="goodput", spec_options=(("yield_to_prefill", False),)
-    ),
-    "policy-eager": Mode(
-        "three", True, True, policy="goodput", spec_options=(("catch_up_chunk", 0),)
-    ),
+    "policy-yield": _policy_with(spec=(("yield_to_prefill", True),)),
+    "policy-noyield": _policy_with(spec=(("yield_to_prefill", False),)),
+    "policy-eager": _policy_with(spec=(("catch_up_chunk", 0),)),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
-    "policy-riders": Mode(
-        "three", True, True, policy="goodput", spec_options=(("waiting_riders_exempt", True),)
-    ),
-    "policy-riders-eager": Mode(
-        "three",
-        True,
-        True,
-        policy="goodput",
-        spec_options=(("waiting_riders_exempt", True), ("catch_up_chunk", 0)),
+    "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),
+    "policy-riders-eager": _policy_with(
+        spec=(("waiting_riders_exempt", True), ("catch_up_chunk", 0))
     ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]

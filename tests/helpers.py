@@ -1,7 +1,8 @@
 """Helpers shared by every test package (importable as ``helpers``: tests/conftest.py puts this
 folder on ``sys.path``). Fixtures built on them live in tests/conftest.py.
 
-- tiny engines: ``tiny_config`` / ``tiny_draft_spec`` (``dummy:tiny`` on CPU, fp32); running an
+- tiny engines: ``tiny_config`` / ``tiny_draft_spec`` (``dummy:tiny`` on CPU, fp32), ``pin_costs``
+  (the goodput policy's costs fixed: decisions independent of the machine); running an
   ``AsyncEngine``: ``collect`` (one request's token ids), ``generate_all`` (prompts at once, then
   ``assert_engine_clean`` and stop);
 - SSE: ``parse_sse`` (a whole body) and ``read_event`` (the next event of an open stream);
@@ -50,6 +51,28 @@ def tiny_draft_spec(**overrides: Any) -> SpecConfig:
     return SpecConfig(
         **{"method": "draft", "draft_model": "dummy:tiny", "controller": False, **overrides}
     )
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """Step costs of a memory-bound GPU for the goodput policy: a verify nearly as cheap as a
+    decode step, drafter steps cheap (``BatchCostModel``'s shape)."""
+
+    def target_time(self, rows: int, q: int) -> float:
+        return 1e-2 + 1e-5 * rows * max(q, 1)
+
+    def draft_time(self, rows: int) -> float:
+        return 1e-4
+
+    def prefill_time(self, tokens: int) -> float:
+        return 1e-3 + 1e-4 * tokens
+
+
+def pin_costs(costs: Any) -> None:
+    """An engine's ``BatchCostModel`` on the ``MemoryBound`` shape, its online levels frozen:
+    the goodput policy's decisions then do not depend on this machine's timings."""
+    costs.shape = MemoryBound()
+    costs.observe = lambda *a, **k: None
 
 
 async def collect(engine: Any, request_id: str, prompt: list[int], params: Any) -> list[int]:

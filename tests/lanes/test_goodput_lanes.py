@@ -6,11 +6,10 @@ The policy's cost model is pinned to a fixed shape (its online levels frozen) so
 decisions do not depend on this machine's timings."""
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import generate_all, tiny_config, tiny_draft_spec
+from helpers import MemoryBound, generate_all, pin_costs, tiny_config, tiny_draft_spec
 
 from verifypd.config import SchedulerConfig
 from verifypd.controller import AcceptanceEstimate, GoodputPolicy
@@ -19,20 +18,6 @@ from verifypd.types import SamplingParams
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)), [9, 8, 7]]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-
-
-@dataclass(frozen=True)
-class MemoryBound:
-    """Verify nearly as cheap as decode; ``mixed`` steps (eager) priced by the model."""
-
-    def target_time(self, rows, q):
-        return 1e-2 + 1e-5 * rows * max(q, 1)
-
-    def draft_time(self, rows):
-        return 1e-4
-
-    def prefill_time(self, tokens):
-        return 1e-3 + 1e-4 * tokens
 
 
 def _engine(
@@ -47,8 +32,7 @@ def _engine(
                            always_pad_verify=pad)  # fmt: skip
     engine = AsyncEngine(tiny_config(spec=spec, **cfg))
     costs = engine.core.costs
-    costs.shape = MemoryBound()
-    costs.observe = lambda *a, **k: None  # levels frozen: decisions independent of timing
+    pin_costs(costs)  # levels frozen: decisions independent of timing
     costs.level["mixed"] = mixed_level
     assert isinstance(engine.core.controller, GoodputPolicy)
     if useless_drafter:
@@ -150,8 +134,7 @@ async def test_prefill_chunks_stay_within_the_budget(reference):
     # A TTFT budget a slow CPU never reaches: the bound is not lifted for a backlog here.
     cfg = SchedulerConfig(prefill_step_target_s=0.00405, min_prefill_budget=16, ttft_budget_s=600)
     engine = AsyncEngine(tiny_config(scheduler=cfg))
-    engine.core.costs.shape = MemoryBound()
-    engine.core.costs.observe = lambda *a, **k: None
+    pin_costs(engine.core.costs)
     budget = engine.core.prefill_budget()
     assert budget == 30
     sizes = []

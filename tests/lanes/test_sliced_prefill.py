@@ -7,10 +7,9 @@ forward behind a prompt step (``SpecConfig.follow_prefill``) is enqueued in piec
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
-from helpers import tiny_config, tiny_draft_spec
+from helpers import pin_costs, tiny_config, tiny_draft_spec
 
 from verifypd.config import SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -120,13 +119,8 @@ async def test_decode_steps_launch_while_a_prompt_step_is_enqueued() -> None:
     assert len(b) == 2  # two layers: two pieces
     assert "decode" in d.launch_log[b[0] : b[-1]]  # a decoded while b's prompt was enqueued
     # The same tokens as the engine launching every step whole.
-    whole = _core(slice_layers=0)
-    reference: list = []
-    ref = LaneDispatcher(whole, _whole_launcher(whole), reference.append, 0.5)
-    whole.add_request("a", [5, 6, 7, 8], GREEDY)
-    whole.add_request("b", list(range(3, 50)), GREEDY)
-    await _run(ref, whole)
-    assert _tokens(outputs) == _tokens(reference) and len(_tokens(outputs)["b"]) == 12
+    reference = await _reference([("a", [5, 6, 7, 8], GREEDY), ("b", list(range(3, 50)), GREEDY)])
+    assert _tokens(outputs) == reference and len(reference["b"]) == 12
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks
 
@@ -136,6 +130,17 @@ def _whole_launcher(core: EngineCore):
         return core.launch(plan)
 
     return launch
+
+
+async def _reference(requests: list[tuple[str, list[int], SamplingParams]]) -> dict:
+    """Each request's tokens from an engine without a drafter launching every step whole."""
+    core = _core(slice_layers=0)
+    outputs: list = []
+    d = LaneDispatcher(core, _whole_launcher(core), outputs.append, 0.5)
+    for rid, prompt, params in requests:
+        core.add_request(rid, prompt, params)
+    await _run(d, core)
+    return _tokens(outputs)
 
 
 @pytest.mark.parametrize("failure", ["request", "step"])
@@ -208,7 +213,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
                            initial_draft_len=3, follow_prefill=True)  # fmt: skip
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
     core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
-    _pin_costs(core)
+    pin_costs(core.costs)
     outputs: list = []
     d = _dispatcher(core, outputs)
     drafter = core.spec.drafter
@@ -247,36 +252,11 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     assert any("b" in who for who, _ in drafted)  # b speculated once fed
     assert any("b" in busy for _, busy in drafted)  # a drafted while b was being fed ...
     assert not any(who & busy for who, busy in drafted)  # ... and b never then
-    plain = _core(slice_layers=0)
-    reference: list = []
-    ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
-    plain.add_request("a", [5, 6, 7, 8], LONG)
-    plain.add_request("b", list(range(3, 103)), GREEDY)
-    await _run(ref, plain)
-    assert _tokens(outputs) == _tokens(reference)
+    reference = await _reference([("a", [5, 6, 7, 8], LONG), ("b", list(range(3, 103)), GREEDY)])
+    assert _tokens(outputs) == reference
     assert core.spec.num_verifies > 0
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
-
-
-@dataclass(frozen=True)
-class _MemoryBound:
-    """Step costs of a memory-bound GPU: a verify nearly as cheap as a decode step."""
-
-    def target_time(self, rows, q):
-        return 1e-2 + 1e-5 * rows * max(q, 1)
-
-    def draft_time(self, rows):
-        return 1e-4
-
-    def prefill_time(self, tokens):
-        return 1e-3 + 1e-4 * tokens
-
-
-def _pin_costs(core: EngineCore) -> None:
-    """The policy's costs fixed (levels frozen): its decisions do not depend on this CPU."""
-    core.costs.shape = _MemoryBound()
-    core.costs.observe = lambda *a, **k: None
 
 
 def _rid(core: EngineCore, seq_id: int) -> str | None:
@@ -312,12 +292,7 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     assert fed == [(["b", "c"], 0)]  # one prompt step for both; its follow stopped
     finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
     assert finish == {"b": "abort", "c": "length"}
-    plain = _core(slice_layers=0)
-    reference: list = []
-    ref = LaneDispatcher(plain, _whole_launcher(plain), reference.append, 0.5)
-    plain.add_request("c", list(range(30, 50)), GREEDY)
-    await _run(ref, plain)
-    assert _tokens(outputs)["c"] == _tokens(reference)["c"]
+    assert _tokens(outputs)["c"] == (await _reference([("c", list(range(30, 50)), GREEDY)]))["c"]
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
 
