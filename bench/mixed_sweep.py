@@ -266,10 +266,13 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
 
 def policy_snapshot(core) -> dict:
     """The policy's snapshot with the drafter's step counts (graph replays against eager
-    forwards: catch-ups that missed the graphs show here)."""
+    forwards: catch-ups that missed the graphs show here) and what it was fed behind prompt
+    steps (``SpecConfig.follow_prefill``)."""
     snap = core.controller.snapshot()
     drafter = core.spec.drafter
     if drafter is not None:
         snap["drafter_graph_steps"] = drafter.runner.num_graph_steps
         snap["drafter_eager_steps"] = drafter.runner.num_eager_steps
+        snap["drafter_followed_tokens"] = drafter.num_followed_tokens
+        snap["drafter_follows_stopped"] = drafter.num_follows_stopped
     return snap

@@ -84,6 +84,8 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert all(c["verdict"] in ("PASS", "MISS") for c in crit.values())
     timeline = data["policy_timeline"]
     assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
+    sample = timeline[0]["samples"][-1]  # with what the drafter was fed behind prompt steps
+    assert sample["drafter_followed_tokens"] >= 0 and sample["drafter_follows_stopped"] == 0
     assert (tmp_path / "mixed-cpu-sweep-hetero-t0.0.png").is_file()
     assert (tmp_path / "mixed-cpu-sweep-policy.png").is_file()
 

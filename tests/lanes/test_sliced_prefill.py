@@ -246,6 +246,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     core.add_request("b", list(range(3, 103)), GREEDY)  # two prompt chunks
     await _run(d, core)
     assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
+    assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (104, 0)
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
@@ -290,6 +291,7 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     core.add_request("c", list(range(30, 50)), GREEDY)
     await _run(d, core)
     assert fed == [(["b", "c"], 0)]  # one prompt step for both; its follow stopped
+    assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (0, 1)
     finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
     assert finish == {"b": "abort", "c": "length"}
     assert _tokens(outputs)["c"] == (await _reference([("c", list(range(30, 50)), GREEDY)]))["c"]

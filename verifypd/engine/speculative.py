@@ -76,6 +76,10 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
+        # Prompt tokens fed behind prefill steps (``follow_iter``), and forwards it stopped
+        # part-way because a request ended (benchmarks read them).
+        self.num_followed_tokens = 0
+        self.num_follows_stopped = 0
         # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graph's q and the
         # most replays of it a proposal's catch-up may take (0: no chunked catch-up).
         self.catch_up_chunk = self.catch_up_chunks = 0
@@ -256,6 +260,7 @@ class DraftModelProposer:
                 yield
                 if any(self.views.get(v.seq_id) is not v for v in views):
                     pieces.close()
+                    self.num_follows_stopped += 1
                     return 0
             # It runs behind the prompt chunk on the prefill stream; only the first drafting
             # of these views waits for it (``_wait_for_follow``), not every drafting (the
@@ -267,7 +272,9 @@ class DraftModelProposer:
             for v in views:
                 v.num_computed_tokens = v.num_tokens
                 v.ready = ready
-            return sum(e.num_new_tokens for e in entries)
+            fed = sum(e.num_new_tokens for e in entries)
+            self.num_followed_tokens += fed
+            return fed
         finally:
             for _, v, _ in claimed:
                 v.following -= 1
