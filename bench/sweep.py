@@ -297,6 +297,44 @@ def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: 
     return out
 
 
+SPREAD_METRICS = (*LOWER_BETTER, "goodput_rps", "tpot_p50_ms")
+
+
+def repeat_spread(
+    rows: list[dict[str, Any]], again: list[dict[str, Any]], tol: float = 0.05
+) -> dict[str, Any]:
+    """How far two runs of the same plan differ, per metric, over the (profile, temperature,
+    rate, mode) cells both have: the median and largest relative difference |b / a - 1| and
+    the share of cells where it exceeds ``tol`` (the margin the criteria judge at). A check
+    whose margin is inside that spread says little about the code."""
+    theirs = {(r["acceptance_profile"], r["temperature"], r["rate"], r["mode"]): r
+              for r in again}  # fmt: skip
+    out: dict[str, Any] = {"tolerance": tol}
+    for metric in SPREAD_METRICS:
+        diffs = []
+        for r in rows:
+            o = theirs.get((r["acceptance_profile"], r["temperature"], r["rate"], r["mode"]))
+            a, b = r.get(metric), (o or {}).get(metric)
+            if a and b is not None:
+                diffs.append(abs(b / a - 1.0))
+        if diffs:
+            out[metric] = {"cells": len(diffs), "median": float(np.median(diffs)),
+                           "max": max(diffs),
+                           "share_above_tol": sum(d > tol for d in diffs) / len(diffs)}  # fmt: skip
+    return out
+
+
+def spread_lines(spread: dict[str, Any]) -> list[str]:
+    tol = spread["tolerance"]
+    lines = [f"run-to-run spread against the repeat (share of cells beyond {tol:.0%}):"]
+    for metric in SPREAD_METRICS:
+        s = spread.get(metric)
+        if s:
+            lines.append(f"  {metric}: {s['share_above_tol']:.0%} of {s['cells']} cells, "
+                         f"median {s['median']:.1%}, largest {s['max']:.1%}")  # fmt: skip
+    return lines
+
+
 def criteria(rows: list[dict[str, Any]], policy: str = "policy") -> dict[str, Any]:
     """The issue's criteria for one policy mode against the modes that are not a policy
     variant (``policy-*``: the same policy with other settings, judged on its own)."""

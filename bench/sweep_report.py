@@ -4,12 +4,14 @@ over time), and the merge of a verifypd sweep JSON (bench/mixed.py --sweep) with
 the same traces over HTTP (mixed.py --sweep --http) and through vLLM (peer_vllm.py sweep).
 
     python bench/sweep_report.py OURS.json [OURS2.json ...] [--vllm VLLM.json] \
-        [--http HTTP.json ...] [--out MERGED.json]
+        [--http HTTP.json ...] [--repeat AGAIN.json ...] [--out MERGED.json]
 
 Several OURS files of one plan (one mode per run, to fit a device time limit) are joined.
 
 The merged JSON holds every row, the criteria of bench/sweep.py over the in-process rows, and
-"policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file.
+"policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file. With
+``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also holds
+``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 % sits in.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from common import format_table, write_json  # noqa: E402
-from sweep import criteria, criteria_lines  # noqa: E402
+from sweep import criteria, criteria_lines, repeat_spread, spread_lines  # noqa: E402
 
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
           ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
@@ -228,17 +230,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
     p.add_argument("--vllm", nargs="*", default=[], help="peer_vllm.py sweep JSONs")
     p.add_argument("--http", nargs="*", default=[], help="mixed.py --sweep --http JSONs")
+    p.add_argument("--repeat", nargs="*", default=[], help="another run of the same plan")
     p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
     args = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
     ours = join_ours([load(f) for f in args.ours])
     merged = merge(ours, [load(f) for f in args.vllm], [load(f) for f in args.http])
+    if args.repeat:
+        again = join_ours([load(f) for f in args.repeat])
+        if again.get("sweep_config") != ours.get("sweep_config"):
+            p.error("--repeat: a different sweep plan")
+        merged["repeat_spread"] = repeat_spread(ours["sweep"], again["sweep"])
+        merged["sources"]["repeat"] = again.get("command")
     first = Path(args.ours[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
     write_json(out, merged)
     plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))
+    if "repeat_spread" in merged:
+        print("\n".join(spread_lines(merged["repeat_spread"])))
     print(f"wrote {out}")
     return merged
 

@@ -217,6 +217,33 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
         report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
 
 
+def test_repeat_spread_of_two_runs_of_one_plan(tmp_path: Path) -> None:
+    """Two runs of the same plan: the relative spread per metric over the cells both have,
+    and the share of cells beyond the criteria's 5 %; a repeat of another plan is refused."""
+    sweep, report = load_bench("sweep"), load_bench("sweep_report")
+    a = [_row("off", 2, itl=10.0, ttft=100.0), _row("policy", 2, itl=10.0, ttft=100.0),
+         _row("off", 8, itl=20.0, ttft=100.0)]  # fmt: skip
+    b = [_row("off", 2, itl=10.4, ttft=100.0), _row("policy", 2, itl=13.0, ttft=100.0),
+         _row("three-fixed", 8)]  # a cell only one run has: not compared  # fmt: skip
+    spread = sweep.repeat_spread(a, b)
+    itl = spread["itl_p99_ms"]
+    assert itl["cells"] == 2 and itl["share_above_tol"] == 0.5
+    assert itl["max"] == pytest.approx(0.3) and itl["median"] == pytest.approx(0.17)
+    assert spread["ttft_p99_ms"]["share_above_tol"] == 0.0
+    assert any("itl_p99_ms: 50% of 2 cells" in line for line in sweep.spread_lines(spread))
+    plan = {"rates": [2, 8]}
+    paths = []
+    for name, rows, cfg in (("a", a, plan), ("b", b, plan), ("c", b, {"rates": [5]})):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"sweep": rows, "sweep_config": cfg, "command": name}))
+    merged = report.main([str(paths[0]), "--repeat", str(paths[1]),
+                          "--out", str(tmp_path / "m.json")])  # fmt: skip
+    assert merged["repeat_spread"]["itl_p99_ms"]["cells"] == 2
+    assert merged["sources"]["repeat"] == "b"
+    with pytest.raises(SystemExit):
+        report.main([str(paths[0]), "--repeat", str(paths[2]), "--out", str(tmp_path / "n.json")])
+
+
 def test_http_policy_against_vllm_server_rows() -> None:
     """With vLLM's server driven by the same client, the HTTP policy rows are judged against
     those rows (labels ``policy-http`` / ``vllm-http``), not against in-process vLLM."""
