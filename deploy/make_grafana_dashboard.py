@@ -123,6 +123,8 @@ def series() -> list[dict]:
               [q(f"sum(rate(verifypd_prompt_tokens_total{SEL}[{RATE}]))", "prompt"),
                q(f"sum(rate(verifypd_generation_tokens_total{SEL}[{RATE}]))", "generated"),
                q(f"sum(rate(verifypd_spec_draft_tokens_total{SEL}[{RATE}]))", "drafted"),
+               q(f"sum(rate(verifypd_spec_drafter_prompt_tokens_total{SEL}[{RATE}]))",
+                 "drafter fed behind prefill"),
                q(f"sum(rate(verifypd_decode_ahead_steps_total{SEL}[{RATE}]))",
                  "decode steps ahead")]),
         panel("timeseries", "Requests finished by reason (per second)",

@@ -17,7 +17,7 @@ from verifypd.engine.model import drain
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import LaneStreams, StreamExecutor, executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
-from verifypd.types import RequestFailure, SamplingParams, ScheduledSeq, StepPlan
+from verifypd.types import Observer, RequestFailure, SamplingParams, ScheduledSeq, StepPlan
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
@@ -212,7 +212,8 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
                            initial_draft_len=3, follow_prefill=True)  # fmt: skip
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
-    core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1))
+    fed_metric = _FedTokens()
+    core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1), fed_metric)
     pin_costs(core.costs)
     outputs: list = []
     d = _dispatcher(core, outputs)
@@ -247,6 +248,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     await _run(d, core)
     assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
     assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (104, 0)
+    assert fed_metric.tokens == [4, 64, 36]  # verifypd_spec_drafter_prompt_tokens_total
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
@@ -258,6 +260,14 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     assert core.spec.num_verifies > 0
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks and drafter.kv.usage == 0
+
+
+class _FedTokens(Observer):
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def drafter_prompt_tokens(self, num_tokens: int) -> None:
+        self.tokens.append(num_tokens)
 
 
 def _rid(core: EngineCore, seq_id: int) -> str | None:

@@ -16,7 +16,7 @@ from verifypd.serve.metrics import METRICS, PrometheusObserver, exported_names
 ROOT = Path(__file__).resolve().parents[2]
 STABLE_NAMES = """lane_queue_depth lane_step_seconds lane_batch_tokens controller_draft_length
 controller_drafter_temperature spec_policy_decisions_total spec_draft_tokens_total
-spec_accepted_tokens_total
+spec_accepted_tokens_total spec_drafter_prompt_tokens_total
 time_to_first_token_seconds inter_token_latency_seconds e2e_request_latency_seconds
 request_queue_seconds num_requests_running num_requests_waiting kv_cache_usage_ratio
 kv_blocks_free prefix_cache_queries_total prefix_cache_hits_total preemptions_total

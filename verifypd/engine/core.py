@@ -238,9 +238,12 @@ class EngineCore:
         items = self.follow_items(plan, expects)
         if items:
             try:
-                self.spec.drafter.follow(items)
+                fed = self.spec.drafter.follow(items)
             except Exception:  # an optimization: the drafter catches up when it drafts
                 logger.exception("drafter catch-up behind a prefill failed")
+                return
+            if fed:
+                self.observer.drafter_prompt_tokens(fed)
 
     def follow_items(
         self, plan: StepPlan, expects: Callable[[int], bool]
@@ -263,9 +266,12 @@ class EngineCore:
         if not items:
             return
         try:
-            yield from self.spec.drafter.follow_iter(items, every)
+            fed = yield from self.spec.drafter.follow_iter(items, every)
         except Exception:
             logger.exception("drafter catch-up behind a prefill failed")
+            return
+        if fed:
+            self.observer.drafter_prompt_tokens(fed)
 
     def drafter_busy(self, seq: Sequence) -> bool:
         """The drafter is being fed ``seq``'s prompt behind its prefill (``follow_iter``):

@@ -49,6 +49,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     ),
     "spec_draft_tokens": (Counter, "Draft tokens proposed", None, None),
     "spec_accepted_tokens": (Counter, "Draft tokens accepted", None, None),
+    "spec_drafter_prompt_tokens": (
+        Counter,
+        "Prompt tokens the drafter was fed behind prefill steps (SpecConfig.follow_prefill)",
+        None,
+        None,
+    ),
     "time_to_first_token_seconds": (Histogram, "Time to first token", None, TTFT_BUCKETS),
     "inter_token_latency_seconds": (Histogram, "Time between tokens", None, ITL_BUCKETS),
     "e2e_request_latency_seconds": (Histogram, "Request latency", None, E2E_BUCKETS),
@@ -214,6 +220,9 @@ class PrometheusObserver(Observer):
 
     def decode_ahead(self) -> None:
         self._m["decode_ahead_steps"].inc()
+
+    def drafter_prompt_tokens(self, num_tokens: int) -> None:
+        self._m["spec_drafter_prompt_tokens"].inc(num_tokens)
 
     def preemption(self) -> None:
         self._m["preemptions"].inc()
