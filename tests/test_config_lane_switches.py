@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verifypd.config import EngineConfig, env_overrides
+from verifypd.config import EngineConfig, SpecConfig, env_overrides, spec_env_overrides
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verifypd"
 
@@ -32,6 +32,17 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_PROMPT_TOKEN_BUCKET": "0"}) == {"prompt_token_bucket": 0}
     with pytest.raises(ValueError, match="VERIFYPD_PROMPT_TOKEN_BUCKET"):
         env_overrides({"VERIFYPD_PROMPT_TOKEN_BUCKET": "sixty-four"})
+
+
+def test_spec_env_overrides_map_the_policy_knobs() -> None:
+    assert spec_env_overrides({}) == {}
+    assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "1"}) == {"follow_prefill": True}
+    assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "0"}) == {"follow_prefill": False}
+    assert spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": " 0.1"}) == {"tail_tolerance": 0.1}
+    with pytest.raises(ValueError, match="VERIFYPD_TAIL_TOLERANCE"):
+        spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": "ten percent"})
+    with pytest.raises(ValueError, match="tail_tolerance"):  # SpecConfig checks the range
+        SpecConfig(**spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": "1.5"}))
 
 
 def test_decode_ahead_is_decided_by_the_device_by_default() -> None:

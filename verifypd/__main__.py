@@ -8,7 +8,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from verifypd.config import EngineConfig, SpecConfig, env_overrides
+from verifypd.config import EngineConfig, SpecConfig, env_overrides, spec_env_overrides
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    spec = SpecConfig(method=args.spec, draft_model=args.draft_model)
+    spec = SpecConfig(
+        method=args.spec, draft_model=args.draft_model, **spec_env_overrides(os.environ)
+    )
     return EngineConfig(
         model=args.model,
         device=args.device,

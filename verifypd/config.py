@@ -356,6 +356,8 @@ ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
 ENV_PREFILL_SLICE_LAYERS = "VERIFYPD_PREFILL_SLICE_LAYERS"
 ENV_PROMPT_TOKEN_BUCKET = "VERIFYPD_PROMPT_TOKEN_BUCKET"
+ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
+ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -380,6 +382,21 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             if not text.isdigit():
                 raise ValueError(f"{name} must be an int >= 0, got {text!r}")
             out[field_name] = int(text)
+    return out
+
+
+def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on) and
+    ``VERIFYPD_TAIL_TOLERANCE`` (a float), for A/Bs against a server (the knobs have no flag)."""
+    out: dict[str, Any] = {}
+    if ENV_FOLLOW_PREFILL in environ:
+        out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
+    if ENV_TAIL_TOLERANCE in environ:
+        text = environ[ENV_TAIL_TOLERANCE].strip()
+        try:
+            out["tail_tolerance"] = float(text)
+        except ValueError:
+            raise ValueError(f"{ENV_TAIL_TOLERANCE} must be a float, got {text!r}") from None
     return out
 
 

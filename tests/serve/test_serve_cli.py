@@ -127,3 +127,16 @@ async def _health_status(url: str) -> tuple[int, dict]:
                 return resp.status, await resp.json()
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.05)
+
+
+def test_policy_knobs_reach_the_server_config_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The speculation policy's A/B knobs have no flag: ``VERIFYPD_FOLLOW_PREFILL`` and
+    ``VERIFYPD_TAIL_TOLERANCE`` set them for a server."""
+    args = parse("--draft-model", "dummy:tiny")
+    assert not config_from_args(args).spec.follow_prefill
+    monkeypatch.setenv("VERIFYPD_FOLLOW_PREFILL", "1")
+    monkeypatch.setenv("VERIFYPD_TAIL_TOLERANCE", "0.1")
+    spec = config_from_args(args).spec
+    assert spec.follow_prefill and spec.tail_tolerance == 0.1

@@ -14,6 +14,7 @@ from verifypd.config import (
     SchedulerConfig,
     SpecConfig,
     env_overrides,
+    spec_env_overrides,
 )
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
 from verifypd.serve.cors import CorsConfig, parse_list
@@ -157,6 +158,7 @@ def config_from_args(
         draft_model=draft_model,
         synthetic_acceptance=args.synthetic_acceptance,
         **fixed,
+        **spec_env_overrides(os.environ),
     )
     cache = CacheConfig(
         block_size=args.block_size,
