@@ -252,7 +252,8 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued
-    assert any("b" in who for who, _ in drafted)  # b speculated once fed
+    assert any("b" in who for who, _ in drafted)  # b speculated once fed ...
+    assert core.controller.decisions["catch_up"] == 0  # ... with no catch-up round
     assert any("b" in busy for _, busy in drafted)  # a drafted while b was being fed ...
     assert not any(who & busy for who, busy in drafted)  # ... and b never then
     reference = await _reference([("a", [5, 6, 7, 8], LONG), ("b", list(range(3, 103)), GREEDY)])
