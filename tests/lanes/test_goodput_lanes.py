@@ -88,17 +88,17 @@ async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(refere
     engine = _engine(follow=True)
     drafter = engine.core.spec.drafter
     fed, catch_ups = [], []
-    follow, propose = drafter.follow, drafter.propose
+    follow, propose = drafter.follow_iter, drafter.propose
 
-    def follow_spy(items):
-        fed.append(follow(items))
+    def follow_spy(items, every=0):
+        fed.append((yield from follow(items, every)))
         return fed[-1]
 
     def propose_spy(*args):
         propose(*args)
         catch_ups.append(drafter.last_catch_up)
 
-    drafter.follow, drafter.propose = follow_spy, propose_spy
+    drafter.follow_iter, drafter.propose = follow_spy, propose_spy
     assert await _run(engine) == reference
     assert sum(fed) == sum(len(p) for p in PROMPTS)  # every prompt token, once
     assert catch_ups and max(catch_ups) <= 2  # no proposal fed a whole context
@@ -109,8 +109,13 @@ async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(re
     policy, drafter = engine.core.controller, engine.core.spec.drafter
     policy.population = AcceptanceEstimate(0.02, 0.0)  # as after many rejected verifies
     fed = []
-    follow = drafter.follow
-    drafter.follow = lambda items: fed.append(follow(items)) or fed[-1]
+    follow = drafter.follow_iter
+
+    def follow_spy(items, every=0):
+        fed.append((yield from follow(items, every)))
+        return fed[-1]
+
+    drafter.follow_iter = follow_spy
     assert await _run(engine) == reference  # lossless whatever the drafter proposes
     assert not fed  # parked: the drafter never followed a prefill
     assert engine.core.spec.num_drafted <= 3 * len(PROMPTS)  # probes at most

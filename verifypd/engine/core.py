@@ -21,6 +21,7 @@ from verifypd.config import EngineConfig
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.logprobs import check_num_logprobs, fold_logprobs
+from verifypd.engine.model import drain
 from verifypd.engine.outputs import OutputProcessor, SeqOutputState
 from verifypd.engine.runner import PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
@@ -235,15 +236,7 @@ class EngineCore:
         """The drafter computes its KV of the prompt chunks in ``plan`` (on the same stream,
         behind them) for the sequences ``expects`` names (by seq_id); the others' drafter
         catches up only if they draft later. Host state: on the loop thread."""
-        items = self.follow_items(plan, expects)
-        if items:
-            try:
-                fed = self.spec.drafter.follow(items)
-            except Exception:  # an optimization: the drafter catches up when it drafts
-                logger.exception("drafter catch-up behind a prefill failed")
-                return
-            if fed:
-                self.observer.drafter_prompt_tokens(fed)
+        drain(self.follow_iter(self.follow_items(plan, expects)))
 
     def follow_items(
         self, plan: StepPlan, expects: Callable[[int], bool]
@@ -262,7 +255,8 @@ class EngineCore:
         self, items: list[tuple[Sequence, int]], every: int = 0
     ) -> Generator[None, None, None]:
         """The drafter's forward over ``items`` (``follow_items``), pausing after every
-        ``every`` layers. An optimization: if it fails, the drafter catches up when it drafts."""
+        ``every`` layers (0: in one piece). An optimization: if it fails, the drafter catches up
+        when it drafts."""
         if not items:
             return
         try:

@@ -22,7 +22,6 @@ from verifypd.config import SpecConfig
 from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.loader import LoadedModel
-from verifypd.engine.model import drain
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
@@ -45,7 +44,7 @@ class DraftView:
         self.block_table: list[int] = []
         self.params = seq.params
         self.seed = seq.seed ^ _DRAFT_SEED_SALT
-        self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow``)
+        self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow_iter``)
         # Forwards behind its prompt chunks queued or being enqueued in pieces (``follow_iter``),
         # and the prompt length they feed it up to: while any is, nothing else drafts for it.
         self.following = 0
@@ -206,24 +205,20 @@ class DraftModelProposer:
             return None
         return view
 
-    def follow(self, items: list[tuple[Sequence, int]]) -> int:
-        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
-        computes the drafter's KV of ``seq``'s tokens up to ``end`` in one forward without
-        logits, so the request's first speculative round starts steady instead of feeding
-        its whole context inside a decode step. Returns the tokens fed."""
-        return drain(self.follow_iter(items))
-
     @torch.inference_mode()
     def follow_iter(
         self, items: list[tuple[Sequence, int]], every: int = 0
     ) -> Generator[None, None, int]:
-        """``follow`` in pieces: its first ``next`` claims the views (``following``: nothing
-        drafts for them) and their blocks, and pauses, so the forward can be queued behind
-        earlier ones; the next ones enqueue it, pausing after every ``every`` layers (0: in one
-        piece), the event loop free in between. A request that has ended by its turn is left
-        out, and one that ends part-way stops it (its blocks went back: no more writes to
-        them; the others keep their progress and catch up later). The views count the fed
-        tokens once every piece is enqueued."""
+        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
+        computes the drafter's KV of ``seq``'s tokens up to ``end`` in one forward without
+        logits, so the request's first speculative round starts steady instead of feeding
+        its whole context inside a decode step; returns the tokens fed. Its first ``next``
+        claims the views (``following``: nothing drafts for them) and their blocks, and
+        pauses, so the forward can be queued behind earlier ones; the next ones enqueue it,
+        pausing after every ``every`` layers (0: in one piece), the event loop free between.
+        A request that has ended by its turn is left out, and one that ends part-way stops it
+        (its blocks went back: no more writes to them; the others keep their progress and
+        catch up later). The views count the fed tokens once every piece is enqueued."""
         claimed = []
         for seq, end in items:
             if seq.status.is_finished:
