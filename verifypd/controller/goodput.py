@@ -429,7 +429,10 @@ class GoodputPolicy(DraftController):
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = self._waiting if g.waiting_riders_exempt else 0
         groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
-        plans: list[_Plan] = []
+        best: _Plan | None = None
+        # With a tail tolerance every plan is kept (the shortest close one wins); without, only
+        # the best so far (the search runs on the host before decode steps).
+        plans: list[_Plan] | None = [] if g.tail_tolerance else None
         for L in range(1, self.config.max_draft_len + 1):
             tokens, least = float(rows), math.inf
             for grp in groups:
@@ -444,12 +447,16 @@ class GoodputPolicy(DraftController):
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + one_off / g.amortize_steps)
-                    if step_s <= bound and value > floor:
-                        plans.append(_Plan(value, step_s + one_off, tokens, k, L, fused))
-        if not plans:
-            return None
-        best = max(plans, key=lambda p: p.value)  # the first of equals: deterministic
-        if not g.tail_tolerance:
+                    if step_s > bound or value <= floor:
+                        continue
+                    if plans is None and best is not None and value <= best.value:
+                        continue  # the first of equals stays: deterministic
+                    plan = _Plan(value, step_s + one_off, tokens, k, L, fused)
+                    if best is None or value > best.value:
+                        best = plan
+                    if plans is not None:
+                        plans.append(plan)
+        if not plans or best is None:
             return best
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
