@@ -56,6 +56,7 @@ from common import (  # noqa: E402
     format_table,
     progress,
     release_memory,
+    save_figure,
     start_run,
 )
 from harness import (  # noqa: E402
@@ -473,7 +474,7 @@ def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Pa
         series = {p: [ok[n]["latency"][key][p] for n in labels] for p in ("p50", "p95", "p99")}
         draw_bars(ax, f"{title} percentiles per mode", "ms", labels, series)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -62,6 +62,7 @@ from common import (  # noqa: E402
     resolve_device,
     result_path,
     results_dir,
+    save_figure,
     write_json,
 )
 from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
@@ -628,7 +629,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.set_xlabel("verifypd advantage over vLLM (>1: verifypd better)")
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

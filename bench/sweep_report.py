@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from common import format_table, write_json  # noqa: E402
+from common import format_table, save_figure, write_json  # noqa: E402
 from sweep import criteria, criteria_lines, repeat_spread, spread_lines  # noqa: E402
 
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
@@ -124,7 +124,7 @@ def plot_rates(stem: Path, rows: list[dict[str, Any]]) -> list[Path]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         path = stem.with_name(f"{stem.stem}-{profile}-t{temp}.png")
-        fig.savefig(path, dpi=100)
+        save_figure(fig, path, dpi=100)
         plt.close(fig)
         paths.append(path)
     return paths
@@ -148,7 +148,7 @@ def plot_timeline(path: Path, timeline: list[dict[str, Any]]) -> Path | None:
         ax.set(xlabel="s since the run's start", ylabel=key, title=f"policy: {key} over time")
         ax.legend(fontsize=6, ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
 

@@ -209,3 +209,28 @@ def test_gemm_host_smoke(tmp_path: Path) -> None:
     assert all(v > 0 for r in calls.values() for v in r.values())
     steps = data["results"]["prompt_steps"]
     assert steps["gemm_host_ms_per_step"] > 0 and steps["first_layer_p50_us"] > 0
+
+
+def test_large_results_are_written_compact_and_small_ones_indented(tmp_path: Path) -> None:
+    common = load_bench("common")
+    small = {"device": "cpu", "rows": [1, 2]}
+    large = {"timeline": [{"t_s": i * 0.25, "depth": i} for i in range(20_000)]}
+    for name, data, indented in (("small", small, True), ("large", large, False)):
+        path = common.write_json(tmp_path / f"{name}.json", data)
+        text = path.read_text()
+        assert json.loads(text) == data
+        assert ("\n  " in text) is indented
+    assert (tmp_path / "large.json").stat().st_size > common.COMPACT_JSON_BYTES
+
+
+def test_figures_are_saved_as_palette_pngs(tmp_path: Path) -> None:
+    common = load_bench("common")
+    plt = pytest.importorskip("matplotlib.pyplot", reason="plots need matplotlib")
+    image = pytest.importorskip("PIL.Image", reason="matplotlib brings pillow")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1, 2], [2, 0, 1], label="a")
+    ax.legend()
+    path = common.save_figure(fig, tmp_path / "f.png", dpi=50)
+    plt.close(fig)
+    with image.open(path) as png:
+        assert png.mode == "P" and png.size == (320, 240)
