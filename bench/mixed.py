@@ -98,13 +98,13 @@ class Mode:
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float | bool | None], ...] = ()  # other SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
-    engine_options: tuple[tuple[str, bool | int | None], ...] = ()  # EngineConfig fields set
+    engine_options: tuple[tuple[str, bool | int | str | None], ...] = ()  # EngineConfig fields set
 
 
 def _policy_with(
     spec: tuple[tuple[str, float | bool | None], ...] = (),
     sched: tuple[tuple[str, float | None], ...] = (),
-    engine: tuple[tuple[str, bool | int | None], ...] = (),
+    engine: tuple[tuple[str, bool | int | str | None], ...] = (),
 ) -> Mode:
     """The goodput policy on three lanes with some settings changed: a variant for A/Bs."""
     return Mode("three", True, True, policy="goodput", spec_options=spec, sched_options=sched,
@@ -139,6 +139,10 @@ MODES = {
     # lands meanwhile), instead of in an eager catch-up round that holds the event loop
     # (~15 ms on an H200) for every running request.
     "policy-follow": _policy_with(spec=(("follow_prefill", True),)),
+    # The GPU's block scheduler serving the prefill stream first (what every build before
+    # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).
+    "policy-prefill-first": _policy_with(engine=(("lane_priorities", "prefill-first"),)),
+    "policy-equal-prio": _policy_with(engine=(("lane_priorities", "equal"),)),
     "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),

@@ -351,6 +351,8 @@ class SpecConfig:
 LANES = ("decode", "prefill", "verify")
 # Environment variables that older A/B scripts set; only entry points map them (env_overrides).
 ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
+ENV_LANE_PRIORITIES = "VERIFYPD_LANE_PRIORITIES"
+LANE_PRIORITIES = ("decode-first", "prefill-first", "equal")
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
@@ -362,6 +364,7 @@ ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
+    ``VERIFYPD_LANE_PRIORITIES`` (``EngineConfig.lane_priorities``),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
     ("0" = off, "1" = on), ``VERIFYPD_PREFILL_SLICE_LAYERS`` and ``VERIFYPD_PROMPT_TOKEN_BUCKET``
     (ints, 0 = off), for the CLI and benchmarks to pass on."""
@@ -369,6 +372,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
         out["lane_streams"] = tuple(n for n in names if n and n != "0")
+    if ENV_LANE_PRIORITIES in environ:
+        out["lane_priorities"] = environ[ENV_LANE_PRIORITIES].strip()
     if ENV_EMIT_AFTER_LAUNCH in environ:
         out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
     if ENV_DECODE_AHEAD in environ:
@@ -417,6 +422,12 @@ class EngineConfig:
     max_logprobs: int = 20  # the most top log-probs a request may ask for (per token)
     # The lanes that get a CUDA stream of their own (DESIGN.md: all three); () = none.
     lane_streams: tuple[str, ...] = LANES
+    # Which lane's stream the GPU's block scheduler serves first when several have kernels
+    # waiting (CUDA stream priorities; ``lanes.executor.lane_priorities``): decode-first (the
+    # design: decode > verify > prefill > the drafter following prompts), prefill-first (the
+    # mirror; every build before 2026-11-26 ran this by mistake, having read CUDA's priority
+    # range the wrong way round) or equal (the default priority for all).
+    lane_priorities: Literal["decode-first", "prefill-first", "equal"] = "decode-first"
     # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
     emit_after_launch: bool = True
     # Decode-ahead: while a decode step runs, launch the next one behind it with its input
@@ -450,6 +461,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if set(self.lane_streams) - set(LANES):
             raise ValueError(f"lane_streams must be a subset of {LANES}, got {self.lane_streams}")
+        if self.lane_priorities not in LANE_PRIORITIES:
+            got = self.lane_priorities
+            raise ValueError(f"lane_priorities must be one of {LANE_PRIORITIES}, got {got!r}")
         if not isinstance(self.kernels, KernelConfig):
             raise ValueError(f"kernels must be a KernelConfig, got {self.kernels!r}")
         if self.max_logprobs < 0:

@@ -277,8 +277,9 @@ def _rid(core: EngineCore, seq_id: int) -> str | None:
 
 async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() -> None:
     """A request aborted between the pieces of the drafter's forward behind its prompt step:
-    its drafter blocks go back at once, so no further piece may write to them; the follow
-    stops (its batch-mates' drafters catch up later), the rest goes on losslessly."""
+    the follow stops (its batch-mates' drafters catch up later), and the request's drafter
+    blocks go back only once it has (on a GPU: once the pieces enqueued have run), so no
+    piece writes to blocks handed out again; the rest goes on losslessly."""
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
                            initial_draft_len=3, follow_prefill=True)  # fmt: skip
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
@@ -286,7 +287,7 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     outputs: list = []
     d = _dispatcher(core, outputs)
     drafter = core.spec.drafter
-    inner, fed = drafter.follow_iter, []
+    inner, fed, usage = drafter.follow_iter, [], []
 
     def follow_iter(items, every):
         gen = inner(items, every)
@@ -294,14 +295,19 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
         next(gen)  # the first piece is enqueued
         yield
         if any(seq.request_id == "b" for seq, _ in items):
+            before = drafter.kv.usage
             outputs.extend(core.abort_request("b"))
+            usage.append((before, drafter.kv.usage))  # b's blocks held: a piece is enqueued
         fed.append((sorted(seq.request_id for seq, _ in items), (yield from gen)))
+        usage.append(drafter.kv.usage)  # the follow stopped: b's blocks went back
 
     drafter.follow_iter = follow_iter
     core.add_request("b", list(range(3, 23)), GREEDY)
     core.add_request("c", list(range(30, 50)), GREEDY)
     await _run(d, core)
     assert fed == [(["b", "c"], 0)]  # one prompt step for both; its follow stopped
+    (before, held), after = usage
+    assert before == held > after > 0  # c keeps its blocks
     assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (0, 1)
     finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
     assert finish == {"b": "abort", "c": "length"}

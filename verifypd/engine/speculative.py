@@ -58,6 +58,15 @@ class DraftView:
         return len(self.token_ids)
 
 
+def _recorded_event(is_cuda: bool):
+    """A CUDA event recorded on the current stream (None off the GPU)."""
+    if not is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 class DraftModelProposer:
     """Drafts with a smaller model sharing the target's tokenizer."""
 
@@ -79,6 +88,9 @@ class DraftModelProposer:
         # part-way because a request ended (benchmarks read them).
         self.num_followed_tokens = 0
         self.num_follows_stopped = 0
+        # Views of ended requests whose forward behind a prompt step may still be enqueued or
+        # run on the GPU: their blocks go back once it has (``release_held``).
+        self._held: list[DraftView] = []
         # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graph's q and the
         # most replays of it a proposal's catch-up may take (0: no chunked catch-up).
         self.catch_up_chunk = self.catch_up_chunks = 0
@@ -219,6 +231,7 @@ class DraftModelProposer:
         A request that has ended by its turn is left out, and one that ends part-way stops it
         (its blocks went back: no more writes to them; the others keep their progress and
         catch up later). The views count the fed tokens once every piece is enqueued."""
+        self.release_held()
         claimed = []
         for seq, end in items:
             if seq.status.is_finished:
@@ -256,14 +269,14 @@ class DraftModelProposer:
                 if any(self.views.get(v.seq_id) is not v for v in views):
                     pieces.close()
                     self.num_follows_stopped += 1
+                    stopped = _recorded_event(self.runner.is_cuda)  # the pieces enqueued
+                    for v in views:
+                        v.ready = stopped
                     return 0
             # It runs behind the prompt chunk on the prefill stream; only the first drafting
             # of these views waits for it (``_wait_for_follow``), not every drafting (the
             # decode stream must not wait behind a prompt chunk).
-            ready = None
-            if self.runner.is_cuda:
-                ready = torch.cuda.Event()
-                ready.record()
+            ready = _recorded_event(self.runner.is_cuda)
             for v in views:
                 v.num_computed_tokens = v.num_tokens
                 v.ready = ready
@@ -275,6 +288,7 @@ class DraftModelProposer:
                 v.following -= 1
                 if not v.following:
                     v.follow_end = v.num_computed_tokens
+            self.release_held()
 
     def _wait_for_follow(self, views: list[DraftView]) -> None:
         for v in views:
@@ -341,7 +355,24 @@ class DraftModelProposer:
             self.chained.confirmed.pop(seq_id, None)
         view = self.views.pop(seq_id, None)
         if view is not None:
-            self.kv.free(view.block_table)
+            self._held.append(view)
+        self.release_held()
+
+    def release_held(self, wait: bool = False) -> None:
+        """Frees the blocks of ended requests' views once no forward behind a prompt step of
+        theirs is being enqueued or can still write to them: the follow stream runs below
+        every lane, so such a forward may run long after it was enqueued, and blocks handed
+        out again before it has would be overwritten. ``wait``: wait on the GPU for those
+        already enqueued (tests)."""
+        keep = []
+        for v in self._held:
+            if v.ready is not None and wait and not v.following:
+                v.ready.synchronize()
+            if v.following or (v.ready is not None and not v.ready.query()):
+                keep.append(v)
+            else:
+                self.kv.free(v.block_table)
+        self._held = keep
 
 
 class SpecDecoder:

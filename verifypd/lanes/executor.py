@@ -30,11 +30,33 @@ from verifypd.types import StepPlan
 T = TypeVar("T")
 
 
+def lane_priorities(least: int, greatest: int, order: str) -> dict[str, int]:
+    """CUDA stream priority per stream, from the device's range (``least`` is 0, ``greatest``
+    negative: a lower number is served first) and ``EngineConfig.lane_priorities``. The
+    drafter's forwards behind prompt steps (``follow``) always come last: they only save
+    later work, so they take what the lanes leave."""
+    if order == "equal":
+        return dict.fromkeys(("decode", "verify", "prefill", "follow"), least)
+    levels = list(range(greatest, least + 1))  # served first .. last
+    first = levels[0]
+    last = levels[-2] if len(levels) > 2 else levels[-1]  # the follow stream's is below it
+    out = {"verify": (first + last) // 2, "follow": least}
+    if order == "decode-first":
+        return {**out, "decode": first, "prefill": last}
+    if order == "prefill-first":
+        return {**out, "decode": last, "prefill": first}
+    raise ValueError(f"unknown lane priority order {order!r}")
+
+
 class LaneStreams:
-    """One CUDA stream per lane, created with the lane's priority; no-ops on CPU."""
+    """One CUDA stream per lane, created with the lane's priority (``lane_priorities``), and
+    one for the drafter following prompt steps where prefill has its own; no-ops on CPU."""
 
     def __init__(
-        self, device: torch.device, wanted: tuple[str, ...] = ("decode", "prefill", "verify")
+        self,
+        device: torch.device,
+        wanted: tuple[str, ...] = ("decode", "prefill", "verify"),
+        order: str = "decode-first",
     ) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
         # ``wanted`` (EngineConfig.lane_streams): the lanes that get their own stream; default
@@ -43,11 +65,10 @@ class LaneStreams:
         # (H200, dummy Qwen2.5-7B + 0.5B drafter) the verify stream was 6-10 % faster than the
         # current stream at batch 1 and 8.
         if device.type == "cuda":
-            highest, lowest = torch.cuda.Stream.priority_range()  # e.g. (-5, 0): lower = higher
-            prios = {"decode": highest, "verify": (highest + lowest) // 2, "prefill": lowest}
-            self.streams = {
-                n: torch.cuda.Stream(device, priority=p) for n, p in prios.items() if n in wanted
-            }
+            least, greatest = torch.cuda.Stream.priority_range()  # (0, -N): lower runs first
+            prios = lane_priorities(least, greatest, order)
+            names = [*wanted, "follow"] if "prefill" in wanted else list(wanted)
+            self.streams = {n: torch.cuda.Stream(device, priority=prios[n]) for n in names}
 
     def context(self, lane: str):
         stream = self.streams.get(lane)
@@ -104,14 +125,15 @@ class StreamExecutor:
             self.policy.chain_after(plan, pending)
         behind = self.policy.follow_behind(plan, self.slice_layers)
         if behind is not None:
-            self._behind.append((lane, behind))
+            self._behind.append(("follow", behind))
             if self._behind_task is None:
                 self._behind_task = asyncio.create_task(self._run_behind())
         return pending
 
     async def _run_behind(self) -> None:
-        """Runs the queued forwards behind prompt steps in order, each on its lane's stream
-        (one at a time: a prompt's next chunk is followed once its last one has been)."""
+        """Runs the queued forwards behind prompt steps in order on the follow stream, below
+        every lane's priority (one at a time: a prompt's next chunk is followed once its last
+        one has been; the first drafting for a request waits for its forward on the GPU)."""
         try:
             while self._behind:
                 lane, pieces = self._behind.popleft()
@@ -169,7 +191,7 @@ def executor_for(
 ) -> StepExecutor:
     """The strategy for ``core``'s device, with streams for ``lanes``
     (``EngineConfig.lane_streams``)."""
-    streams = LaneStreams(core.device, lanes)
+    streams = LaneStreams(core.device, lanes, core.config.lane_priorities)
     kind = StreamExecutor if core.device.type == "cuda" else ThreadExecutor
     return kind(core, policy, streams)
 
