@@ -14,6 +14,7 @@ from helpers import pin_costs, tiny_config, tiny_draft_spec
 from verifypd.config import SchedulerConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.model import drain
+from verifypd.engine.speculative import DraftView
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import LaneStreams, StreamExecutor, executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
@@ -343,3 +344,30 @@ async def test_closing_the_executor_stops_the_drafter_following_a_prompt() -> No
         await asyncio.sleep(0)
     assert not executor.busy and not any(map(core.drafter_busy, seqs))
     assert (b.following, b.follow_end, b.num_computed_tokens) == (0, 0, 0)
+
+
+class _Event:
+    """A CUDA event's host side: ``query`` is True once the GPU has passed it."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_a_request_is_busy_until_its_follow_has_run_on_the_gpu() -> None:
+    """The follow stream runs below every lane: until the forward behind a request's prompt
+    has run there, drafting for it would make the decode stream wait for it."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=True)
+    core = EngineCore(tiny_config(spec=spec))
+    (seq,) = core.add_request("a", list(range(3, 23)), GREEDY)
+    drafter = core.spec.drafter
+    assert not core.drafter_busy(seq)  # no view yet
+    view = drafter.views[seq.seq_id] = DraftView(seq)
+    view.ready = event = _Event()
+    assert core.drafter_busy(seq)
+    event.done = True
+    assert not core.drafter_busy(seq)
+    view.following = 1
+    assert core.drafter_busy(seq)

@@ -269,10 +269,10 @@ class EngineCore:
 
     def drafter_busy(self, seq: Sequence) -> bool:
         """The drafter is being fed ``seq``'s prompt behind its prefill (``follow_iter``):
-        nothing may draft for it until that is enqueued."""
+        nothing may draft for it until that has run (``DraftView.following_now``)."""
         drafter = self.spec.drafter
         view = drafter.views.get(seq.seq_id) if drafter is not None else None
-        return view is not None and view.following > 0
+        return view is not None and view.following_now
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""

@@ -57,6 +57,13 @@ class DraftView:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def following_now(self) -> bool:
+        """A forward behind its prompt chunks is being enqueued, or has not run yet on the
+        GPU: drafting for it now would make the decode stream wait behind the follow stream,
+        which runs below every lane."""
+        return self.following > 0 or (self.ready is not None and not self.ready.query())
+
 
 def _recorded_event(is_cuda: bool):
     """A CUDA event recorded on the current stream (None off the GPU)."""
