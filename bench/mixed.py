@@ -143,6 +143,9 @@ MODES = {
     # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).
     "policy-prefill-first": _policy_with(engine=(("lane_priorities", "prefill-first"),)),
     "policy-equal-prio": _policy_with(engine=(("lane_priorities", "equal"),)),
+    "off-prefill-first": Mode(
+        "three", False, engine_options=(("lane_priorities", "prefill-first"),)
+    ),
     "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
