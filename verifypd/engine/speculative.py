@@ -236,8 +236,9 @@ class DraftModelProposer:
         pauses, so the forward can be queued behind earlier ones; the next ones enqueue it,
         pausing after every ``every`` layers (0: in one piece), the event loop free between.
         A request that has ended by its turn is left out, and one that ends part-way stops it
-        (its blocks went back: no more writes to them; the others keep their progress and
-        catch up later). The views count the fed tokens once every piece is enqueued."""
+        (no further piece is enqueued, and its blocks go back once those enqueued have run,
+        ``release_held``; the others keep their progress and catch up later). The views
+        count the fed tokens once every piece is enqueued."""
         self.release_held()
         claimed = []
         for seq, end in items:
@@ -280,9 +281,9 @@ class DraftModelProposer:
                     for v in views:
                         v.ready = stopped
                     return 0
-            # It runs behind the prompt chunk on the prefill stream; only the first drafting
-            # of these views waits for it (``_wait_for_follow``), not every drafting (the
-            # decode stream must not wait behind a prompt chunk).
+            # It runs on the follow stream, below every lane; the policy drafts for these
+            # views only once it has run (``following_now``), and the first drafting waits for
+            # it on the GPU anyway (``_wait_for_follow``), not every drafting.
             ready = _recorded_event(self.runner.is_cuda)
             for v in views:
                 v.num_computed_tokens = v.num_tokens

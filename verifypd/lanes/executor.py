@@ -100,9 +100,7 @@ class StreamExecutor:
         self.slice_layers = core.config.prefill_slice_layers
         self.background_lanes = frozenset(("prefill",) if self.slice_layers else ())
         # The drafter's forwards behind prompt steps, run one after another by one task.
-        self._behind: collections.deque[tuple[str, Generator[None, None, None]]] = (
-            collections.deque()
-        )
+        self._behind: collections.deque[Generator[None, None, None]] = collections.deque()
         self._behind_task: asyncio.Task | None = None
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep:
@@ -125,7 +123,7 @@ class StreamExecutor:
             self.policy.chain_after(plan, pending)
         behind = self.policy.follow_behind(plan, self.slice_layers)
         if behind is not None:
-            self._behind.append(("follow", behind))
+            self._behind.append(behind)
             if self._behind_task is None:
                 self._behind_task = asyncio.create_task(self._run_behind())
         return pending
@@ -136,8 +134,7 @@ class StreamExecutor:
         one has been; the first drafting for a request waits for its forward on the GPU)."""
         try:
             while self._behind:
-                lane, pieces = self._behind.popleft()
-                await self._in_pieces(lane, pieces)
+                await self._in_pieces("follow", self._behind.popleft())
         finally:
             self._behind_task = None
 
@@ -160,7 +157,7 @@ class StreamExecutor:
         """Cancels the forwards behind prompt steps not yet enqueued (the engine stops)."""
         if self._behind_task is not None:
             self._behind_task.cancel()
-        for _, pieces in self._behind:
+        for pieces in self._behind:
             pieces.close()
         self._behind.clear()
 
