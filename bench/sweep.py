@@ -324,6 +324,35 @@ def repeat_spread(
     return out
 
 
+def replicated_misses(
+    rows: list[dict[str, Any]], again: list[dict[str, Any]], policy: str = "policy"
+) -> dict[str, Any]:
+    """The within-5 % checks that miss in ``rows``, each marked ``replicated`` when the same
+    check (profile, temperature, rate, metric) misses in ``again``, another run of the same
+    plan: a miss in one run only may be the noise that ``repeat_spread`` measures, a miss in
+    both is a loss to act on."""
+    theirs = {_check_key(c): c for c in within_best(_judged(again, policy), policy)["checks"]}
+    misses = []
+    for c in within_best(_judged(rows, policy), policy)["checks"]:
+        other = theirs.get(_check_key(c))
+        if c["ok"] or other is None:
+            continue
+        misses.append({**c, "repeat_ratio": other["ratio"], "replicated": not other["ok"]})
+    return {"misses": len(misses), "replicated": sum(m["replicated"] for m in misses),
+            "checks": misses}  # fmt: skip
+
+
+def replicated_lines(rep: dict[str, Any]) -> list[str]:
+    ratio = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    lines = [f"misses replicated in the repeat: {rep['replicated']} of {rep['misses']}"]
+    for m in rep["checks"]:
+        if m["replicated"]:
+            lines.append(f"  rate={m['rate']:g} {m['acceptance_profile']} T={m['temperature']:g} "
+                         f"{m['metric']}: {ratio(m['ratio'])} and {ratio(m['repeat_ratio'])} "
+                         "of the best other mode")  # fmt: skip
+    return lines
+
+
 def spread_lines(spread: dict[str, Any]) -> list[str]:
     tol = spread["tolerance"]
     lines = [f"run-to-run spread against the repeat (share of cells beyond {tol:.0%}):"]
@@ -335,10 +364,20 @@ def spread_lines(spread: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _judged(rows: list[dict[str, Any]], policy: str) -> list[dict[str, Any]]:
+    """``policy``'s rows and those of the modes that are not a policy variant (``policy-*``:
+    the same policy with other settings, judged on its own)."""
+    return [r for r in rows if r["mode"] == policy or not r["mode"].startswith("policy")]
+
+
+def _check_key(check: dict[str, Any]) -> tuple:
+    return (check["acceptance_profile"], check["temperature"], check["rate"], check["metric"])
+
+
 def criteria(rows: list[dict[str, Any]], policy: str = "policy") -> dict[str, Any]:
     """The issue's criteria for one policy mode against the modes that are not a policy
-    variant (``policy-*``: the same policy with other settings, judged on its own)."""
-    rows = [r for r in rows if r["mode"] == policy or not r["mode"].startswith("policy")]
+    variant (``_judged``)."""
+    rows = _judged(rows, policy)
     return {
         "policy_within_5pct_of_best": within_best(rows, policy),
         "hetero_goodput_gain_15pct": hetero_goodput_gain(rows, policy),

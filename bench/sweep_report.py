@@ -11,7 +11,8 @@ Several OURS files of one plan (one mode per run, to fit a device time limit) ar
 The merged JSON holds every row, the criteria of bench/sweep.py over the in-process rows, and
 "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file. With
 ``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also holds
-``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 % sits in.
+``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 % sits in,
+and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from common import format_table, save_figure, write_json  # noqa: E402
-from sweep import criteria, criteria_lines, repeat_spread, spread_lines  # noqa: E402
+from sweep import (  # noqa: E402
+    criteria,
+    criteria_lines,
+    repeat_spread,
+    replicated_lines,
+    replicated_misses,
+    spread_lines,
+)
 
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
           ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
@@ -241,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if again.get("sweep_config") != ours.get("sweep_config"):
             p.error("--repeat: a different sweep plan")
         merged["repeat_spread"] = repeat_spread(ours["sweep"], again["sweep"])
+        merged["repeat_misses"] = replicated_misses(ours["sweep"], again["sweep"])
         merged["sources"]["repeat"] = again.get("command")
     first = Path(args.ours[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
@@ -250,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("\n".join(report_lines(merged)))
     if "repeat_spread" in merged:
         print("\n".join(spread_lines(merged["repeat_spread"])))
+        print("\n".join(replicated_lines(merged["repeat_misses"])))
     print(f"wrote {out}")
     return merged
 

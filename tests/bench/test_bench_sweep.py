@@ -239,9 +239,30 @@ def test_repeat_spread_of_two_runs_of_one_plan(tmp_path: Path) -> None:
     merged = report.main([str(paths[0]), "--repeat", str(paths[1]),
                           "--out", str(tmp_path / "m.json")])  # fmt: skip
     assert merged["repeat_spread"]["itl_p99_ms"]["cells"] == 2
+    assert merged["repeat_misses"]["misses"] == 0  # the policy misses nothing in run a
     assert merged["sources"]["repeat"] == "b"
     with pytest.raises(SystemExit):
         report.main([str(paths[0]), "--repeat", str(paths[2]), "--out", str(tmp_path / "n.json")])
+
+
+def test_misses_replicated_in_a_repeat() -> None:
+    """A within-5 % miss counts as replicated only where the repeat misses the same check; a
+    policy variant's rows are not among the modes the policy is judged against."""
+    sweep = load_bench("sweep")
+    a = [_row("off", 2, itl=10.0), _row("policy", 2, itl=12.0),  # ITL miss in both runs
+         _row("off", 8, tpot=10.0), _row("policy", 8, tpot=11.0),  # TPOT miss in a only
+         _row("policy-yield", 8, tpot=5.0)]  # fmt: skip
+    b = [_row("off", 2, itl=10.0), _row("policy", 2, itl=11.0),
+         _row("off", 8, tpot=10.0), _row("policy", 8, tpot=10.2)]  # fmt: skip
+    rep = sweep.replicated_misses(a, b)
+    assert (rep["misses"], rep["replicated"]) == (2, 1)
+    by_metric = {m["metric"]: m for m in rep["checks"]}
+    assert by_metric["itl_p99_ms"]["replicated"] and by_metric["itl_p99_ms"]["rate"] == 2
+    assert by_metric["itl_p99_ms"]["repeat_ratio"] == pytest.approx(1.1)
+    assert not by_metric["tpot_p99_ms"]["replicated"]
+    lines = sweep.replicated_lines(rep)
+    assert lines[0] == "misses replicated in the repeat: 1 of 2" and len(lines) == 2
+    assert "itl_p99_ms: 1.20 and 1.10" in lines[1]
 
 
 def test_http_policy_against_vllm_server_rows() -> None:
