@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -166,7 +167,8 @@ async def run_trace(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     return {"traces": traces, "t_start": t_start, "samples": samples,
-            "fingerprint": fingerprint, "alphas": alphas}  # fmt: skip
+            "fingerprint": fingerprint, "alphas": alphas,
+            "alpha_of": {r.request_id: a for r, a in zip(reqs, alphas, strict=True)}}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- one row
@@ -203,9 +205,35 @@ def summary_row(
         "span_s": load["span_s"],
         "trace_fingerprint": result["fingerprint"],
         "mean_alpha": float(np.mean(result["alphas"])) if result["alphas"] else None,
+        "slowest": slowest_requests(traces, result.get("alpha_of", {})),
         **extra,
     }
     return row
+
+
+SLOWEST_SHARE = 0.05  # the p99's company: the slowest 5 % of requests (at least 3)
+
+
+def slowest_requests(traces: list, alpha_of: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+    """Per metric (TTFT, TPOT), the slowest requests, slowest first: who they were (kind,
+    prompt and output length, the profile's α for them) and their TTFT, TPOT and longest gap
+    between deltas. What a p99 is made of (is the policy's TPOT tail its low-α requests, or
+    long prompts' neighbours?)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for metric in ("ttft", "tpot"):
+        timed = [t for t in traces if getattr(t, f"{metric}_s") is not None]
+        timed.sort(key=lambda t: getattr(t, f"{metric}_s"), reverse=True)
+        n = max(3, math.ceil(SLOWEST_SHARE * len(timed)))
+        out[metric] = [_request_summary(t.row(), alpha_of.get(t.request_id)) for t in timed[:n]]
+    return out
+
+
+def _request_summary(row: dict[str, Any], alpha: float | None) -> dict[str, Any]:
+    ms = lambda s: None if s is None else round(s * 1e3, 3)  # noqa: E731
+    return {"request_id": row["request_id"], "kind": row["kind"],
+            "prompt_len": row["prompt_len"], "num_output": row["num_output"], "alpha": alpha,
+            "ttft_ms": ms(row["ttft_s"]), "tpot_ms": ms(row["tpot_s"]),
+            "max_gap_ms": ms(row["max_gap_s"])}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- criteria

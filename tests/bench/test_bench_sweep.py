@@ -54,6 +54,12 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     for r in rows:
         assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
         assert r["num_finished"] == r["num_requests"] > 0 and r["ttft_p99_ms"] > 0
+        slow = r["slowest"]  # the p99's company, slowest first, with the profile's alpha
+        assert set(slow) == {"ttft", "tpot"} and 1 <= len(slow["ttft"]) <= 4
+        assert [x["ttft_ms"] for x in slow["ttft"]] == sorted(
+            (x["ttft_ms"] for x in slow["ttft"]), reverse=True)  # fmt: skip
+        assert all(x["alpha"] is not None and x["request_id"].startswith("req-")
+                   for x in slow["ttft"] + slow["tpot"])  # fmt: skip
         # Fixed L always drafts; the policy may decide that speculation does not pay here.
         assert (r["num_drafted"] > 0) == (r["mode"] == "three-fixed") or r["mode"] == "policy"
     engines = {n: e["engine"] for n, e in data["sweep_engines"].items()}
@@ -243,6 +249,29 @@ def test_repeat_spread_of_two_runs_of_one_plan(tmp_path: Path) -> None:
     assert merged["sources"]["repeat"] == "b"
     with pytest.raises(SystemExit):
         report.main([str(paths[0]), "--repeat", str(paths[2]), "--out", str(tmp_path / "n.json")])
+
+
+def test_slowest_requests_are_the_p99s_company() -> None:
+    """The slowest requests by TTFT and by TPOT (5 %, at least 3), slowest first, each with
+    its profile alpha; requests without a TPOT (one token, unfinished) are left out there."""
+    sweep, loadgen = load_bench("sweep"), load_bench("loadgen")
+    traces = []
+    for i in range(40):  # TTFT grows with i, TPOT falls with it
+        t = loadgen.Trace(f"req-{i}", "short", 10 + i, 8, arrival=0.0)
+        t.deltas = [(0.01 * (i + 1), 1), (0.01 * (i + 1) + 0.001 * (50 - i), 3)]
+        t.finish_time, t.finish_reason = t.deltas[-1][0], "length"
+        traces.append(t)
+    traces[0].finish_time = None  # unfinished: no TPOT
+    alpha_of = {f"req-{i}": 0.2 if i % 2 else 0.9 for i in range(40)}
+    slow = sweep.slowest_requests(traces, alpha_of)
+    assert [x["request_id"] for x in slow["ttft"]] == ["req-39", "req-38", "req-37"]
+    assert [x["request_id"] for x in slow["tpot"]] == ["req-1", "req-2", "req-3"]
+    first = slow["tpot"][0]
+    assert first["alpha"] == 0.2 and first["prompt_len"] == 11 and first["num_output"] == 4
+    assert first["tpot_ms"] == pytest.approx(49 / 3, abs=1e-3)  # kept to the microsecond
+    assert first["max_gap_ms"] == pytest.approx(49)
+    many = sweep.slowest_requests(traces * 3, alpha_of)  # 120 requests: 5 % is 6
+    assert len(many["ttft"]) == 6
 
 
 def test_misses_replicated_in_a_repeat() -> None:
