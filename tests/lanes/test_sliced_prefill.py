@@ -369,5 +369,6 @@ def test_a_request_is_busy_until_its_follow_has_run_on_the_gpu() -> None:
     assert core.drafter_busy(seq)
     event.done = True
     assert not core.drafter_busy(seq)
+    assert view.ready is None  # passed: dropped, not asked about again
     view.following = 1
     assert core.drafter_busy(seq)

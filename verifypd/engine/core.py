@@ -272,7 +272,7 @@ class EngineCore:
         nothing may draft for it until that has run (``DraftView.following_now``)."""
         drafter = self.spec.drafter
         view = drafter.views.get(seq.seq_id) if drafter is not None else None
-        return view is not None and view.following_now
+        return view is not None and view.following_now()
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Enqueues a step (``ModelRunner.launch``); the caller waits on the result."""

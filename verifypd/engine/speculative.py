@@ -57,12 +57,16 @@ class DraftView:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
     def following_now(self) -> bool:
         """A forward behind its prompt chunks is being enqueued, or has not run yet on the
         GPU: drafting for it now would make the decode stream wait behind the follow stream,
-        which runs below every lane."""
-        return self.following > 0 or (self.ready is not None and not self.ready.query())
+        which runs below every lane. Once the GPU has passed it the event is dropped (nothing
+        need wait for it), so a request that never drafts is not asked about on every step."""
+        if self.following:
+            return True
+        if self.ready is not None and self.ready.query():
+            self.ready = None
+        return self.ready is not None
 
 
 def _recorded_event(is_cuda: bool):
