@@ -17,6 +17,7 @@ import numpy as np
 from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
 from http_load import HttpEngine, served_model, server_means, server_totals
+from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from sweep import (
     SweepPlan,
@@ -52,6 +53,11 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         "--ttft-anatomy",
         action="store_true",
         help="log every lane step and add each row's TTFT parts (bench/ttft_anatomy.py)",
+    )
+    g.add_argument(
+        "--itl-anatomy",
+        action="store_true",
+        help="log every lane step and add each row's ITL tail by role (bench/itl_anatomy.py)",
     )
     g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
     g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
@@ -150,7 +156,8 @@ def engine_sweep(
         recorder = attach_recorder(llm, bench.LoadRecorder())
         spec_on = core.spec.enabled
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
-        steps = StepLog().attach(llm.engine.dispatcher) if args.ttft_anatomy else None
+        logged = args.ttft_anatomy or args.itl_anatomy
+        steps = StepLog().attach(llm.engine.dispatcher) if logged else None
         for rate, profile, temp in plan.runs():
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
@@ -176,8 +183,10 @@ def engine_sweep(
                     engine_error=engine_error(llm.engine),
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
                 )
-                if steps is not None:
+                if args.ttft_anatomy:
                     row["ttft_anatomy"] = anatomy(steps, res["traces"])
+                if args.itl_anatomy:
+                    row["itl_anatomy"] = itl_anatomy(steps, res["traces"])
             except Exception as exc:  # noqa: BLE001 - record and go on
                 res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,
                                              "temperature": temp, "mode": name,

@@ -48,6 +48,15 @@ class FoldedStep:
     num_tokens: int
     # (request_id, engine arrival, first planned) of each request whose prompt this step ended
     prompts_done: list[tuple[str, float, float]] = field(default_factory=list)
+    # Decode rows' roles (request_id -> ROLES entry; bench/itl_anatomy.py): who got tokens
+    rows: dict[str, str] = field(default_factory=dict)
+
+
+# A decode row's role in the step that handed it its tokens: a decode step in which nobody
+# drafted (plain); a plain row of a step that drafted for others, waiting for their drafts
+# (rider); its own speculative round, fused or verified on its lane (spec), and such a round
+# that the policy called a catch-up round (catch_up: drafters fed a new prompt's context).
+ROLES = ("plain", "rider", "spec", "catch_up")
 
 
 class StepLog:
@@ -60,14 +69,18 @@ class StepLog:
         self.steps: list[FoldedStep] = []
         self.ticks: list[float] = []  # wall seconds of each dispatcher tick
         self._seen: set[int] = set()
+        self._drafted: dict[str, str] = {}  # request_id -> role of its drafts, until verified
+        self._riders: set[str] = set()  # plain rows launched behind others' drafts
 
     def attach(self, dispatcher: Any) -> StepLog:
         inner = dispatcher._fold
 
         def fold(flight, seconds):
-            inner(flight, seconds)
             plan = flight.plan
+            roles = self._roles(plan)  # before the fold moves the rows on
+            inner(flight, seconds)
             step = FoldedStep(plan.lane, flight.start, dispatcher.clock(), plan.num_tokens)
+            step.rows = roles
             if plan.lane in PROMPT_LANES:
                 for e in plan.seqs:
                     seq = e.seq
@@ -78,6 +91,22 @@ class StepLog:
             self.steps.append(step)
 
         dispatcher._fold = fold
+        launch = dispatcher._launch
+
+        async def marked_launch(lane, plan):
+            drafting = [e for e in plan.seqs if e.draft_len]
+            if drafting:  # the decision behind these drafts is the policy's latest
+                last = getattr(dispatcher.policy.controller, "last", None)
+                role = "catch_up" if getattr(last, "reason", None) == "catch_up" else "spec"
+                for e in plan.seqs:
+                    rid = e.seq.request_id
+                    if e.draft_len:
+                        self._drafted[rid] = role
+                    elif e.num_new_tokens == 1:
+                        self._riders.add(rid)
+            return await launch(lane, plan)
+
+        dispatcher._launch = marked_launch
         tick = dispatcher.tick
 
         async def timed_tick():
@@ -89,6 +118,21 @@ class StepLog:
 
         dispatcher.tick = timed_tick
         return self
+
+    def _roles(self, plan: Any) -> dict[str, str]:
+        """The ``ROLES`` of a decode, verify or mixed step's decode rows (prompt chunks have
+        none: their first token is a TTFT)."""
+        out: dict[str, str] = {}
+        if plan.lane not in ("decode", "verify", "mixed"):
+            return out
+        for e in plan.seqs:
+            rid = e.seq.request_id
+            if e.draft_token_ids:
+                out[rid] = self._drafted.pop(rid, "spec")
+            elif e.num_new_tokens == 1:
+                out[rid] = "rider" if rid in self._riders else "plain"
+                self._riders.discard(rid)
+        return out
 
 
 def _median(values: list[float]) -> float | None:

@@ -1,0 +1,94 @@
+"""Where the decode tail comes from (issue 14 diagnostics, ``mixed.py --sweep --itl-anatomy``).
+
+Every token a client receives is an ITL sample: its delta's gap over the delta's tokens, as in
+``loadgen.itl_quantiles``. Each delta is matched to the lane step that handed it over (the last
+step folded back in before the delta that held the request, from ``ttft_anatomy.StepLog``) and
+takes that step's role for the request (``ttft_anatomy.ROLES``: plain, rider, spec,
+catch_up); a gap is ``shared`` when a prompt step was in flight during part of it (the GPU
+then ran the decode work beside a prefill chunk). Per row ``anatomy`` gives
+
+- of the tail (the tokens at or above the row's ITL p99): the share of each role, alone and
+  shared, and the median gap, delivering step and wait before that step's launch;
+- of all tokens: each role's share and its own p99, and the share of shared gaps.
+
+So a p99 that trails another mode's can be read: its slow tokens are speculative rounds or
+plain steps, beside a prompt step or not, the step itself long or the wait for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import numpy as np
+from ttft_anatomy import PROMPT_LANES, ROLES, SAME_CLOCK, FoldedStep, StepLog, _overlap
+
+
+def _deliveries(log: StepLog) -> dict[str, tuple[list[float], list[FoldedStep]]]:
+    """Per request, the fold-back times of the decode steps that held it, in order."""
+    out: dict[str, tuple[list[float], list[FoldedStep]]] = {}
+    for s in log.steps:
+        for rid in s.rows:
+            ends, steps = out.setdefault(rid, ([], []))
+            ends.append(s.end)
+            steps.append(s)
+    return out
+
+
+def samples(log: StepLog, traces: list) -> list[tuple[float, int, str, bool, float, float]]:
+    """One entry per delta after a request's first: (gap s, tokens, role, shared, delivering
+    step s, wait s = gap minus the step). A delta no logged step explains has role None."""
+    by_req = _deliveries(log)
+    prompts = [s for s in log.steps if s.lane in PROMPT_LANES]
+    out = []
+    for t in traces:
+        ends, steps = by_req.get(t.request_id, ([], []))
+        for (t0, _), (t1, n) in zip(t.deltas, t.deltas[1:], strict=False):
+            i = bisect.bisect_right(ends, t1) - 1
+            step = steps[i] if i >= 0 and ends[i] > t0 else None
+            role = step.rows[t.request_id] if step is not None else None
+            gap = FoldedStep("gap", t0, t1, 0)
+            shared = _overlap(gap, prompts) > 0.0
+            dur = step.end - step.start if step is not None else float("nan")
+            out.append((t1 - t0, n, role, shared, dur, t1 - t0 - dur))
+    return out
+
+
+def anatomy(log: StepLog, traces: list, tail_q: float = 99.0) -> dict[str, Any] | None:
+    """The row's ITL samples by role and prompt-step company (module docstring); None where
+    the client's clock is not the engine's (the deltas cannot be matched to steps)."""
+    if not SAME_CLOCK:
+        return None
+    rows = samples(log, traces)
+    if not rows:
+        return {"num_tokens": 0}
+    per_token = np.repeat([g / n for g, n, *_ in rows], [n for _, n, *_ in rows])
+    weight = np.asarray([n for _, n, *_ in rows], dtype=float)
+    value = np.asarray([g / n for g, n, *_ in rows])
+    role = [r or "unmatched" for _, _, r, *_ in rows]
+    shared = np.asarray([s for *_, s, _, _ in rows])
+    p99 = float(np.percentile(per_token, tail_q))
+    tail = value >= p99
+    out: dict[str, Any] = {
+        "num_tokens": int(weight.sum()),
+        "itl_p99_ms": p99 * 1e3,
+        "num_tail_tokens": int(weight[tail].sum()),
+        "shared_share": float(weight[shared].sum() / weight.sum()),
+    }
+    tail_w = weight[tail].sum()
+    for name in (*ROLES, "unmatched"):
+        mine = np.asarray([r == name for r in role])
+        if not mine.any():
+            continue
+        out[f"{name}_share"] = float(weight[mine].sum() / weight.sum())
+        mine_tokens = np.repeat(value[mine], weight[mine].astype(int))
+        out[f"{name}_p99_ms"] = float(np.percentile(mine_tokens, tail_q)) * 1e3
+        for flag, label in ((True, "shared"), (False, "alone")):
+            sel = tail & mine & (shared == flag)
+            if sel.any():
+                out[f"tail_{name}_{label}_share"] = float(weight[sel].sum() / tail_w)
+    picked = [r for r, t in zip(rows, tail, strict=True) if t]
+    for i, key in ((0, "gap"), (4, "step"), (5, "wait")):
+        vals = [r[i] * 1e3 for r in picked if r[i] == r[i]]  # NaN: no step matched
+        out[f"tail_{key}_p50_ms"] = float(np.median(vals)) if vals else None
+    return out
