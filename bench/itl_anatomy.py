@@ -35,9 +35,10 @@ def _deliveries(log: StepLog) -> dict[str, tuple[list[float], list[FoldedStep]]]
     return out
 
 
-def samples(log: StepLog, traces: list) -> list[tuple[float, int, str, bool, float, float]]:
+def samples(log: StepLog, traces: list) -> list[tuple]:
     """One entry per delta after a request's first: (gap s, tokens, role, shared, delivering
-    step s, wait s = gap minus the step). A delta no logged step explains has role None."""
+    step s, wait s = gap minus the step, gap start, gap end, request id, the step). A delta no
+    logged step explains has role None."""
     by_req = _deliveries(log)
     prompts = [s for s in log.steps if s.lane in PROMPT_LANES]
     out = []
@@ -50,7 +51,7 @@ def samples(log: StepLog, traces: list) -> list[tuple[float, int, str, bool, flo
             gap = FoldedStep("gap", t0, t1, 0)
             shared = _overlap(gap, prompts) > 0.0
             dur = step.end - step.start if step is not None else float("nan")
-            out.append((t1 - t0, n, role, shared, dur, t1 - t0 - dur))
+            out.append((t1 - t0, n, role, shared, dur, t1 - t0 - dur, t0, t1, t.request_id, step))
     return out
 
 
@@ -65,8 +66,8 @@ def anatomy(log: StepLog, traces: list, tail_q: float = 99.0) -> dict[str, Any] 
     per_token = np.repeat([g / n for g, n, *_ in rows], [n for _, n, *_ in rows])
     weight = np.asarray([n for _, n, *_ in rows], dtype=float)
     value = np.asarray([g / n for g, n, *_ in rows])
-    role = [r or "unmatched" for _, _, r, *_ in rows]
-    shared = np.asarray([s for *_, s, _, _ in rows])
+    role = [r[2] or "unmatched" for r in rows]
+    shared = np.asarray([r[3] for r in rows])
     p99 = float(np.percentile(per_token, tail_q))
     tail = value >= p99
     out: dict[str, Any] = {
@@ -91,4 +92,47 @@ def anatomy(log: StepLog, traces: list, tail_q: float = 99.0) -> dict[str, Any] 
     for i, key in ((0, "gap"), (4, "step"), (5, "wait")):
         vals = [r[i] * 1e3 for r in picked if r[i] == r[i]]  # NaN: no step matched
         out[f"tail_{key}_p50_ms"] = float(np.median(vals)) if vals else None
+    out["worst"] = worst(log, rows)
+    return out
+
+
+def worst(log: StepLog, rows: list[tuple], k: int = 12) -> list[dict[str, Any]]:
+    """The ``k`` slowest tokens (by their delta's gap per token), each with what the engine
+    did during its gap: the delivering step, the prompt steps' share, the longest dispatcher
+    tick, and every launch (lane, rows/drafted, the policy's reason, host ms of the launch)
+    and fold-back in it, in ms from the gap's start."""
+    out = []
+    prompts = [s for s in log.steps if s.lane in PROMPT_LANES]
+    slowest = sorted(rows, key=lambda r: (-round(r[0] / r[1], 9), r[7]))[:k]  # ties: earlier
+    for gap, n, role, _, dur, wait, t0, t1, rid, step in slowest:
+        span = FoldedStep("gap", t0, t1, 0)
+        ticks = [d for a, d in log.long_ticks if a < t1 and a + d > t0]
+        events = [
+            (
+                a,
+                f"{(a - t0) * 1e3:+.1f} launch {lane} {rows_}/{drafted}"
+                + (f" {reason}" if reason else "")
+                + f" ({(b - a) * 1e3:.1f} ms)",
+            )
+            for a, b, lane, rows_, drafted, reason in log.launches
+            if t0 <= a <= t1
+        ]
+        events += [
+            (
+                s.end,
+                f"{(s.end - t0) * 1e3:+.1f} fold {s.lane} {len(s.rows) or s.num_tokens}"
+                + f" ({(s.end - s.start) * 1e3:.1f} ms)",
+            )
+            for s in log.steps
+            if t0 < s.end <= t1
+        ]
+        out.append({
+            "request_id": rid, "role": role, "gap_ms": gap * 1e3, "tokens": n,
+            "step_lane": step.lane if step is not None else None,
+            "step_ms": dur * 1e3 if dur == dur else None,
+            "wait_ms": wait * 1e3 if wait == wait else None,
+            "prompt_ms": _overlap(span, prompts) * gap * 1e3,
+            "tick_max_ms": max(ticks, default=0.0) * 1e3,
+            "events": [e for _, e in sorted(events)],
+        })  # fmt: skip
     return out

@@ -32,6 +32,7 @@ import numpy as np
 PROMPT_LANES = ("prefill", "mixed")
 BIG_STEP_TOKENS = 1024
 LONG_TICK_S = 0.005
+LOG_TICK_S = 0.002  # ticks at least this long are kept with their start (itl_anatomy.worst)
 # The client (loadgen, perf_counter) and the engine (Sequence.arrival_time, monotonic) share a
 # clock where both read the same one (CLOCK_MONOTONIC on Linux): then deliver splits.
 SAME_CLOCK = (
@@ -68,6 +69,10 @@ class StepLog:
     def reset(self) -> None:
         self.steps: list[FoldedStep] = []
         self.ticks: list[float] = []  # wall seconds of each dispatcher tick
+        self.long_ticks: list[tuple[float, float]] = []  # (start, s) of ticks >= LOG_TICK_S
+        # (start, end, lane, rows, drafted rows, policy reason or None) of each launch through
+        # the dispatcher's ``_launch`` (its drafting included; decode-ahead launches are not)
+        self.launches: list[tuple[float, float, str, int, int, str | None]] = []
         self._seen: set[int] = set()
         self._drafted: dict[str, str] = {}  # request_id -> role of its drafts, until verified
         self._riders: set[str] = set()  # plain rows launched behind others' drafts
@@ -95,16 +100,23 @@ class StepLog:
 
         async def marked_launch(lane, plan):
             drafting = [e for e in plan.seqs if e.draft_len]
+            reason = None
             if drafting:  # the decision behind these drafts is the policy's latest
                 last = getattr(dispatcher.policy.controller, "last", None)
-                role = "catch_up" if getattr(last, "reason", None) == "catch_up" else "spec"
+                reason = getattr(last, "reason", None)
+                role = "catch_up" if reason == "catch_up" else "spec"
                 for e in plan.seqs:
                     rid = e.seq.request_id
                     if e.draft_len:
                         self._drafted[rid] = role
                     elif e.num_new_tokens == 1:
                         self._riders.add(rid)
-            return await launch(lane, plan)
+            start = dispatcher.clock()
+            try:
+                return await launch(lane, plan)
+            finally:
+                n = len(plan.seqs)
+                self.launches.append((start, dispatcher.clock(), lane, n, len(drafting), reason))
 
         dispatcher._launch = marked_launch
         tick = dispatcher.tick
@@ -114,7 +126,10 @@ class StepLog:
             try:
                 return await tick()
             finally:
-                self.ticks.append(time.perf_counter() - t)
+                took = time.perf_counter() - t
+                self.ticks.append(took)
+                if took >= LOG_TICK_S:
+                    self.long_ticks.append((t, took))
 
         dispatcher.tick = timed_tick
         return self

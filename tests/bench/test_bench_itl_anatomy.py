@@ -36,6 +36,8 @@ def test_tokens_take_the_role_of_the_step_that_delivered_them() -> None:
         step("verify", 0.030, 0.045, 4, rows={"a": "catch_up"}),
         step("decode", 0.045, 0.050, 2, rows={"a": "plain", "b": "plain"}),
     ]
+    log.launches = [(0.010, 0.0115, "decode", 2, 1, "speculate")]
+    log.long_ticks = [(0.031, 0.004)]  # a 4 ms tick in b's last gap
     traces = [
         # a: 10 ms plain; a spec round beside the prompt step (20 ms, 2 tokens); the catch-up
         # verify (15 ms, 1 token); a plain step after the prompt (5 ms)
@@ -65,6 +67,18 @@ def test_tokens_take_the_role_of_the_step_that_delivered_them() -> None:
     assert out["shared_share"] == pytest.approx(5 / 8)
     assert out["tail_gap_p50_ms"] == pytest.approx(20.0)
     assert out["tail_wait_p50_ms"] == pytest.approx(7.5)  # 0 (rider) and 15 (plain)
+    # The slowest tokens with what happened in their gaps (ties: the earlier first)
+    rider, plain = out["worst"][:2]
+    assert (rider["role"], plain["role"]) == ("rider", "plain")
+    assert rider["request_id"] == "b" and rider["gap_ms"] == pytest.approx(20.0)
+    assert rider["prompt_ms"] == pytest.approx(18.0)  # the prompt step ran 12-30 of its 10-30
+    assert rider["events"] == [
+        "+0.0 launch decode 2/1 speculate (1.5 ms)",
+        "+20.0 fold decode 2 (20.0 ms)",
+    ]
+    assert plain["tick_max_ms"] == pytest.approx(4.0) and rider["tick_max_ms"] == 0.0
+    assert plain["events"][-1] == "+20.0 fold decode 2 (5.0 ms)"
+    assert len(out["worst"]) == 7  # every sample, fewer than k
 
 
 def test_a_delta_no_step_explains_is_unmatched() -> None:
