@@ -96,13 +96,13 @@ class Mode:
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
-    spec_options: tuple[tuple[str, float | bool | None], ...] = ()  # other SpecConfig fields
+    spec_options: tuple[tuple[str, float | bool | tuple | None], ...] = ()  # SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
     engine_options: tuple[tuple[str, bool | int | str | None], ...] = ()  # EngineConfig fields set
 
 
 def _policy_with(
-    spec: tuple[tuple[str, float | bool | None], ...] = (),
+    spec: tuple[tuple[str, float | bool | tuple | None], ...] = (),
     sched: tuple[tuple[str, float | None], ...] = (),
     engine: tuple[tuple[str, bool | int | str | None], ...] = (),
 ) -> Mode:
@@ -180,6 +180,12 @@ MODES = {
     "policy-yield": _policy_with(spec=(("yield_to_prefill", True),)),
     "policy-noyield": _policy_with(spec=(("yield_to_prefill", False),)),
     "policy-eager": _policy_with(spec=(("catch_up_chunk", 0),)),
+    # Every far drafter (a new request's prompt, or one behind after plain steps) catching up
+    # in chunk-graph replays of 16, 64 or 256 tokens, up to 16 of them (4096 tokens), instead
+    # of an eager forward that holds the event loop 17-32 ms (bench/itl_anatomy.py).
+    "policy-chunks": _policy_with(
+        spec=(("catch_up_chunk", (16, 64, 256)), ("catch_up_chunks", 16))
+    ),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),

@@ -270,15 +270,19 @@ class SpecConfig:
     # catches up in one graph replay of the smallest q that covers it, not in an eager forward
     # (~10 ms of host time for a 0.5B drafter on an H100). () = none.
     catch_up_graphs: tuple[int, ...] = (4, 8)
-    # A drafter further behind (a request fresh from its prefill) catches up in replays of a
-    # chunk graph of this many tokens a row (for up to 8 rows), at most ``catch_up_chunks``
-    # replays (a longer context: one eager forward). 0 = none (the default since e89bec0):
-    # with chunk graphs the goodput policy never drafts for a prompt longer than they reach,
-    # and that request keeps its batch plain; without them such a drafter catches up eagerly
-    # once, in a catch-up round. Same-run H100 sweeps (e89bec0, with waiting_riders_exempt):
-    # uniform-0.8 TPOT p99 8.3-12.1 ms against 9.5-19.1 at 5-14 req/s (mean L ~3 against
-    # 0.25-0.9), 10 of 20 checks against 7; hetero 11 against 9, TTFT p99 at 2 req/s worse.
-    catch_up_chunk: int = 0
+    # A drafter further behind (a request fresh from its prefill, or one that decoded plainly
+    # for a while) catches up in replays of a chunk graph of q tokens a row (for up to 8 rows),
+    # q the largest of these sizes that its context is longer than, at most ``catch_up_chunks``
+    # replays (a longer context, or one no longer than the smallest size: one eager forward).
+    # An int is one size. 0 = none (the default since e89bec0): with one chunk graph (256) and
+    # 8 replays the goodput policy never drafted for a prompt longer than they reached, and
+    # that request kept its batch plain, while every context shorter than the chunk caught up
+    # eagerly anyway; without them every new drafter catches up eagerly once, in a catch-up
+    # round, which holds the event loop (and so every lane) for 17-32 ms of host time on an
+    # H100 (bench/itl_anatomy.py, 2026-11-26). Same-run H100 sweeps (e89bec0, with
+    # waiting_riders_exempt): uniform-0.8 TPOT p99 8.3-12.1 ms without them against 9.5-19.1
+    # with one, 10 of 20 checks against 7; hetero 11 against 9, TTFT p99 at 2 req/s worse.
+    catch_up_chunk: int | tuple[int, ...] = 0
     catch_up_chunks: int = 8
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
@@ -331,10 +335,16 @@ class SpecConfig:
             raise ValueError(
                 f"catch_up_graphs must be ascending distinct ints in [3, 64], got {lens!r}"
             )
-        if self.catch_up_chunk and not max(lens, default=2) < self.catch_up_chunk <= 256:
+        chunk = self.catch_up_chunk
+        sizes = chunk if isinstance(chunk, tuple) else (chunk,) if chunk else ()
+        if (
+            not isinstance(chunk, (int, tuple))
+            or not all(isinstance(q, int) and max(lens, default=2) < q <= 256 for q in sizes)
+            or list(sizes) != sorted(set(sizes))
+        ):
             raise ValueError(
-                f"catch_up_chunk must be 0 or above every catch_up_graphs length and at most"
-                f" 256, got {self.catch_up_chunk!r}"
+                f"catch_up_chunk must be 0, or ascending distinct sizes above every"
+                f" catch_up_graphs length and at most 256, got {chunk!r}"
             )
         if not (0.0 <= self.guard_slack <= 1.0 and 0.0 <= self.rider_slack <= 1.0):
             raise ValueError("guard_slack and rider_slack must be in [0, 1]")
@@ -346,6 +356,12 @@ class SpecConfig:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
             raise ValueError(f"tail_tolerance must be in [0, 1), got {self.tail_tolerance!r}")
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """``catch_up_chunk`` as ascending sizes (() when off)."""
+        chunk = self.catch_up_chunk
+        return chunk if isinstance(chunk, tuple) else (chunk,) if chunk else ()
 
 
 LANES = ("decode", "prefill", "verify")

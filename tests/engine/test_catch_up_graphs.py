@@ -106,3 +106,50 @@ def test_a_context_past_the_chunk_budget_is_left_to_the_eager_step():
     _fake_graphs(prop, 1, 2, 4, 8, 64)
     fed, _ = _propose(prop, [[1 + i % 50 for i in range(200)]], chunk=64, chunks=2)
     assert fed[0] == [200]
+
+
+def test_each_far_drafter_replays_the_largest_chunk_its_context_exceeds():
+    prompts = [
+        [(7 * i + 3) % 97 + 1 for i in range(150)],  # q = 64: 0-64, 64-128, 85-149
+        [(5 * i + 1) % 89 + 1 for i in range(40)],  # q = 16 (no longer than 64): 0-16, 16-32
+    ]
+    prop = _proposer()
+    _fake_graphs(prop, 1, 2, 4, 8, 16, 64)
+    fed, drafts = _propose(prop, prompts, chunk=(16, 64), chunks=8)
+    # then the first draft step replays the q = 8 graph for both (the 40 is 8 behind)
+    assert fed[:6] == [[16], [16], [64], [64], [64], [8, 8]]
+    eager = _proposer()
+    _fake_graphs(eager, 1, 2, 4, 8, 16, 64)
+    fed_eager, drafts_eager = _propose(eager, prompts, chunk=0, chunks=0)
+    assert fed_eager[0] == [150, 40]
+    assert drafts == drafts_eager
+
+
+def test_a_context_no_chunk_fits_leaves_every_far_drafter_to_the_eager_step():
+    prop = _proposer()
+    _fake_graphs(prop, 1, 2, 4, 8, 16, 64)
+    fed, _ = _propose(prop, [[1 + i % 50 for i in range(150)], [3] * 12], chunk=(16, 64), chunks=8)
+    assert fed[0] == [150, 12]  # 12 tokens: no longer than the smallest chunk
+
+
+def test_more_far_drafters_than_a_chunk_graph_holds_replay_in_turns():
+    prop = _proposer()
+    _fake_graphs(prop, 1, 2, 4, 8, 16)
+    for g in prop.runner.graphs.values():
+        g.max_batch = 2
+    prompts = [[1 + (i * k) % 50 for i in range(20)] for k in (1, 2, 3)]
+    fed, _ = _propose(prop, prompts, chunk=16, chunks=8)
+    # two rows, then the third alone; each is 4 behind: the first draft step replays q = 4
+    assert fed[:3] == [[16, 16], [16], [4, 4, 4]]
+
+
+@pytest.mark.parametrize("good", [0, 64, (16, 64, 256)])
+def test_chunk_sizes_are_accepted(good):
+    sizes = SpecConfig(catch_up_chunk=good).chunk_sizes
+    assert sizes == ((good,) if isinstance(good, int) and good else good or ())
+
+
+@pytest.mark.parametrize("bad", [(64, 16), (16, 16), (8,), (300,), [16, 64], 4, "64"])
+def test_chunk_sizes_are_validated(bad):
+    with pytest.raises(ValueError, match="catch_up_chunk"):
+        SpecConfig(catch_up_chunk=bad)

@@ -58,10 +58,11 @@ def test_graph_steps_draft_what_host_prepared_steps_draft():
 
 def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
     rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, 500, n).tolist() for n in (70, 100, 200)]
-    rounds = [(rng.integers(0, 5, 3).tolist(), rng.integers(0, 7, 3).tolist()) for _ in range(20)]
+    # a 40-token prompt catches up in the 16-token chunk graph, the others in the 64-token one
+    prompts = [rng.integers(0, 500, n).tolist() for n in (40, 70, 100, 200)]
+    rounds = [(rng.integers(0, 5, 4).tolist(), rng.integers(0, 7, 4).tolist()) for _ in range(20)]
     results = []
-    for catch_up_graphs, chunk in (((4, 8), 64), ((), 0)):
+    for catch_up_graphs, chunk in (((4, 8), (16, 64)), ((), 0)):
         spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
                           initial_draft_len=4, controller=False,
                           catch_up_graphs=catch_up_graphs, catch_up_chunk=chunk)  # fmt: skip

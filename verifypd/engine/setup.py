@@ -210,10 +210,11 @@ def capture_graphs(parts: EngineParts) -> None:
         spec = parts.config.spec
         for q in spec.catch_up_graphs:  # a few tokens behind: one replay
             drafter.runner.capture_graphs(q, verify_batch, max_len)
-        if spec.catch_up_chunk and spec.catch_up_chunks:  # a new request: a few replays
-            drafter.runner.capture_graphs(spec.catch_up_chunk, CATCH_UP_CHUNK_BATCH, max_len)
+        if spec.chunk_sizes and spec.catch_up_chunks:  # far behind: a few replays
+            for q in spec.chunk_sizes:
+                drafter.runner.capture_graphs(q, CATCH_UP_CHUNK_BATCH, max_len)
             drafter.catch_up_chunk, drafter.catch_up_chunks = (
-                spec.catch_up_chunk,
+                spec.chunk_sizes,
                 spec.catch_up_chunks,
             )
         drafter.warm_up_chain()

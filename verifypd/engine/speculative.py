@@ -102,9 +102,10 @@ class DraftModelProposer:
         # Views of ended requests whose forward behind a prompt step may still be enqueued or
         # run on the GPU: their blocks go back once it has (``release_held``).
         self._held: list[DraftView] = []
-        # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graph's q and the
-        # most replays of it a proposal's catch-up may take (0: no chunked catch-up).
-        self.catch_up_chunk = self.catch_up_chunks = 0
+        # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graphs' q (an int
+        # for one) and the most replays a proposal's catch-up may take (0: none).
+        self.catch_up_chunk: int | tuple[int, ...] = 0
+        self.catch_up_chunks = 0
         self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
         self.chainer = DraftChainer(self)  # the next round drafted behind a verify
         # Drafting runs on the decode stream (proposals) or behind a verify (chains); the
@@ -470,22 +471,39 @@ class SpecDecoder:
             self.drafter.free(seq.seq_id)
 
 
-def _chunked_catch_up(runner: ModelRunner, views: list[DraftView], q: int, max_chunks: int) -> None:
-    """Views further behind than the catch-up graphs reach (a request fresh from its prefill)
-    feed their context in replays of the chunk graph (q tokens a row, for a few rows):
-    every far view feeds the same q tokens per replay, ending at least one token short of its
-    last (the first draft step feeds that), so each replay is uniform; a view less than q
-    behind re-feeds stored tokens to match. At most ``max_chunks`` replays: a context longer
-    than that (or more far views than the graph holds) is left to the eager first step."""
+def _chunked_catch_up(
+    runner: ModelRunner, views: list[DraftView], sizes: int | tuple[int, ...], max_chunks: int
+) -> None:
+    """Views further behind than the catch-up graphs reach (a request fresh from its prefill,
+    or one that decoded plainly for a while) feed their context in replays of a chunk graph
+    (``sizes``: the captured chunk lengths q, an int for one): each view the largest q that
+    its context is longer than and that covers it in at most ``max_chunks`` replays; views of
+    one q replay together (as many as its graph holds), each replay feeding every one of them
+    the same q tokens, ending at least one token short of its last (the first draft step
+    feeds that), so each replay is uniform; a view less than q behind re-feeds stored tokens
+    to match. If some far view fits no chunk graph (a context no longer than the smallest q,
+    or longer than the replays reach), nothing is chunked: the eager first step feeds them
+    all (its host time is the same for one view or many)."""
     graphs = runner.graphs
-    if max_chunks <= 0 or q not in graphs:
+    sizes = [q for q in (sizes if isinstance(sizes, tuple) else (sizes,)) if q in graphs]
+    if max_chunks <= 0 or not sizes:
         return
-    reach = max((k for k in graphs if k < q), default=1)
+    reach = max((k for k in graphs if k < sizes[0]), default=1)
     far = [v for v in views if v.num_tokens - v.num_computed_tokens > reach]
-    if not far or len(far) > graphs[q].max_batch or any(v.num_tokens <= q for v in far):
-        return
-    if max(v.num_tokens - 1 - v.num_computed_tokens for v in far) > max_chunks * q:
-        return
+    groups: dict[int, list[DraftView]] = {}
+    for v in far:
+        behind = v.num_tokens - 1 - v.num_computed_tokens
+        fits = [q for q in sizes if v.num_tokens > q and behind <= max_chunks * q]
+        if not fits:
+            return
+        groups.setdefault(fits[-1], []).append(v)
+    for q, group in sorted(groups.items()):
+        rows = graphs[q].max_batch
+        for i in range(0, len(group), rows):
+            _replay_chunks(runner, group[i : i + rows], q, reach)
+
+
+def _replay_chunks(runner: ModelRunner, far: list[DraftView], q: int, reach: int) -> None:
     while far:
         for v in far:
             v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - 1 - q)

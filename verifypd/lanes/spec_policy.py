@@ -40,13 +40,13 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
     graphs = core.use_cuda_graphs and core.spec.enabled
     sched, spec = core.config.scheduler, core.config.spec
     reach = max((2, *spec.catch_up_graphs)) if graphs else 2
-    chunks = spec.catch_up_chunk * spec.catch_up_chunks + reach if graphs else 0
+    chunks = max(spec.chunk_sizes, default=0) * spec.catch_up_chunks + reach if graphs else 0
     return GoodputConfig(
         prefill_wait_guard_s=sched.ttft_budget_s / 2,
         max_spec_rows=min(sched.max_num_seqs, 64) if graphs else None,
         padded_fused=graphs,
         graph_catch_up=reach,
-        chunk_catch_up=chunks if spec.catch_up_chunk else 0,
+        chunk_catch_up=chunks if spec.chunk_sizes else 0,
         latency_slack=spec.guard_slack,
         rider_slack=spec.rider_slack,
         max_step_ratio=spec.max_step_ratio,
