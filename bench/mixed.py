@@ -186,6 +186,14 @@ MODES = {
     "policy-chunks": _policy_with(
         spec=(("catch_up_chunk", (16, 64, 256)), ("catch_up_chunks", 16))
     ),
+    # ... and at most 1024 context tokens fed per catch-up round (the first far request always).
+    "policy-chunks1k": _policy_with(
+        spec=(
+            ("catch_up_chunk", (16, 64, 256)),
+            ("catch_up_chunks", 16),
+            ("catch_up_round_tokens", 1024),
+        )
+    ),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),

@@ -284,6 +284,9 @@ class SpecConfig:
     # with one, 10 of 20 checks against 7; hetero 11 against 9, TTFT p99 at 2 req/s worse.
     catch_up_chunk: int | tuple[int, ...] = 0
     catch_up_chunks: int = 8
+    # Most context tokens one catch-up round of the goodput policy feeds the drafters (the
+    # first far request always goes): GoodputConfig.catch_up_round_tokens. None: no limit.
+    catch_up_round_tokens: int | None = None
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
     # may wait up to (1 + ``rider_slack``) plain steps for its token.
@@ -350,6 +353,10 @@ class SpecConfig:
             raise ValueError("guard_slack and rider_slack must be in [0, 1]")
         if self.max_step_ratio is not None and self.max_step_ratio < 1.0:
             raise ValueError(f"max_step_ratio must be >= 1 (or None), got {self.max_step_ratio!r}")
+        if self.catch_up_round_tokens is not None and self.catch_up_round_tokens < 1:
+            raise ValueError(
+                f"catch_up_round_tokens must be >= 1 (or None), got {self.catch_up_round_tokens!r}"
+            )
         if self.catch_up_chunks < 0:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
         if self.round_overhead_s < 0:

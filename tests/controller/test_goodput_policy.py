@@ -586,3 +586,35 @@ def test_a_row_whose_drafter_is_being_fed_decodes_plainly_as_a_waiting_rider():
     _add(policy, 1)
     _teach(policy, 0, 0.9)
     assert policy.decide([SeqView(0, 1, drafter_busy=True)]).reason == "no_candidates"
+
+
+@pytest.mark.parametrize("budget", [None, 1000, 100])
+def test_a_catch_up_round_feeds_at_most_its_token_budget(budget):
+    """Far drafters past ``catch_up_round_tokens`` (α̂ order, the first always in) wait for the
+    next round as waiting riders; without a budget every far request catches up at once."""
+    policy = _policy(max_catch_up=64, catch_up_every_steps=8, catch_up_round_tokens=budget,
+                     rider_slack=5.0, waiting_riders_exempt=True)  # fmt: skip
+    ids = _add(policy, 4)
+    for i, alpha in zip(ids, (0.9, 0.85, 0.8, 0.75), strict=True):
+        _teach(policy, i, alpha)
+    views = [SeqView(0, 1)] + [SeqView(i, 600) for i in ids[1:]]  # three fresh prompts
+    d = policy.decide(views)
+    assert d.reason == "catch_up"
+    fed = [i for i in ids[1:] if d.draft_lens[i]]
+    want = {None: [1, 2, 3], 1000: [1], 100: [1]}[budget]  # 600 + 600 > 1000: one a round
+    assert fed == want
+    assert policy._waiting == 3 - len(want)
+    # the next round (8 steps on) takes the next by α̂
+    for _ in range(7):
+        policy.decide([SeqView(0, 1)])
+    rest = [SeqView(0, 1)] + [SeqView(i, 600) for i in ids[1:] if i not in fed]
+    if rest[1:]:
+        d = policy.decide(rest)
+        assert d.reason == "catch_up" and d.draft_lens[rest[1].seq_id] > 0
+
+
+def test_the_catch_up_round_budget_is_validated():
+    with pytest.raises(ValueError, match="catch_up_round_tokens"):
+        GoodputConfig(catch_up_round_tokens=0)
+    with pytest.raises(ValueError, match="catch_up_round_tokens"):
+        SpecConfig(catch_up_round_tokens=0)

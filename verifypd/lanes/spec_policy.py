@@ -54,6 +54,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         waiting_riders_exempt=spec.waiting_riders_exempt,
         round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
         tail_tolerance=spec.tail_tolerance,
+        catch_up_round_tokens=spec.catch_up_round_tokens,
     )
 
 
