@@ -194,6 +194,15 @@ MODES = {
             ("catch_up_round_tokens", 1024),
         )
     ),
+    # ... and no catch-up round while prompt work is in flight or queued.
+    "policy-chunks1k-cy": _policy_with(
+        spec=(
+            ("catch_up_chunk", (16, 64, 256)),
+            ("catch_up_chunks", 16),
+            ("catch_up_round_tokens", 1024),
+            ("catch_up_yields_to_prefill", True),
+        )
+    ),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),

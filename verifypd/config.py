@@ -287,6 +287,9 @@ class SpecConfig:
     # Most context tokens one catch-up round of the goodput policy feeds the drafters (the
     # first far request always goes): GoodputConfig.catch_up_round_tokens. None: no limit.
     catch_up_round_tokens: int | None = None
+    # ... and none while prompt work is in flight or queued
+    # (GoodputConfig.catch_up_yields_to_prefill).
+    catch_up_yields_to_prefill: bool = False
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
     # may wait up to (1 + ``rider_slack``) plain steps for its token.

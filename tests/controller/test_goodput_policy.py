@@ -509,6 +509,24 @@ def test_the_round_overhead_reaches_the_policy_only_where_decode_ahead_runs():
     assert goodput_config(core).round_overhead_s == 1e-3
 
 
+@pytest.mark.parametrize(
+    ("options", "reads"),
+    [({}, False), ({"yield_to_prefill": True}, True), ({"catch_up_yields_to_prefill": True}, True)],
+)
+def test_the_engine_reads_prompt_work_for_a_policy_that_yields_to_it(options, reads):
+    from verifypd.config import EngineConfig
+    from verifypd.engine.core import EngineCore
+    from verifypd.lanes.spec_policy import SpeculationPolicy
+
+    spec = SpecConfig(method="ngram", catch_up_round_tokens=512, **options)
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    policy = SpeculationPolicy(core)
+    assert policy.yields_to_prefill is reads
+    g = policy.controller.goodput
+    assert g.catch_up_round_tokens == 512
+    assert g.catch_up_yields_to_prefill is options.get("catch_up_yields_to_prefill", False)
+
+
 def test_tail_tolerance_takes_the_shortest_step_among_plans_close_to_the_best():
     """A rejected first draft makes the whole step one request's inter-token gap: with a
     tolerance the policy gives up at most that fraction of tokens/s for a shorter step, and
@@ -618,3 +636,20 @@ def test_the_catch_up_round_budget_is_validated():
         GoodputConfig(catch_up_round_tokens=0)
     with pytest.raises(ValueError, match="catch_up_round_tokens"):
         SpecConfig(catch_up_round_tokens=0)
+
+
+@pytest.mark.parametrize("yields", [False, True])
+def test_a_catch_up_round_waits_for_prompt_work_to_end_when_it_yields(yields):
+    policy = _policy(max_catch_up=64, catch_up_every_steps=1, catch_up_yields_to_prefill=yields,
+                     rider_slack=5.0, waiting_riders_exempt=True)  # fmt: skip
+    ids = _add(policy, 2)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    views = [SeqView(0, 1), SeqView(1, 600)]  # a fresh prompt's drafter is far behind
+    busy = policy.decide(views, LoadSignals(prefill_running=True))
+    assert (busy.reason == "catch_up") is not yields
+    assert busy.draft_lens[1] == (0 if yields else busy.draft_len)
+    if yields:  # the steady request still speculates; the far one rides
+        assert busy.reason == "speculate" and busy.draft_lens[0] > 0
+    idle = policy.decide(views, LoadSignals(prefill_running=False))
+    assert idle.reason == "catch_up" and idle.draft_lens[1] > 0

@@ -55,6 +55,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
         tail_tolerance=spec.tail_tolerance,
         catch_up_round_tokens=spec.catch_up_round_tokens,
+        catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
     )
 
 
@@ -66,9 +67,11 @@ class SpeculationPolicy(SpecListener):
         self.core = core
         self.enabled = core.spec.enabled
         self.controller = build_policy(core.config.spec, core.costs, goodput_config(core))
-        # Whether ``decide`` reads the prefill signal (GoodputConfig.yield_to_prefill).
-        self.yields_to_prefill = isinstance(self.controller, GoodputPolicy) and bool(
-            self.controller.goodput.yield_to_prefill
+        # Whether ``decide`` reads the prefill signal (GoodputConfig.yield_to_prefill, or
+        # catch_up_yields_to_prefill).
+        g = self.controller.goodput if isinstance(self.controller, GoodputPolicy) else None
+        self.yields_to_prefill = g is not None and (
+            g.yield_to_prefill or g.catch_up_yields_to_prefill
         )
         self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
         core.attach_listener(self)
