@@ -180,13 +180,23 @@ MODES = {
     "policy-yield": _policy_with(spec=(("yield_to_prefill", True),)),
     "policy-noyield": _policy_with(spec=(("yield_to_prefill", False),)),
     "policy-eager": _policy_with(spec=(("catch_up_chunk", 0),)),
+    # The policy as it was before 2026-11-26: every far drafter caught up eagerly, no limit on
+    # a catch-up round's context.
+    "policy-old": _policy_with(
+        spec=(("catch_up_chunk", 0), ("catch_up_chunks", 8), ("catch_up_round_tokens", None))
+    ),
     # Every far drafter (a new request's prompt, or one behind after plain steps) catching up
     # in chunk-graph replays of 16, 64 or 256 tokens, up to 16 of them (4096 tokens), instead
     # of an eager forward that holds the event loop 17-32 ms (bench/itl_anatomy.py).
     "policy-chunks": _policy_with(
-        spec=(("catch_up_chunk", (16, 64, 256)), ("catch_up_chunks", 16))
+        spec=(
+            ("catch_up_chunk", (16, 64, 256)),
+            ("catch_up_chunks", 16),
+            ("catch_up_round_tokens", None),
+        )
     ),
-    # ... and at most 1024 context tokens fed per catch-up round (the first far request always).
+    # ... and at most 1024 context tokens fed per catch-up round (the first far request always;
+    # the default since 2026-11-26).
     "policy-chunks1k": _policy_with(
         spec=(
             ("catch_up_chunk", (16, 64, 256)),

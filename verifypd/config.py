@@ -271,24 +271,25 @@ class SpecConfig:
     # (~10 ms of host time for a 0.5B drafter on an H100). () = none.
     catch_up_graphs: tuple[int, ...] = (4, 8)
     # A drafter further behind (a request fresh from its prefill, or one that decoded plainly
-    # for a while) catches up in replays of a chunk graph of q tokens a row (for up to 8 rows),
-    # q the largest of these sizes that its context is longer than, at most ``catch_up_chunks``
-    # replays (a longer context, or one no longer than the smallest size: one eager forward).
-    # An int is one size. 0 = none (the default since e89bec0): with one chunk graph (256) and
-    # 8 replays the goodput policy never drafted for a prompt longer than they reached, and
-    # that request kept its batch plain, while every context shorter than the chunk caught up
-    # eagerly anyway; without them every new drafter catches up eagerly once, in a catch-up
-    # round, which holds the event loop (and so every lane) for 17-32 ms of host time on an
-    # H100 (bench/itl_anatomy.py, 2026-11-26). Same-run H100 sweeps (e89bec0, with
-    # waiting_riders_exempt): uniform-0.8 TPOT p99 8.3-12.1 ms without them against 9.5-19.1
-    # with one, 10 of 20 checks against 7; hetero 11 against 9, TTFT p99 at 2 req/s worse.
-    catch_up_chunk: int | tuple[int, ...] = 0
-    catch_up_chunks: int = 8
+    # for a while) catches up in replays of a chunk graph of q tokens a row (for up to 8 rows;
+    # they write the drafter's KV and compute no logits), q the largest of these sizes that its
+    # context is longer than, at most ``catch_up_chunks`` replays (a longer context, or one no
+    # longer than the smallest size: one eager forward). An int is one size; 0 = none. Default
+    # since 2026-11-26: without them every new drafter caught up in an eager forward that held
+    # the event loop, and so every lane, for 17-32 ms of host time on an H100 (bench/
+    # itl_anatomy.py): the policy's ITL p99 was 1.14-1.44x `off`'s at 2-14 req/s (hetero),
+    # 0.94-1.13x with these three sizes and ``catch_up_round_tokens`` (two same-run 16-second
+    # H100 sweeps, docs/performance.md). (A single 256 chunk with 8 replays, e89bec0, left
+    # every context under 256 tokens eager and never drafted for one over 2048.)
+    catch_up_chunk: int | tuple[int, ...] = (16, 64, 256)
+    catch_up_chunks: int = 16
     # Most context tokens one catch-up round of the goodput policy feeds the drafters (the
     # first far request always goes): GoodputConfig.catch_up_round_tokens. None: no limit.
-    catch_up_round_tokens: int | None = None
+    # With chunk graphs a round's catch-up is GPU time every row of its step waits for
+    # (unbounded, 90-150 ms steps at 9-14 req/s on an H100).
+    catch_up_round_tokens: int | None = 1024
     # ... and none while prompt work is in flight or queued
-    # (GoodputConfig.catch_up_yields_to_prefill).
+    # (GoodputConfig.catch_up_yields_to_prefill). Off: not measurably better (one H100 run).
     catch_up_yields_to_prefill: bool = False
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step

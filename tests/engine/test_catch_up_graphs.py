@@ -44,6 +44,17 @@ def test_no_rewind_past_a_graphs_batch_or_a_short_context():
     assert [v.num_tokens - v.num_computed_tokens for v in views] == [3, 1]
 
 
+def test_the_first_draft_step_never_replays_a_graph_without_logits():
+    views = _views(12, 3)
+    graphs = _graphs(1, 2, 4, 8, 16)
+    graphs[16].with_logits = False  # a chunk graph: it writes KV and samples nothing
+    _uniform_catch_up(views, graphs)
+    assert [v.num_tokens - v.num_computed_tokens for v in views] == [12, 3]  # eager
+    graphs[16].with_logits = True
+    _uniform_catch_up(views, graphs)
+    assert [v.num_tokens - v.num_computed_tokens for v in views] == [16, 16]
+
+
 @pytest.mark.parametrize("bad", [(2,), (8, 4), (4, 4), (65,), [4, 8]])
 def test_catch_up_graphs_are_validated(bad):
     with pytest.raises(ValueError, match="catch_up_graphs"):

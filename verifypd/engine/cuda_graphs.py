@@ -34,9 +34,14 @@ class StepGraphs:
         max_batch: int,
         max_len: int,
         query_len: int = 1,
+        with_logits: bool = True,
     ):
         self.model = model
         self.q = query_len
+        # False: the graph only writes the KV of its tokens (the drafter's chunked catch-up
+        # needs no logits: [B * q, V] of them would be most of its memory and half its work),
+        # and ``run`` returns an empty [0, H] tensor.
+        self.with_logits = with_logits
         self.kv = kv
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
@@ -68,7 +73,7 @@ class StepGraphs:
     def _forward(self, b: int) -> torch.Tensor:
         t = b * self.q
         hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv, self._meta(b))
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden) if self.with_logits else hidden[:0]
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -101,7 +106,8 @@ class StepGraphs:
         )
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
-        """Copies one step's inputs into the static buffers and replays; [B * q, V] logits."""
+        """Copies one step's inputs into the static buffers and replays; [B * q, V] logits
+        (without logits: an empty tensor)."""
         q = self.q
         b = input_ids.shape[0] // q
         t = b * q
@@ -116,7 +122,7 @@ class StepGraphs:
         self.block_tables[:b, :width].copy_(meta.block_tables, non_blocking=True)
         self.graphs[padded].replay()
         self._last_batch, self._last_width = b, width
-        return self.logits[padded][:t]
+        return self.logits[padded][:t] if self.with_logits else self.logits[padded]
 
     def can_run_next(self, num_seqs: int, max_position: int) -> bool:
         """True if ``run_next`` may continue the last decode run: the same rows, and every

@@ -148,10 +148,13 @@ class ModelRunner:
         self.logits_processor = LogitsProcessor(device)
         self.grammars: GrammarTable | None = None  # structured output (engine.grammar)
 
-    def capture_graphs(self, query_len: int, max_batch: int, max_len: int) -> None:
-        """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode)."""
+    def capture_graphs(
+        self, query_len: int, max_batch: int, max_len: int, with_logits: bool = True
+    ) -> None:
+        """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode);
+        ``with_logits`` False: steps that only write their KV (``logits`` with no rows)."""
         graphs = StepGraphs(
-            self.model, self.pool.kv, self.block_size, max_batch, max_len, query_len
+            self.model, self.pool.kv, self.block_size, max_batch, max_len, query_len, with_logits
         )
         graphs.capture()
         self.graphs[query_len] = graphs
@@ -272,7 +275,11 @@ class ModelRunner:
         """``logits``; an eager forward pauses after every ``every`` layers."""
         graphs = self.graphs.get(inputs.meta.max_query_len)
         num_seqs = inputs.meta.num_seqs
-        if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
+        if (
+            graphs is None
+            or not graphs.can_run(inputs.meta, num_seqs)
+            or (rows and not graphs.with_logits)
+        ):
             self.num_eager_steps += 1
             self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1
             return (yield from self.forward_iter(inputs, rows, every))

@@ -212,7 +212,7 @@ def capture_graphs(parts: EngineParts) -> None:
             drafter.runner.capture_graphs(q, verify_batch, max_len)
         if spec.chunk_sizes and spec.catch_up_chunks:  # far behind: a few replays
             for q in spec.chunk_sizes:
-                drafter.runner.capture_graphs(q, CATCH_UP_CHUNK_BATCH, max_len)
+                drafter.runner.capture_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False)
             drafter.catch_up_chunk, drafter.catch_up_chunks = (
                 spec.chunk_sizes,
                 spec.catch_up_chunks,

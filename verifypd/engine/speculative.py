@@ -522,7 +522,11 @@ def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> 
     rounding, which only touches drafts; the verify decides). With a view further behind than
     every graph (a new request's prompt) nothing is rewound and the step runs eager."""
     behind = max(v.num_tokens - v.num_computed_tokens for v in views)
-    fits = [q for q, g in graphs.items() if q >= behind and g.max_batch >= len(views)]
+    fits = [
+        q
+        for q, g in graphs.items()
+        if q >= behind and g.max_batch >= len(views) and getattr(g, "with_logits", True)
+    ]
     if behind <= 1 or not fits:
         return
     q = min(fits)
