@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -166,7 +167,9 @@ def engine_sweep(
             if steps is not None:
                 steps.reset()
             preemptions = core.scheduler.num_preemptions
-            snapshot = partial(policy_snapshot, core) if MODES[name].controller else None
+            snapshot = None
+            if MODES[name].controller:  # counters of this run only (the engine serves them all)
+                snapshot = partial(since, partial(policy_snapshot, core), policy_snapshot(core))
             try:
                 res = llm.loop.run_until_complete(run_trace(
                     llm.engine, plan, rate, profile, temp, send_alpha=spec_on,
@@ -271,6 +274,33 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
                 row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
                        "mode": args.mode_label, **error_record(exc)}  # fmt: skip
             record_run(run, row, [])
+
+
+# The snapshot's counters that accumulate over an engine's life (one engine serves every run
+# of its mode in a sweep): ``since`` reports them per run.
+RUN_COUNTERS = ("decisions", "drafter_", "num_steps", "num_grow", "num_shrink", "num_probes")
+# Running means (cadence_*_s: since the engine started), not per run: left out of a run's view.
+LIFE_MEANS = ("cadence_spec_s", "cadence_spec_predicted_s", "cadence_plain_s",
+              "cadence_plain_predicted_s")  # fmt: skip
+
+
+def since(snapshot: Callable[[], dict], base: dict) -> dict:
+    """``snapshot()`` with its counters (``RUN_COUNTERS`` prefixes and the cadence step counts)
+    counted from ``base``, a snapshot taken when the run started, and the engine-life means
+    left out; the rest (levels, estimates, last decision) as it is now."""
+    snap = snapshot()
+    out = {}
+    for key, value in snap.items():
+        if key in LIFE_MEANS:
+            continue
+        before = base.get(key)
+        if key.startswith(RUN_COUNTERS) or key.endswith("_steps"):
+            if isinstance(value, dict) and isinstance(before, dict):  # ``decisions``
+                value = {k: v - before.get(k, 0) for k, v in value.items()}
+            elif isinstance(value, int) and isinstance(before, int):
+                value -= before
+        out[key] = value
+    return out
 
 
 def policy_snapshot(core) -> dict:

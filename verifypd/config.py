@@ -279,8 +279,11 @@ class SpecConfig:
     # the event loop, and so every lane, for 17-32 ms of host time on an H100 (bench/
     # itl_anatomy.py): the policy's ITL p99 was 1.14-1.44x `off`'s at 2-14 req/s (hetero),
     # 0.94-1.13x with these three sizes and ``catch_up_round_tokens`` (two same-run 16-second
-    # H100 sweeps, docs/performance.md). (A single 256 chunk with 8 replays, e89bec0, left
-    # every context under 256 tokens eager and never drafted for one over 2048.)
+    # H100 sweeps, docs/performance.md). Not better everywhere: with uniform α = 0.8 at 11-14
+    # req/s the replays share the GPU with large prompt steps and lose to the eager forward
+    # (TPOT p99 1.65x `off` against 0.83x at 14 req/s, a4cad54). (A single 256 chunk with 8
+    # replays, e89bec0, left every context under 256 tokens eager and never drafted for one
+    # over 2048.)
     catch_up_chunk: int | tuple[int, ...] = (16, 64, 256)
     catch_up_chunks: int = 16
     # Most context tokens one catch-up round of the goodput policy feeds the drafters (the

@@ -12,6 +12,10 @@ from helpers import load_bench
 from test_bench_sweep import SWEEP_TINY
 
 
+def _modules():
+    return load_bench("ttft_anatomy"), load_bench("itl_anatomy"), load_bench("loadgen")
+
+
 def _trace(loadgen, rid: str, deltas: list[tuple[float, int]]):
     t = loadgen.Trace(rid, "short", 8, 16, 0.0)
     t.deltas.extend(deltas)
@@ -19,11 +23,7 @@ def _trace(loadgen, rid: str, deltas: list[tuple[float, int]]):
 
 
 def test_tokens_take_the_role_of_the_step_that_delivered_them() -> None:
-    ttft, itl, loadgen = (
-        load_bench("ttft_anatomy"),
-        load_bench("itl_anatomy"),
-        load_bench("loadgen"),
-    )
+    ttft, itl, loadgen = _modules()
     if not itl.SAME_CLOCK:
         assert itl.anatomy(ttft.StepLog(), []) is None
         return
@@ -82,11 +82,7 @@ def test_tokens_take_the_role_of_the_step_that_delivered_them() -> None:
 
 
 def test_a_delta_no_step_explains_is_unmatched() -> None:
-    ttft, itl, loadgen = (
-        load_bench("ttft_anatomy"),
-        load_bench("itl_anatomy"),
-        load_bench("loadgen"),
-    )
+    ttft, itl, loadgen = _modules()
     if not itl.SAME_CLOCK:
         return  # anatomy() is None there (the test above checks it)
     log = ttft.StepLog()

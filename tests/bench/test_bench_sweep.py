@@ -92,6 +92,9 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
     sample = timeline[0]["samples"][-1]  # with what the drafter was fed behind prompt steps
     assert sample["drafter_followed_tokens"] >= 0 and sample["drafter_follows_stopped"] == 0
+    # counters of each run alone (the engine serves all four), no engine-life means
+    assert all(t["samples"][-1]["num_steps"] > 0 for t in timeline)
+    assert all("cadence_spec_s" not in x for t in timeline for x in t["samples"])
     assert (tmp_path / "mixed-cpu-sweep-hetero-t0.0.png").is_file()
     assert (tmp_path / "mixed-cpu-sweep-policy.png").is_file()
 
@@ -426,3 +429,18 @@ verifypd_time_to_first_token_seconds_created{model="m"} 1.7e9
         "server_queue_mean_ms": None,  # no request between the scrapes
     }
     assert http.server_means({}, after) == {}
+
+
+def test_a_runs_policy_view_counts_from_its_start():
+    sweep = load_bench("mixed_sweep")
+    base = {"num_steps": 100, "decisions_catch_up": 7, "decisions": {"speculate": 5, "no_gain": 2},
+            "drafter_eager_steps": 3, "cadence_spec_steps": 40, "cadence_spec_s": 0.01,
+            "num_requests": 4, "population_acceptance": 0.6}  # fmt: skip
+    now = {"num_steps": 130, "decisions_catch_up": 9, "decisions": {"speculate": 25, "no_gain": 2},
+           "drafter_eager_steps": 3, "cadence_spec_steps": 52, "cadence_spec_s": 0.011,
+           "num_requests": 6, "population_acceptance": 0.7}  # fmt: skip
+    out = sweep.since(lambda: now, base)
+    assert out == {"num_steps": 30, "decisions_catch_up": 2,
+                   "decisions": {"speculate": 20, "no_gain": 0}, "drafter_eager_steps": 0,
+                   "cadence_spec_steps": 12, "num_requests": 6,
+                   "population_acceptance": 0.7}  # fmt: skip
