@@ -158,14 +158,17 @@ async def run_trace(
 
     samples: list[dict[str, Any]] = []
     task = None
+    t0 = time.perf_counter()
     if snapshot is not None:
-        task = asyncio.create_task(_sample(snapshot, samples, time.perf_counter(), snapshot_every))
+        task = asyncio.create_task(_sample(snapshot, samples, t0, snapshot_every))
     try:
         traces, t_start = await run_load(engine, reqs, params_of, plan.drain_timeout)
     finally:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+    if snapshot is not None:  # the run's end state last (the sampler sleeps between samples)
+        samples.append({"t_s": time.perf_counter() - t0, **_scalars(snapshot())})
     return {"traces": traces, "t_start": t_start, "samples": samples,
             "fingerprint": fingerprint, "alphas": alphas,
             "alpha_of": {r.request_id: a for r, a in zip(reqs, alphas, strict=True)}}  # fmt: skip

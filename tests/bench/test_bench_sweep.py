@@ -92,8 +92,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
     sample = timeline[0]["samples"][-1]  # with what the drafter was fed behind prompt steps
     assert sample["drafter_followed_tokens"] >= 0 and sample["drafter_follows_stopped"] == 0
-    # counters of each run alone (the engine serves all four), no engine-life means
+    # counters of each run alone (the engine serves all four), no engine-life means; the last
+    # sample is the run's end state (taken once it drained)
     assert all(t["samples"][-1]["num_steps"] > 0 for t in timeline)
+    assert all(t["samples"][-1]["num_requests"] == 0 for t in timeline)
     assert all("cadence_spec_s" not in x for t in timeline for x in t["samples"])
     assert (tmp_path / "mixed-cpu-sweep-hetero-t0.0.png").is_file()
     assert (tmp_path / "mixed-cpu-sweep-policy.png").is_file()
