@@ -387,6 +387,15 @@ def test_cost_levels_follow_observations_and_share_target_contention():
         costs.observe("warp", 1.0, 1, 1)
 
 
+def test_the_snapshot_carries_the_cost_levels_as_scalars():
+    policy = _policy()
+    for _ in range(60):
+        policy.costs.observe("decode", 2 * Shape().target_time(8, 1), 8, 8)
+    snap = policy.snapshot()
+    assert snap["cost_level_target"] == pytest.approx(2.0, rel=1e-3)
+    assert snap["cost_levels"]["level_target"] == snap["cost_level_target"]
+
+
 def test_prefill_tokens_within_a_target():
     costs = BatchCostModel(Shape())
     n = costs.prefill_tokens_within(0.02, 256, 8192)

@@ -532,6 +532,8 @@ class GoodputPolicy(DraftController):
                 "plain_step_s": d.plain_step_s if d else None,
                 "probe_interval": self._probe_interval,
                 "cost_levels": self.costs.snapshot(),
+                # the same as scalars (benchmark timelines keep scalars only)
+                **{f"cost_{k}": v for k, v in self.costs.snapshot().items()},
                 **{
                     f"cadence_{k}_{name}": (v[i] / v[0] if i else v[0]) if v[0] else None
                     for k, v in self.cadence.items()
