@@ -204,6 +204,9 @@ MODES = {
             ("catch_up_round_tokens", 1024),
         )
     ),
+    # A separate round's drafts made beside the plain rows' decode step, on the verify lane's
+    # stream (SpecConfig.drafts_beside_decode): riders do not wait for them.
+    "policy-beside": _policy_with(spec=(("drafts_beside_decode", True),)),
     # ... and no catch-up round while prompt work is in flight or queued.
     "policy-chunks1k-cy": _policy_with(
         spec=(

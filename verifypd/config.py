@@ -294,6 +294,12 @@ class SpecConfig:
     # ... and none while prompt work is in flight or queued
     # (GoodputConfig.catch_up_yields_to_prefill). Off: not measurably better (one H100 run).
     catch_up_yields_to_prefill: bool = False
+    # A round whose verify runs on its own lane drafts on that lane's stream, beside the plain
+    # rows' decode step, instead of ahead of it on the decode stream: plain rows riding in the
+    # round (a third of the policy's slowest tokens in the H100 sweeps of 2026-11-26) no
+    # longer wait for others' drafts, and the goodput policy's rider bound reads their own
+    # step (GoodputConfig.drafts_beside_decode). Off by default: not yet measured on a GPU.
+    drafts_beside_decode: bool = False
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
     # may wait up to (1 + ``rider_slack``) plain steps for its token.

@@ -536,6 +536,19 @@ def test_the_engine_reads_prompt_work_for_a_policy_that_yields_to_it(options, re
     assert g.catch_up_yields_to_prefill is options.get("catch_up_yields_to_prefill", False)
 
 
+@pytest.mark.parametrize("beside", [False, True])
+def test_drafts_beside_decode_reaches_the_dispatcher_and_the_policy(beside):
+    from verifypd.config import EngineConfig
+    from verifypd.engine.core import EngineCore
+    from verifypd.lanes.spec_policy import SpeculationPolicy
+
+    spec = SpecConfig(method="ngram", drafts_beside_decode=beside)
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    policy = SpeculationPolicy(core)
+    assert policy.drafts_beside_decode is beside
+    assert policy.controller.goodput.drafts_beside_decode is beside
+
+
 def test_tail_tolerance_takes_the_shortest_step_among_plans_close_to_the_best():
     """A rejected first draft makes the whole step one request's inter-token gap: with a
     tolerance the policy gives up at most that fraction of tokens/s for a shorter step, and
@@ -662,3 +675,26 @@ def test_a_catch_up_round_waits_for_prompt_work_to_end_when_it_yields(yields):
         assert busy.reason == "speculate" and busy.draft_lens[0] > 0
     idle = policy.decide(views, LoadSignals(prefill_running=False))
     assert idle.reason == "catch_up" and idle.draft_lens[1] > 0
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_drafts_beside_the_decode_step_let_riders_wait_for_their_own_step_only(beside):
+    """Four requests that accept 0.9 beside four that may not speculate: drafted ahead of the
+    decode step, every plan makes the plain four wait past the rider bound; drafted beside it
+    (on the verify lane's stream), a separate round keeps them at their own decode step."""
+    policy = _policy(drafts_beside_decode=beside, rider_slack=0.05)
+    spec = _add(policy, 4)
+    plain = _add(policy, 4, start=4, speculate=False)
+    for i in spec:
+        _teach(policy, i, 0.9)
+    d = policy.decide(_views(spec + plain))
+    if not beside:
+        assert d.reason == "no_gain"
+        return
+    assert d.reason == "speculate" and not d.fused
+    assert all(d.draft_lens[i] == d.draft_len > 0 for i in spec)
+    assert all(d.draft_lens[i] == 0 for i in plain)
+    # the round is still charged in full: drafts, the plain rows' step and the verify
+    costs = policy.costs
+    full = d.draft_len * costs.draft(4) + costs.decode(4) + costs.verify(4, 1 + d.draft_len)
+    assert d.predicted_step_s == pytest.approx(full, rel=0.05)

@@ -133,3 +133,51 @@ async def test_a_failing_request_ends_alone_and_frees_its_blocks():
     assert got["a"] == _expected("a") and got["c"] == _expected("c")
     assert [o.finish_reason for o in delivered if o.request_id == "b" and o.finished] == ["error"]
     _assert_clean(core, delivered)
+
+
+@pytest.mark.parametrize("beside", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
+async def test_a_separate_rounds_drafts_are_made_on_the_verify_lanes_stream_when_beside(
+    beside, fused
+):
+    """``drafts_beside_decode``: a round whose verify runs on its own lane drafts under the
+    verify lane's stream context, so the plain rows' decode step does not queue behind the
+    drafts; a fused round (its verify inside the decode step) always drafts on the decode
+    lane's. The output is the plain output either way."""
+    core = FakeCore()
+    policy = FakePolicy(core, fused=fused)
+    policy.drafts_beside_decode = beside
+    delivered: list[RequestOutput] = []
+    contexts: list[str] = []
+
+    class Recorder:
+        def __init__(self, lane):
+            self.lane = lane
+
+        def __enter__(self):
+            contexts.append(self.lane)
+
+        def __exit__(self, *exc):
+            return False
+
+    async def launch(lane, plan):
+        return core.launch(plan)
+
+    d = LaneDispatcher(core, launch, delivered.append, 10.0, policy=policy,
+                       lane_context=Recorder)  # fmt: skip
+    proposed_under: list[str] = []
+    inner = policy.propose
+
+    def propose(entries):
+        proposed_under.append(contexts[-1])
+        return inner(entries)
+
+    policy.propose = propose
+    for rid, prompt in PROMPTS.items():
+        core.add_request(rid, prompt, MAX_TOKENS)
+    await _drain(d)
+    assert _tokens(delivered) == {rid: _expected(rid) for rid in PROMPTS}
+    assert proposed_under  # the rounds drafted
+    want = "verify" if beside and not fused else "decode"
+    assert set(proposed_under) == {want}
+    _assert_clean(core, delivered)

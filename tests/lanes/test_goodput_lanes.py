@@ -60,12 +60,17 @@ async def test_fused_verify_runs_in_the_decode_lane_and_is_lossless(reference):
     assert "verify" not in engine.dispatcher.launch_log  # every verify was fused
 
 
-async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(reference):
+@pytest.mark.parametrize("beside", [False, True], ids=["drafts-ahead", "drafts-beside"])
+async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(reference, beside):
     """Requests that may not speculate make a fused step mixed (eager); priced at 50x, the
-    policy puts the verify on its own lane."""
+    policy puts the verify on its own lane (its drafts made ahead of the plain rows' decode
+    step, or beside it: ``SpecConfig.drafts_beside_decode``)."""
     engine = _engine(mixed_level=50.0)
     policy = engine.core.controller
-    policy.goodput = type(policy.goodput)(latency_slack=5.0, rider_slack=5.0)  # let plain rows wait
+    policy.goodput = type(policy.goodput)(
+        latency_slack=5.0, rider_slack=5.0, drafts_beside_decode=beside
+    )  # let plain rows wait
+    engine.dispatcher.policy.drafts_beside_decode = beside
     policy.population = AcceptanceEstimate(0.02, 0.97)  # the drafter is the target
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
                                      speculate=False)]  # fmt: skip

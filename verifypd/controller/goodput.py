@@ -166,6 +166,10 @@ class GoodputConfig:
     # for both (the slowest tokens at 5 req/s on an H100 with chunk graphs: 90 ms steps).
     # The far requests wait, as riders, for a round with the GPU to itself.
     catch_up_yields_to_prefill: bool = False
+    # A separate round's drafts run beside the plain rows' decode step (on the verify lane's
+    # stream, ``SpecConfig.drafts_beside_decode``): its plain rows wait for decode(B - |S|)
+    # only, and the rider bound reads that; the round's time is still charged in full.
+    drafts_beside_decode: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -475,12 +479,16 @@ class GoodputPolicy(DraftController):
                 one_off = self.costs.catch_up(grp.far) + (g.eager_draft_s if grp.eager else 0.0)
                 draft_s = L * self.costs.draft(k) + self.costs.catch_up(grp.steady)
                 bound = min(limit * least, cap)
-                if k + exempt < rows:  # plain rows wait a whole step for their one token
-                    bound = min(bound, (1.0 + g.rider_slack) * t0)
+                # plain rows wait for their one token: the whole step, or (drafts beside the
+                # decode step) their own decode step
+                riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
                 for fused, step_s in self._step_times(rows, k, L, draft_s):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + one_off / g.amortize_steps)
-                    if step_s > bound or value <= floor:
+                    wait = step_s
+                    if g.drafts_beside_decode and not fused:
+                        wait = self.costs.decode(rows - k) + g.round_overhead_s
+                    if step_s > bound or wait > riders or value <= floor:
                         continue
                     if plans is None and best is not None and value <= best.value:
                         continue  # the first of equals stays: deterministic

@@ -358,10 +358,14 @@ class LaneDispatcher:
         """The drafting step: the drafter proposes each speculating entry's L tokens, on the
         decode lane's stream (nobody waits for it: the verify follows it on the GPU). Drafted
         entries verify inside this step (single lane, or a fused decision); else they queue
-        for the verify lane, their slots reserved until verified, and the plain rest decodes."""
-        with self._lane_context(plan.lane):
+        for the verify lane, their slots reserved until verified, and the plain rest decodes
+        (with ``drafts_beside_decode`` the drafts are made on the verify lane's stream, idle
+        whenever a round drafts, so the plain rest does not wait behind them)."""
+        inside = plan.lane == "mixed" or plan.fused
+        beside = not inside and getattr(self.policy, "drafts_beside_decode", False)
+        with self._lane_context("verify" if beside else plan.lane):
             self.policy.propose(plan.seqs)
-        if plan.lane == "mixed" or plan.fused:
+        if inside:
             return plan
         plain = [e for e in plan.seqs if not e.draft_token_ids]
         for e in plan.seqs:

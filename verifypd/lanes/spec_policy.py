@@ -56,6 +56,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         tail_tolerance=spec.tail_tolerance,
         catch_up_round_tokens=spec.catch_up_round_tokens,
         catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
+        drafts_beside_decode=spec.drafts_beside_decode,
     )
 
 
@@ -73,6 +74,8 @@ class SpeculationPolicy(SpecListener):
         self.yields_to_prefill = g is not None and (
             g.yield_to_prefill or g.catch_up_yields_to_prefill
         )
+        # A separate round drafts on the verify lane's stream (SpecConfig.drafts_beside_decode).
+        self.drafts_beside_decode = core.config.spec.drafts_beside_decode
         self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
         core.attach_listener(self)
 
