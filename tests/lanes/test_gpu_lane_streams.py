@@ -23,9 +23,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-async def _run(lane_mode: str, prompts, params) -> tuple[list[list[int]], int]:
+async def _run(
+    lane_mode: str, prompts, params, beside: bool = False
+) -> tuple[list[list[int]], int]:
     spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
-                      initial_draft_len=4, controller=False)  # fmt: skip
+                      initial_draft_len=4, controller=False,
+                      drafts_beside_decode=beside)  # fmt: skip
     engine = AsyncEngine(EngineConfig(
         model="dummy:tiny", device="cuda", lane_mode=lane_mode, spec=spec, cuda_graphs=True,
         scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=1024),
@@ -45,13 +48,15 @@ async def _run(lane_mode: str, prompts, params) -> tuple[list[list[int]], int]:
         await engine.stop()
 
 
-def test_three_lanes_on_streams_match_one_stream():
+@pytest.mark.parametrize("beside", [False, True], ids=["drafts-ahead", "drafts-beside"])
+def test_three_lanes_on_streams_match_one_stream(beside):
+    """``beside``: the drafts are made on the verify lane's stream (drafts_beside_decode)."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 500, int(rng.integers(3, 200))).tolist() for _ in range(10)]
     params = [SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0) for _ in range(6)]
     params += [SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.8, seed=i)
                for i in range(4)]  # fmt: skip
-    three, verifies = asyncio.run(_run("three", prompts, params))
+    three, verifies = asyncio.run(_run("three", prompts, params, beside))
     single, _ = asyncio.run(_run("single", prompts, params))
     assert verifies > 50  # speculation ran
     assert three == single, [_first_diff(x, y) for x, y in zip(three, single, strict=True)]
