@@ -100,14 +100,14 @@ def test_a_fresh_drafter_catches_up_in_chunk_replays_and_drafts_the_same():
     ]
     prop = _proposer()
     _fake_graphs(prop, 1, 2, 4, 8, 64)
-    fed, drafts = _propose(prop, prompts, chunk=64, chunks=8)
+    fed, drafts = _propose(prop, prompts, chunk=(64,), chunks=8)
     # 150 and 90 behind: two replays of both (the second re-feeds stored tokens of the 90),
     # a third of the first alone; then each feeds its last token and drafts.
     assert fed[:4] == [[64, 64], [64, 64], [64], [1, 1]]
     assert prop.last_catch_up == 150
     eager = _proposer()
     _fake_graphs(eager, 1, 2, 4, 8, 64)
-    fed_eager, drafts_eager = _propose(eager, prompts, chunk=0, chunks=0)
+    fed_eager, drafts_eager = _propose(eager, prompts, chunk=(), chunks=0)
     assert fed_eager[0] == [150, 90]  # one eager forward over both contexts
     assert drafts == drafts_eager
 
@@ -115,7 +115,7 @@ def test_a_fresh_drafter_catches_up_in_chunk_replays_and_drafts_the_same():
 def test_a_context_past_the_chunk_budget_is_left_to_the_eager_step():
     prop = _proposer()
     _fake_graphs(prop, 1, 2, 4, 8, 64)
-    fed, _ = _propose(prop, [[1 + i % 50 for i in range(200)]], chunk=64, chunks=2)
+    fed, _ = _propose(prop, [[1 + i % 50 for i in range(200)]], chunk=(64,), chunks=2)
     assert fed[0] == [200]
 
 
@@ -131,7 +131,7 @@ def test_each_far_drafter_replays_the_largest_chunk_its_context_exceeds():
     assert fed[:6] == [[16], [16], [64], [64], [64], [8, 8]]
     eager = _proposer()
     _fake_graphs(eager, 1, 2, 4, 8, 16, 64)
-    fed_eager, drafts_eager = _propose(eager, prompts, chunk=0, chunks=0)
+    fed_eager, drafts_eager = _propose(eager, prompts, chunk=(), chunks=0)
     assert fed_eager[0] == [150, 40]
     assert drafts == drafts_eager
 
@@ -149,7 +149,7 @@ def test_more_far_drafters_than_a_chunk_graph_holds_replay_in_turns():
     for g in prop.runner.graphs.values():
         g.max_batch = 2
     prompts = [[1 + (i * k) % 50 for i in range(20)] for k in (1, 2, 3)]
-    fed, _ = _propose(prop, prompts, chunk=16, chunks=8)
+    fed, _ = _propose(prop, prompts, chunk=(16,), chunks=8)
     # two rows, then the third alone; each is 4 behind: the first draft step replays q = 4
     assert fed[:3] == [[16, 16], [16], [4, 4, 4]]
 

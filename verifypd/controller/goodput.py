@@ -526,6 +526,7 @@ class GoodputPolicy(DraftController):
     def snapshot(self) -> dict[str, Any]:
         snap = super().snapshot()
         d = self.last
+        levels = self.costs.snapshot()
         snap.update(
             {
                 "policy": "goodput",
@@ -539,9 +540,9 @@ class GoodputPolicy(DraftController):
                 "predicted_step_s": d.predicted_step_s if d else None,
                 "plain_step_s": d.plain_step_s if d else None,
                 "probe_interval": self._probe_interval,
-                "cost_levels": self.costs.snapshot(),
+                "cost_levels": levels,
                 # the same as scalars (benchmark timelines keep scalars only)
-                **{f"cost_{k}": v for k, v in self.costs.snapshot().items()},
+                **{f"cost_{k}": v for k, v in levels.items()},
                 **{
                     f"cadence_{k}_{name}": (v[i] / v[0] if i else v[0]) if v[0] else None
                     for k, v in self.cadence.items()

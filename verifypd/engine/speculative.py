@@ -102,9 +102,9 @@ class DraftModelProposer:
         # Views of ended requests whose forward behind a prompt step may still be enqueued or
         # run on the GPU: their blocks go back once it has (``release_held``).
         self._held: list[DraftView] = []
-        # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graphs' q (an int
-        # for one) and the most replays a proposal's catch-up may take (0: none).
-        self.catch_up_chunk: int | tuple[int, ...] = 0
+        # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graphs' q, and
+        # the most replays a proposal's catch-up may take (0: none).
+        self.catch_up_chunk: tuple[int, ...] = ()
         self.catch_up_chunks = 0
         self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
         self.chainer = DraftChainer(self)  # the next round drafted behind a verify
@@ -472,11 +472,11 @@ class SpecDecoder:
 
 
 def _chunked_catch_up(
-    runner: ModelRunner, views: list[DraftView], sizes: int | tuple[int, ...], max_chunks: int
+    runner: ModelRunner, views: list[DraftView], sizes: tuple[int, ...], max_chunks: int
 ) -> None:
     """Views further behind than the catch-up graphs reach (a request fresh from its prefill,
     or one that decoded plainly for a while) feed their context in replays of a chunk graph
-    (``sizes``: the captured chunk lengths q, an int for one): each view the largest q that
+    (``sizes``: the captured chunk lengths q, ascending): each view the largest q that
     its context is longer than and that covers it in at most ``max_chunks`` replays; views of
     one q replay together (as many as its graph holds), each replay feeding every one of them
     the same q tokens, ending at least one token short of its last (the first draft step
@@ -485,7 +485,7 @@ def _chunked_catch_up(
     or longer than the replays reach), nothing is chunked: the eager first step feeds them
     all (its host time is the same for one view or many)."""
     graphs = runner.graphs
-    sizes = [q for q in (sizes if isinstance(sizes, tuple) else (sizes,)) if q in graphs]
+    sizes = [q for q in sizes if q in graphs]
     if max_chunks <= 0 or not sizes:
         return
     reach = max((k for k in graphs if k < sizes[0]), default=1)
