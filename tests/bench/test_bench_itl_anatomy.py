@@ -4,12 +4,11 @@ tiny sweep."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from helpers import load_bench
-from test_bench_sweep import SWEEP_TINY
+from test_bench_sweep import tiny_policy_row
 
 
 def _modules():
@@ -93,11 +92,8 @@ def test_a_delta_no_step_explains_is_unmatched() -> None:
 
 
 def test_tiny_sweep_with_itl_anatomy(tmp_path: Path) -> None:
-    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
-    load_bench("mixed").main([*args, "--itl-anatomy", "--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())["sweep"]
-    assert len(rows) == 1
-    row, ana = rows[0], rows[0]["itl_anatomy"]
+    row = tiny_policy_row(tmp_path, "--itl-anatomy")
+    ana = row["itl_anatomy"]
     if ana is None:  # the client's clock is not the engine's here
         return
     assert ana["num_tokens"] > 0

@@ -32,6 +32,15 @@ SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-mo
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
+def tiny_policy_row(tmp_path: Path, *flags: str) -> dict:
+    """The one row of a tiny CPU sweep of the policy (hetero, 20 req/s) run with ``flags``."""
+    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
+    load_bench("mixed").main([*args, *flags, "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())["sweep"]
+    assert len(rows) == 1
+    return rows[0]
+
+
 def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[int, list[tuple]] = defaultdict(list)  # engine -> what it was handed, in order
     inner = AsyncEngine.generate

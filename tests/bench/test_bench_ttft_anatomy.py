@@ -3,12 +3,11 @@ first token's time from a log of folded lane steps, on constructed steps and in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from helpers import load_bench
-from test_bench_sweep import SWEEP_TINY
+from test_bench_sweep import tiny_policy_row
 
 
 def _trace(loadgen, rid: str, arrival: float, first: float):
@@ -53,11 +52,8 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
 
 
 def test_tiny_sweep_with_anatomy(tmp_path: Path) -> None:
-    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
-    load_bench("mixed").main([*args, "--ttft-anatomy", "--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())["sweep"]
-    assert len(rows) == 1
-    row, parts = rows[0], rows[0]["ttft_anatomy"]
+    row = tiny_policy_row(tmp_path, "--ttft-anatomy")
+    parts = row["ttft_anatomy"]
     assert parts["num_requests"] == row["num_finished"] == 4
     assert parts["num_prompt_steps"] >= 1 and parts["prompt_step_tokens_p50"] > 0
     for key in ("queue", "prefill", "deliver", "submit", "emit"):
