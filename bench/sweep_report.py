@@ -253,7 +253,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merged["sources"]["repeat"] = again.get("command")
     first = Path(args.ours[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
-    write_json(out, merged)
+    # the policy timelines stay in the runs' own JSONs (hundreds of KB each): the report names them
+    timeline_in = [Path(f).name for f in args.ours] if merged["policy_timeline"] else []
+    write_json(out, {**{k: v for k, v in merged.items() if k != "policy_timeline"},
+                     "policy_timeline_in": timeline_in})  # fmt: skip
     plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))

@@ -211,7 +211,11 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     http = {"command": "python bench/mixed.py --sweep --http",
             "sweep": [_row("policy", 2, ttft=80.0, itl=19.0, tpot=9.0)]}  # fmt: skip
     off = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "off"]}  # one mode per run
-    pol = {**ours, "sweep": [r for r in ours["sweep"] if r["mode"] == "policy"]}
+    pol = {
+        **ours,
+        "sweep": [r for r in ours["sweep"] if r["mode"] == "policy"],
+        "policy_timeline": [{"mode": "policy", "rate": 2, "samples": [{"t": 0.0}]}],
+    }
     paths = []
     for name, data in (("off", off), ("pol", pol), ("vllm", vllm), ("http", http)):
         paths.append(tmp_path / f"{name}.json")
@@ -220,7 +224,12 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     merged = report.main([str(paths[0]), str(paths[1]), "--vllm", str(paths[2]), "--http",
                           str(paths[3]), "--out", str(out)])  # fmt: skip
     assert len(merged["sweep"]) == 4 + 2 + 1
-    assert json.loads(out.read_text())["device"] == "GPU" and merged["git_commit"] == "abc"
+    written = json.loads(out.read_text())
+    assert written["device"] == "GPU" and merged["git_commit"] == "abc"
+    # the timeline stays in the run's own JSON; the report names that file
+    assert "policy_timeline" not in written
+    assert written["policy_timeline_in"] == ["off.json", "pol.json"]
+    assert merged["policy_timeline"][0]["rate"] == 2
     assert {r["mode"] for r in merged["sweep"]} == {"off", "policy", "vllm", "http:policy"}
     ahead = merged["criteria"]["policy_ahead_of_vllm"]
     assert ahead["verdict"] == "MISS" and ahead["num_misses"] == 1  # TTFT 120 > 100 at 8/s
