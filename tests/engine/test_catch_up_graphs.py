@@ -164,3 +164,76 @@ def test_chunk_sizes_are_accepted(good):
 def test_chunk_sizes_are_validated(bad):
     with pytest.raises(ValueError, match="catch_up_chunk"):
         SpecConfig(catch_up_chunk=bad)
+
+
+def _follow(prop, prompts, sizes):
+    """The drafter following whole prompts (``follow_iter``) with fake follow-stream chunk
+    graphs of ``sizes`` (each replay still runs eager here, fed the same q tokens a row);
+    returns the tokens each forward fed per row, the count it reported, and the sequences."""
+    from verifypd.engine.model import drain
+    from verifypd.types import SamplingParams, Sequence
+
+    prop.follow_graphs = {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in sizes}
+    fed: list[list[int]] = []
+    real_prepare = prop.runner.prepare
+    prop.runner.prepare = lambda plan: (
+        fed.append([e.num_new_tokens for e in plan.seqs]) or real_prepare(plan)
+    )
+    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8, temperature=0))
+            for i, p in enumerate(prompts)]  # fmt: skip
+    count = drain(prop.follow_iter([(s, s.num_tokens) for s in seqs], every=0))
+    prop.runner.prepare = real_prepare
+    return fed, count, seqs
+
+
+def _drafts_after(prop, seqs):
+    from verifypd.types import ScheduledSeq
+
+    entries = [ScheduledSeq(s, 1) for s in seqs]
+    prop.propose(entries, [3] * len(seqs), [0.0] * len(seqs))
+    return [e.draft_ids() for e in entries]
+
+
+def test_the_follow_feeds_prompts_in_chunk_replays_and_drafts_the_same():
+    prompts = [
+        [(7 * i + 3) % 97 + 1 for i in range(150)],
+        [(5 * i + 1) % 89 + 1 for i in range(40)],
+        [(3 * i + 2) % 61 + 1 for i in range(10)],  # shorter than every q: eager
+    ]
+    prop = _proposer()
+    fed, count, seqs = _follow(prop, prompts, (16, 64))
+    # 150: 64, 64, then 22 behind -> 16 (at 128) and 6 behind -> 16 re-feeding 10 stored;
+    # 40: 16, 16, then 8 behind -> 16 re-feeding 8; the 10-token prompt in one eager forward
+    assert fed == [[16], [64], [16], [64], [16, 16], [16], [10]]
+    assert count == 200 and prop.num_followed_tokens == 200
+    assert [prop.views[s.seq_id].num_computed_tokens for s in seqs] == [150, 40, 10]
+    eager = _proposer()
+    fed_eager, _, eager_seqs = _follow(eager, prompts, ())
+    assert fed_eager == [[150, 40, 10]]
+    fresh = _proposer()  # no follow: the proposal catches up itself
+    from verifypd.types import SamplingParams, Sequence
+
+    plain = [Sequence(s.request_id, s.token_ids, SamplingParams(max_tokens=8, temperature=0))
+             for s in seqs]  # fmt: skip
+    drafts = _drafts_after(prop, seqs)
+    assert drafts == _drafts_after(eager, eager_seqs) == _drafts_after(fresh, plain)
+
+
+def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progress():
+    prompts = [[1 + i % 50 for i in range(150)], [2 + i % 40 for i in range(90)]]  # 60 blocks
+    prop = _proposer()
+    from verifypd.types import SamplingParams, Sequence
+
+    prop.follow_graphs = {64: SimpleNamespace(max_batch=8, can_run=lambda *a: False)}
+    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8)) for i, p in enumerate(prompts)]
+    pieces = prop.follow_iter([(s, s.num_tokens) for s in seqs])
+    next(pieces)  # claimed
+    next(pieces)  # one replay of both enqueued
+    views = [prop.views[s.seq_id] for s in seqs]
+    assert [v.num_computed_tokens for v in views] == [64, 64]
+    prop.free(seqs[0].seq_id)  # the first request ends
+    with pytest.raises(StopIteration) as stop:
+        next(pieces)
+    assert stop.value.value == 0 and prop.num_follows_stopped == 1
+    assert views[1].num_computed_tokens == 64 and not views[1].following
+    assert prop.views.get(seqs[0].seq_id) is None

@@ -153,11 +153,19 @@ class ModelRunner:
     ) -> None:
         """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode);
         ``with_logits`` False: steps that only write their KV (``logits`` with no rows)."""
+        self.graphs[query_len] = self.new_graphs(query_len, max_batch, max_len, with_logits)
+
+    def new_graphs(
+        self, query_len: int, max_batch: int, max_len: int, with_logits: bool = True
+    ) -> StepGraphs:
+        """Captured steps as ``capture_graphs``, with static buffers and a memory pool of their
+        own, not in the runner's table: for a stream that replays them beside the runner's
+        (``logits(graphs=...)``)."""
         graphs = StepGraphs(
             self.model, self.pool.kv, self.block_size, max_batch, max_len, query_len, with_logits
         )
         graphs.capture()
-        self.graphs[query_len] = graphs
+        return graphs
 
     @property
     def graphs(self) -> dict[int, StepGraphs]:
@@ -264,16 +272,23 @@ class ModelRunner:
         logprobs = StepLogprobs.start(plan, logits, groups, prompt, self._to_device)
         return logits[: len(rows)], logprobs
 
-    def logits(self, inputs: StepInputs, rows: list[int]) -> torch.Tensor:
+    def logits(
+        self, inputs: StepInputs, rows: list[int], graphs: dict[int, StepGraphs] | None = None
+    ) -> torch.Tensor:
         """fp32 logits of ``rows`` (ascending): a graph replay when the step is uniform (every
-        sequence feeds the same q tokens) and a graph for q was captured, else eager."""
-        return drain(self.logits_iter(inputs, rows))
+        sequence feeds the same q tokens) and a graph for q was captured (in ``graphs``,
+        default the runner's), else eager."""
+        return drain(self.logits_iter(inputs, rows, graphs=graphs))
 
     def logits_iter(
-        self, inputs: StepInputs, rows: list[int], every: int = 0
+        self,
+        inputs: StepInputs,
+        rows: list[int],
+        every: int = 0,
+        graphs: dict[int, StepGraphs] | None = None,
     ) -> Generator[None, None, torch.Tensor]:
         """``logits``; an eager forward pauses after every ``every`` layers."""
-        graphs = self.graphs.get(inputs.meta.max_query_len)
+        graphs = (self.graphs if graphs is None else graphs).get(inputs.meta.max_query_len)
         num_seqs = inputs.meta.num_seqs
         if (
             graphs is None

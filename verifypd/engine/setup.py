@@ -188,8 +188,9 @@ def target_pool(
 
 def capture_graphs(parts: EngineParts) -> None:
     """The target's decode and verify graphs, the drafter's q = 1 and q = 2 graphs, its
-    catch-up graphs (``SpecConfig.catch_up_graphs``) and its chained steps, after an eager
-    warm-up of every kernel."""
+    catch-up graphs (``SpecConfig.catch_up_graphs``), its chunk graphs
+    (``SpecConfig.catch_up_chunk``; with ``follow_prefill`` a second set for the follow stream)
+    and its chained steps, after an eager warm-up of every kernel."""
     if not parts.is_cuda:
         raise ValueError("cuda_graphs needs device=cuda")
     max_batch, max_len = parts.config.scheduler.max_num_seqs, parts.max_model_len
@@ -217,6 +218,11 @@ def capture_graphs(parts: EngineParts) -> None:
                 spec.chunk_sizes,
                 spec.catch_up_chunks,
             )
+        if spec.follow_prefill and spec.chunk_sizes:  # the follow stream's own (follow_iter)
+            drafter.follow_graphs = {
+                q: drafter.runner.new_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False)
+                for q in spec.chunk_sizes
+            }
         drafter.warm_up_chain()
 
 
