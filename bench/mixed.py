@@ -135,9 +135,9 @@ MODES = {
     "policy-notail": _policy_with(spec=(("tail_tolerance", 0.0),)),
     "policy-cap15": _policy_with(spec=(("max_step_ratio", 1.5),)),
     # The policy with the drafter following prompt steps (SpecConfig.follow_prefill): its KV of
-    # a prompt computed behind the prompt step, in pieces, after the step's launch (which
-    # lands meanwhile), instead of in an eager catch-up round that holds the event loop
-    # (~15 ms on an H200) for every running request.
+    # a prompt computed behind the prompt step on the follow stream (below every lane), in
+    # replays of chunk graphs of its own since 2026-11-26 (eager before: 17-32 ms of host
+    # time a forward), after the step's launch, instead of in a catch-up round.
     "policy-follow": _policy_with(spec=(("follow_prefill", True),)),
     # The GPU's block scheduler serving the prefill stream first (what every build before
     # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).

@@ -314,4 +314,5 @@ def policy_snapshot(core) -> dict:
         snap["drafter_eager_steps"] = drafter.runner.num_eager_steps
         snap["drafter_followed_tokens"] = drafter.num_followed_tokens
         snap["drafter_follows_stopped"] = drafter.num_follows_stopped
+        snap["drafter_follow_replays"] = drafter.num_follow_replays
     return snap

@@ -205,7 +205,7 @@ def test_the_follow_feeds_prompts_in_chunk_replays_and_drafts_the_same():
     # 150: 64, 64, then 22 behind -> 16 (at 128) and 6 behind -> 16 re-feeding 10 stored;
     # 40: 16, 16, then 8 behind -> 16 re-feeding 8; the 10-token prompt in one eager forward
     assert fed == [[16], [64], [16], [64], [16, 16], [16], [10]]
-    assert count == 200 and prop.num_followed_tokens == 200
+    assert count == 200 and prop.num_followed_tokens == 200 and prop.num_follow_replays == 6
     assert [prop.views[s.seq_id].num_computed_tokens for s in seqs] == [150, 40, 10]
     eager = _proposer()
     fed_eager, _, eager_seqs = _follow(eager, prompts, ())

@@ -99,6 +99,7 @@ class DraftModelProposer:
         # part-way because a request ended (benchmarks read them).
         self.num_followed_tokens = 0
         self.num_follows_stopped = 0
+        self.num_follow_replays = 0  # of those, chunk-graph replays (``follow_graphs``)
         # Views of ended requests whose forward behind a prompt step may still be enqueued or
         # run on the GPU: their blocks go back once it has (``release_held``).
         self._held: list[DraftView] = []
@@ -342,6 +343,7 @@ class DraftModelProposer:
                         v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - q)
                     plan = StepPlan("draft", [ScheduledSeq(v, q) for v in turn])
                     self.runner.logits(self.runner.prepare(plan), [], graphs=graphs)
+                    self.num_follow_replays += 1
                     for v in turn:
                         v.num_computed_tokens += q
                     yield
