@@ -216,6 +216,11 @@ MODES = {
             ("catch_up_yields_to_prefill", True),
         )
     ),
+    # A catch-up round every 2 or 4 decode steps instead of 8 (SpecConfig.catch_up_every_steps):
+    # fewer steps that far requests wait as riders (uniform 0.8 at 11-14 req/s: the slowest
+    # TPOTs were long prompts riding others' rounds at 15-21 ms a token).
+    "policy-cu2": _policy_with(spec=(("catch_up_every_steps", 2),)),
+    "policy-cu4": _policy_with(spec=(("catch_up_every_steps", 4),)),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),

@@ -291,6 +291,11 @@ class SpecConfig:
     # With chunk graphs a round's catch-up is GPU time every row of its step waits for
     # (unbounded, 90-150 ms steps at 9-14 req/s on an H100).
     catch_up_round_tokens: int | None = 1024
+    # At most one catch-up round every this many decode steps (GoodputConfig.
+    # catch_up_every_steps); the requests waiting for one ride in the others' rounds. 8 since
+    # the eager catch-up, whose 17-32 ms of host time a round this limited; with chunk graphs a
+    # round costs GPU time only (to be measured: bench/mixed.py modes policy-cu2, policy-cu4).
+    catch_up_every_steps: int = 8
     # ... and none while prompt work is in flight or queued
     # (GoodputConfig.catch_up_yields_to_prefill). Off: not measurably better (one H100 run).
     catch_up_yields_to_prefill: bool = False
@@ -369,6 +374,10 @@ class SpecConfig:
         if self.catch_up_round_tokens is not None and self.catch_up_round_tokens < 1:
             raise ValueError(
                 f"catch_up_round_tokens must be >= 1 (or None), got {self.catch_up_round_tokens!r}"
+            )
+        if not isinstance(self.catch_up_every_steps, int) or self.catch_up_every_steps < 1:
+            raise ValueError(
+                f"catch_up_every_steps must be an int >= 1, got {self.catch_up_every_steps!r}"
             )
         if self.catch_up_chunks < 0:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")

@@ -527,12 +527,12 @@ def test_the_engine_reads_prompt_work_for_a_policy_that_yields_to_it(options, re
     from verifypd.engine.core import EngineCore
     from verifypd.lanes.spec_policy import SpeculationPolicy
 
-    spec = SpecConfig(method="ngram", catch_up_round_tokens=512, **options)
+    spec = SpecConfig(method="ngram", catch_up_round_tokens=512, catch_up_every_steps=3, **options)
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
     policy = SpeculationPolicy(core)
     assert policy.yields_to_prefill is reads
     g = policy.controller.goodput
-    assert g.catch_up_round_tokens == 512
+    assert g.catch_up_round_tokens == 512 and g.catch_up_every_steps == 3
     assert g.catch_up_yields_to_prefill is options.get("catch_up_yields_to_prefill", False)
 
 
@@ -698,3 +698,9 @@ def test_drafts_beside_the_decode_step_let_riders_wait_for_their_own_step_only(b
     costs = policy.costs
     full = d.draft_len * costs.draft(4) + costs.decode(4) + costs.verify(4, 1 + d.draft_len)
     assert d.predicted_step_s == pytest.approx(full, rel=0.05)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, None])
+def test_catch_up_every_steps_is_validated(bad):
+    with pytest.raises(ValueError, match="catch_up_every_steps"):
+        SpecConfig(catch_up_every_steps=bad)

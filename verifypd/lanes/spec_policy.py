@@ -55,6 +55,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
         tail_tolerance=spec.tail_tolerance,
         catch_up_round_tokens=spec.catch_up_round_tokens,
+        catch_up_every_steps=spec.catch_up_every_steps,
         catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
         drafts_beside_decode=spec.drafts_beside_decode,
     )
