@@ -221,6 +221,9 @@ MODES = {
     # TPOTs were long prompts riding others' rounds at 15-21 ms a token).
     "policy-cu2": _policy_with(spec=(("catch_up_every_steps", 2),)),
     "policy-cu4": _policy_with(spec=(("catch_up_every_steps", 4),)),
+    "policy-cu2-cy": _policy_with(
+        spec=(("catch_up_every_steps", 2), ("catch_up_yields_to_prefill", True))
+    ),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),
