@@ -28,7 +28,7 @@ from sweep import (
     run_trace,
     summary_row,
 )
-from sweep_report import plot_all, table
+from sweep_report import columnar, plot_all, table
 from ttft_anatomy import StepLog, anatomy
 
 SCRIPT = "mixed"
@@ -239,7 +239,7 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
     report["sweep"].append(row)
     if samples:
         keys = ("rate", "acceptance_profile", "temperature", "mode")
-        report["policy_timeline"].append({**{k: row[k] for k in keys}, "samples": samples})
+        report["policy_timeline"].append({**{k: row[k] for k in keys}, **columnar(samples)})
     what = f"sweep {row['mode']} {row['acceptance_profile']} T={row['temperature']} {row['rate']}/s"
     progress(SCRIPT, what, row, ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps"))
     run.save()

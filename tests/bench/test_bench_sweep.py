@@ -97,7 +97,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
                          "light_load_tpot_p50_1p5x_off"}  # fmt: skip
     assert crit["policy_within_5pct_of_best"]["num_checks"] == 2 * 2 * 4
     assert all(c["verdict"] in ("PASS", "MISS") for c in crit.values())
-    timeline = data["policy_timeline"]
+    report = load_bench("sweep_report")
+    stored = data["policy_timeline"]
+    assert all("samples" not in t and len(t["values"][0]) == len(t["columns"]) for t in stored)
+    timeline = [{**t, "samples": report.timeline_samples(t)} for t in stored]
     assert len(timeline) == 4 and all(t["mode"] == "policy" and t["samples"] for t in timeline)
     sample = timeline[0]["samples"][-1]  # with what the drafter was fed behind prompt steps
     assert sample["drafter_followed_tokens"] >= 0 and sample["drafter_follows_stopped"] == 0
@@ -464,3 +467,16 @@ def test_a_runs_policy_view_counts_from_its_start():
                    "decisions": {"speculate": 20, "no_gain": 0}, "drafter_eager_steps": 0,
                    "cadence_spec_steps": 12, "num_requests": 6,
                    "population_acceptance": 0.7}  # fmt: skip
+
+
+def test_a_columnar_timeline_reads_back_as_its_snapshots():
+    report = load_bench("sweep_report")
+    samples = [
+        {"t_s": 0.0, "num_steps": 3},
+        {"t_s": 0.25, "num_steps": 5, "last_reason": "no_gain"},
+    ]
+    stored = report.columnar(samples)
+    assert stored == {"columns": ["t_s", "num_steps", "last_reason"],
+                      "values": [[0.0, 3, None], [0.25, 5, "no_gain"]]}  # fmt: skip
+    assert report.timeline_samples({"rate": 2.0, **stored}) == samples
+    assert report.timeline_samples({"rate": 2.0, "samples": samples}) == samples  # the old form
