@@ -257,8 +257,10 @@ class SpecConfig:
     # 2026-11-26, behind a prompt step launched in pieces (GPU, prefill_slice_layers), the
     # forward is queued to run after the launch has returned, in pieces too (the event loop
     # free in between, the step landing meanwhile; the request decodes plainly until it is
-    # fed), while a catch-up round's eager forward still holds the loop (~15 ms a round on an
-    # H200): not yet measured against it (bench/mixed.py mode policy-follow).
+    # fed); since 2026-11-26 in replays of chunk graphs of its own (``catch_up_chunk``), not an
+    # eager forward. Still off: on an H100 (hetero, 16-second runs, 70ea589) the policy then
+    # speculated on half the tokens at 9-14 req/s, beside prompt steps, and its ITL p99 was
+    # 1.35-1.58x `off`'s, TTFT p50 +11-17 ms (bench/mixed.py mode policy-follow).
     follow_prefill: bool = False
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
@@ -293,8 +295,10 @@ class SpecConfig:
     catch_up_round_tokens: int | None = 1024
     # At most one catch-up round every this many decode steps (GoodputConfig.
     # catch_up_every_steps); the requests waiting for one ride in the others' rounds. 8 since
-    # the eager catch-up, whose 17-32 ms of host time a round this limited; with chunk graphs a
-    # round costs GPU time only (to be measured: bench/mixed.py modes policy-cu2, policy-cu4).
+    # the eager catch-up, whose 17-32 ms of host time a round this limited. 2 (bench/mixed.py
+    # mode policy-cu2; H100, 16-second runs, 325b986 / c1574bb): uniform 0.8 at 8-14 req/s TTFT
+    # p99 0.48-0.91x and TPOT p50 0.62-0.71x `off`'s, but ITL p99 1.06-1.18x at 11-14 req/s in
+    # both uniform 0.8 and hetero, so not the default.
     catch_up_every_steps: int = 8
     # ... and none while prompt work is in flight or queued
     # (GoodputConfig.catch_up_yields_to_prefill). Off: not measurably better (one H100 run).
@@ -303,7 +307,9 @@ class SpecConfig:
     # rows' decode step, instead of ahead of it on the decode stream: plain rows riding in the
     # round (a third of the policy's slowest tokens in the H100 sweeps of 2026-11-26) no
     # longer wait for others' drafts, and the goodput policy's rider bound reads their own
-    # step (GoodputConfig.drafts_beside_decode). Off by default: not yet measured on a GPU.
+    # step (GoodputConfig.drafts_beside_decode). Off by default: on an H100 (16-second runs,
+    # 70ea589 / 415307a) level with the default in hetero at 1-14 req/s, TPOT p99 1.26x and
+    # 1.70x `off`'s with uniform 0.8 at 8 and 11 req/s.
     drafts_beside_decode: bool = False
     # The goodput policy's latency guard: a speculating request's expected time per token may
     # exceed the plain step by ``guard_slack``, and a plain row riding in a speculating step
