@@ -221,6 +221,9 @@ MODES = {
     # TPOTs were long prompts riding others' rounds at 15-21 ms a token).
     "policy-cu2": _policy_with(spec=(("catch_up_every_steps", 2),)),
     "policy-cu4": _policy_with(spec=(("catch_up_every_steps", 4),)),
+    # Riders waiting for their drafter exempt from the rider bound for at most 16 steps
+    # (SpecConfig.waiting_rider_max_steps): then the others' rounds may not stretch their gaps.
+    "policy-wait16": _policy_with(spec=(("waiting_rider_max_steps", 16),)),
     "policy-cu2-cy": _policy_with(
         spec=(("catch_up_every_steps", 2), ("catch_up_yields_to_prefill", True))
     ),

@@ -331,6 +331,9 @@ class SpecConfig:
     # speculating step outside the rider bound (GoodputConfig.waiting_riders_exempt). On by
     # default since e89bec0, with catch_up_chunk = 0 (the pair was measured together).
     waiting_riders_exempt: bool = True
+    # ... for at most this many decode steps from when it began waiting (None: as long as it
+    # waits; GoodputConfig.waiting_rider_max_steps; bench/mixed.py mode policy-wait16).
+    waiting_rider_max_steps: int | None = None
     # Host time charged to each speculative round where decode-ahead runs (a plain step then
     # pays none, a drafting step still waits for its tokens): GoodputConfig.round_overhead_s.
     # 0 by default: not yet measured (the batch-64 7B turnaround was 1.2 ms at 69b0f77).
@@ -381,6 +384,9 @@ class SpecConfig:
             raise ValueError(
                 f"catch_up_round_tokens must be >= 1 (or None), got {self.catch_up_round_tokens!r}"
             )
+        wait = self.waiting_rider_max_steps
+        if wait is not None and (not isinstance(wait, int) or wait < 1):
+            raise ValueError(f"waiting_rider_max_steps must be an int >= 1 or None, got {wait!r}")
         if not isinstance(self.catch_up_every_steps, int) or self.catch_up_every_steps < 1:
             raise ValueError(
                 f"catch_up_every_steps must be an int >= 1, got {self.catch_up_every_steps!r}"

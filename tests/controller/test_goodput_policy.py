@@ -131,6 +131,28 @@ def test_riders_waiting_for_their_catch_up_round_ride_when_exempt(exempt):
         assert d.reason == "no_gain" and not any(d.draft_lens.values())
 
 
+@pytest.mark.parametrize("limit", [None, 3])
+def test_a_waiting_rider_is_exempt_for_at_most_its_limit(limit):
+    """A fresh request whose catch-up round does not come (one every 100 steps) rides in the
+    others' rounds outside the rider bound, for ``waiting_rider_max_steps`` decisions at most:
+    then the bound holds for it again and the batch decodes plainly; once caught up it is a
+    candidate, and a later wait starts its count afresh."""
+    policy = _policy(waiting_riders_exempt=True, catch_up_every_steps=100,
+                     waiting_rider_max_steps=limit)  # fmt: skip
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    assert policy.decide([SeqView(3, 500)]).reason == "catch_up"  # the next round in 100 steps
+    batch = [SeqView(0, 1), SeqView(1, 1), SeqView(2, 1), SeqView(3, 500)]
+    reasons = [policy.decide(batch).reason for _ in range(6)]
+    if limit is None:
+        assert reasons == ["speculate"] * 6
+    else:
+        assert reasons == ["speculate"] * 3 + ["no_gain"] * 3
+    assert policy.decide(_views(ids)).reason == "speculate"  # caught up: no longer waiting
+    assert policy.decide(batch).reason == "speculate"  # waiting again: counted afresh
+
+
 def test_a_no_gain_verdict_is_held_while_the_candidates_stay():
     """The full plan search runs once per ``no_gain_hold_steps`` while the batch's candidates
     are unchanged, and at once when they change; the decisions are those of searching every
@@ -527,12 +549,14 @@ def test_the_engine_reads_prompt_work_for_a_policy_that_yields_to_it(options, re
     from verifypd.engine.core import EngineCore
     from verifypd.lanes.spec_policy import SpeculationPolicy
 
-    spec = SpecConfig(method="ngram", catch_up_round_tokens=512, catch_up_every_steps=3, **options)
+    spec = SpecConfig(method="ngram", catch_up_round_tokens=512, catch_up_every_steps=3,
+                      waiting_rider_max_steps=5, **options)  # fmt: skip
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
     policy = SpeculationPolicy(core)
     assert policy.yields_to_prefill is reads
     g = policy.controller.goodput
     assert g.catch_up_round_tokens == 512 and g.catch_up_every_steps == 3
+    assert g.waiting_rider_max_steps == 5
     assert g.catch_up_yields_to_prefill is options.get("catch_up_yields_to_prefill", False)
 
 
@@ -698,6 +722,15 @@ def test_drafts_beside_the_decode_step_let_riders_wait_for_their_own_step_only(b
     costs = policy.costs
     full = d.draft_len * costs.draft(4) + costs.decode(4) + costs.verify(4, 1 + d.draft_len)
     assert d.predicted_step_s == pytest.approx(full, rel=0.05)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5])
+def test_waiting_rider_max_steps_is_validated(bad):
+    with pytest.raises(ValueError, match="waiting_rider_max_steps"):
+        SpecConfig(waiting_rider_max_steps=bad)
+    if isinstance(bad, int):
+        with pytest.raises(ValueError, match="waiting_rider_max_steps"):
+            GoodputConfig(waiting_rider_max_steps=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, None])

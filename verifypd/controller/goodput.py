@@ -170,6 +170,12 @@ class GoodputConfig:
     # stream, ``SpecConfig.drafts_beside_decode``): its plain rows wait for decode(B - |S|)
     # only, and the rider bound reads that; the round's time is still charged in full.
     drafts_beside_decode: bool = False
+    # With ``waiting_riders_exempt``: a row rides outside the rider bound for at most this many
+    # decisions from when it began waiting for its drafter (None: as long as it waits). Then it
+    # is a plain rider again, so others' rounds may not stretch its gaps past the bound until
+    # its catch-up round: with uniform 0.8 at 11-14 req/s on an H100 the slowest TPOTs were
+    # long prompts riding others' rounds at 15-21 ms a token while they waited.
+    waiting_rider_max_steps: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -194,6 +200,10 @@ class GoodputConfig:
             (
                 self.catch_up_round_tokens is None or self.catch_up_round_tokens >= 1,
                 "catch_up_round_tokens >= 1",
+            ),  # fmt: skip
+            (
+                self.waiting_rider_max_steps is None or self.waiting_rider_max_steps >= 1,
+                "waiting_rider_max_steps >= 1",
             ),  # fmt: skip
         ]
         for ok, rule in checks:
@@ -279,6 +289,9 @@ class GoodputPolicy(DraftController):
         self._no_gain: tuple[tuple, int] | None = None  # (candidates' key, held until step)
         self.num_searches = 0  # full plan searches (the rest: blocked, no candidates, held)
         self._waiting = 0  # rows of the last batch waiting for a catch-up round
+        # seq id -> the decision from which it has waited for its drafter (rows of the last
+        # batch only: one that stops waiting starts afresh the next time)
+        self._waiting_since: dict[int, int] = {}
         # Decode cadence: the time from one decision to the next against the prediction, for
         # speculating and plain steps (what a request waits between its decode steps).
         self.cadence = {k: [0, 0.0, 0.0] for k in ("spec", "plain")}  # steps, actual, predicted
@@ -410,15 +423,18 @@ class GoodputPolicy(DraftController):
         )
         out = []
         self._waiting = 0
+        since, self._waiting_since = self._waiting_since, {}
         for v in batch:
             st = self._requests.get(v.seq_id)
             if v.drafter_busy:
-                self._waiting += bool(st is not None and st.speculate)
+                if st is not None and st.speculate:
+                    self._wait(v.seq_id, since)
                 continue
             far = v.drafter_behind > g.max_catch_up
             beyond = g.chunk_catch_up and v.drafter_behind > g.chunk_catch_up
             if st is None or not st.speculate or (far and not catching_up):
-                self._waiting += bool(st is not None and st.speculate and far and not beyond)
+                if st is not None and st.speculate and far and not beyond:
+                    self._wait(v.seq_id, since)
                 continue
             if beyond:
                 continue  # only an eager catch-up reaches it: not worth its host time
@@ -436,9 +452,19 @@ class GoodputPolicy(DraftController):
         if all(c.last for c in out):
             return []
         out.sort(key=lambda c: (c.last, -c.alpha, c.seq_id))
-        return self._within_round_budget(out)
+        return self._within_round_budget(out, since)
 
-    def _within_round_budget(self, cands: list[_Candidate]) -> list[_Candidate]:
+    def _wait(self, seq_id: int, since: dict[int, int]) -> None:
+        """A row waits for its drafter (its catch-up round, or the forward behind its prompt):
+        it counts among the rows outside the rider bound (``waiting_riders_exempt``) until it
+        has waited ``waiting_rider_max_steps`` decisions."""
+        start = self._waiting_since[seq_id] = since.get(seq_id, self.num_steps)
+        limit = self.goodput.waiting_rider_max_steps
+        self._waiting += int(limit is None or self.num_steps - start < limit)
+
+    def _within_round_budget(
+        self, cands: list[_Candidate], since: dict[int, int]
+    ) -> list[_Candidate]:
         """Far candidates past ``catch_up_round_tokens`` (in α̂ order, the first always in)
         wait for the next catch-up round, as waiting riders."""
         budget = self.goodput.catch_up_round_tokens
@@ -447,7 +473,7 @@ class GoodputPolicy(DraftController):
         out, fed = [], 0
         for c in cands:
             if c.far and fed and fed + c.behind > budget:
-                self._waiting += 1
+                self._wait(c.seq_id, since)
                 continue
             fed += c.behind if c.far else 0
             out.append(c)

@@ -52,6 +52,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         max_step_ratio=spec.max_step_ratio,
         yield_to_prefill=spec.yield_to_prefill,
         waiting_riders_exempt=spec.waiting_riders_exempt,
+        waiting_rider_max_steps=spec.waiting_rider_max_steps,
         round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
         tail_tolerance=spec.tail_tolerance,
         catch_up_round_tokens=spec.catch_up_round_tokens,
