@@ -183,7 +183,12 @@ MODES = {
     # The policy as it was before 2026-11-26: every far drafter caught up eagerly, no limit on
     # a catch-up round's context.
     "policy-old": _policy_with(
-        spec=(("catch_up_chunk", 0), ("catch_up_chunks", 8), ("catch_up_round_tokens", None))
+        spec=(
+            ("catch_up_chunk", 0),
+            ("catch_up_chunks", 8),
+            ("catch_up_round_tokens", None),
+            ("waiting_rider_max_steps", None),
+        )
     ),
     # Every far drafter (a new request's prompt, or one behind after plain steps) catching up
     # in chunk-graph replays of 16, 64 or 256 tokens, up to 16 of them (4096 tokens), instead
@@ -223,7 +228,9 @@ MODES = {
     "policy-cu4": _policy_with(spec=(("catch_up_every_steps", 4),)),
     # Riders waiting for their drafter exempt from the rider bound for at most 16 steps
     # (SpecConfig.waiting_rider_max_steps): then the others' rounds may not stretch their gaps.
+    # The default since 2026-11-26; policy-nowait is the policy before it.
     "policy-wait16": _policy_with(spec=(("waiting_rider_max_steps", 16),)),
+    "policy-nowait": _policy_with(spec=(("waiting_rider_max_steps", None),)),
     "policy-cu2-cy": _policy_with(
         spec=(("catch_up_every_steps", 2), ("catch_up_yields_to_prefill", True))
     ),

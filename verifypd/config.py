@@ -332,8 +332,14 @@ class SpecConfig:
     # default since e89bec0, with catch_up_chunk = 0 (the pair was measured together).
     waiting_riders_exempt: bool = True
     # ... for at most this many decode steps from when it began waiting (None: as long as it
-    # waits; GoodputConfig.waiting_rider_max_steps; bench/mixed.py mode policy-wait16).
-    waiting_rider_max_steps: int | None = None
+    # waits; GoodputConfig.waiting_rider_max_steps). 16 by default since 2026-11-26: with
+    # uniform 0.8 at 8-14 req/s the policy's TPOT p99 was 1.27-1.69x `off`'s (long prompts
+    # riding others' rounds at 15-21 ms a token while they waited; in 3 of 5 H100 runs), 1.03-1.07x
+    # with the bound, ITL p99 1.06-1.09x against 1.06-1.39x; hetero at 5-14 req/s ITL p99
+    # 0.97-1.04x, TPOT p99 0.98-1.23x against 1.01-1.21x. It gives up speed under load (TPOT
+    # p50 0.93x `off` at 11 req/s against 0.75x), and TTFT p99 was 1.17-1.21x `off` at 11-14
+    # req/s with uniform 0.8 (0.85-0.92x without; one 16-second run each, 33ece2d).
+    waiting_rider_max_steps: int | None = 16
     # Host time charged to each speculative round where decode-ahead runs (a plain step then
     # pays none, a drafting step still waits for its tokens): GoodputConfig.round_overhead_s.
     # 0 by default: not yet measured (the batch-64 7B turnaround was 1.2 ms at 69b0f77).
