@@ -336,7 +336,7 @@ class SpecConfig:
     # uniform 0.8 at 8-14 req/s the policy's TPOT p99 was 1.27-1.69x `off`'s (long prompts
     # riding others' rounds at 15-21 ms a token while they waited; in 3 of 5 H100 runs), 1.03-1.07x
     # with the bound, ITL p99 1.06-1.09x against 1.06-1.39x; hetero at 5-14 req/s ITL p99
-    # 0.97-1.04x, TPOT p99 0.98-1.23x against 1.01-1.21x. It gives up speed under load (TPOT
+    # 0.97-1.04x, TPOT p99 0.98-1.23x against 1.01-1.20x. It gives up speed under load (TPOT
     # p50 0.93x `off` at 11 req/s against 0.75x), and TTFT p99 was 1.17-1.21x `off` at 11-14
     # req/s with uniform 0.8 (0.85-0.92x without; one 16-second run each, 33ece2d).
     waiting_rider_max_steps: int | None = 16
