@@ -72,22 +72,38 @@ def _proposer():
     return DraftModelProposer(loaded, 64, 4, torch.device("cpu"), torch.float32)
 
 
+def _fake_table(*qs):
+    """A graph table as a GPU would have it (this CPU captures none: each step runs eager)."""
+    return {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in qs}
+
+
 def _fake_graphs(prop, *qs):
-    """The graph table a GPU would have (this CPU captures none: each step still runs eager)."""
-    prop.runner.graphs = {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in qs}
+    prop.runner.graphs = _fake_table(*qs)
 
 
-def _propose(prop, prompts, chunk, chunks):
-    from verifypd.types import SamplingParams, ScheduledSeq, Sequence
-
-    prop.catch_up_chunk, prop.catch_up_chunks = chunk, chunks
+def _record_feeds(prop) -> list[list[int]]:
+    """Every forward the drafter prepares from now on: the tokens it feeds each row."""
     fed: list[list[int]] = []
     real_prepare = prop.runner.prepare
     prop.runner.prepare = lambda plan: (
         fed.append([e.num_new_tokens for e in plan.seqs]) or real_prepare(plan)
     )
-    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8, temperature=0))
+    return fed
+
+
+def _greedy_seqs(prompts):
+    from verifypd.types import SamplingParams, Sequence
+
+    return [Sequence(f"r{i}", p, SamplingParams(max_tokens=8, temperature=0))
             for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def _propose(prop, prompts, chunk, chunks):
+    from verifypd.types import ScheduledSeq
+
+    prop.catch_up_chunk, prop.catch_up_chunks = chunk, chunks
+    fed = _record_feeds(prop)
+    seqs = _greedy_seqs(prompts)
     entries = [ScheduledSeq(s, 1) for s in seqs]
     prop.propose(entries, [3] * len(seqs), [0.0] * len(seqs))
     return fed, [e.draft_ids() for e in entries]
@@ -171,16 +187,11 @@ def _follow(prop, prompts, sizes):
     graphs of ``sizes`` (each replay still runs eager here, fed the same q tokens a row);
     returns the tokens each forward fed per row, the count it reported, and the sequences."""
     from verifypd.engine.model import drain
-    from verifypd.types import SamplingParams, Sequence
 
-    prop.follow_graphs = {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in sizes}
-    fed: list[list[int]] = []
+    prop.follow_graphs = _fake_table(*sizes)
     real_prepare = prop.runner.prepare
-    prop.runner.prepare = lambda plan: (
-        fed.append([e.num_new_tokens for e in plan.seqs]) or real_prepare(plan)
-    )
-    seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8, temperature=0))
-            for i, p in enumerate(prompts)]  # fmt: skip
+    fed = _record_feeds(prop)
+    seqs = _greedy_seqs(prompts)
     count = drain(prop.follow_iter([(s, s.num_tokens) for s in seqs], every=0))
     prop.runner.prepare = real_prepare
     return fed, count, seqs
@@ -211,12 +222,8 @@ def test_the_follow_feeds_prompts_in_chunk_replays_and_drafts_the_same():
     fed_eager, _, eager_seqs = _follow(eager, prompts, ())
     assert fed_eager == [[150, 40, 10]]
     fresh = _proposer()  # no follow: the proposal catches up itself
-    from verifypd.types import SamplingParams, Sequence
-
-    plain = [Sequence(s.request_id, s.token_ids, SamplingParams(max_tokens=8, temperature=0))
-             for s in seqs]  # fmt: skip
     drafts = _drafts_after(prop, seqs)
-    assert drafts == _drafts_after(eager, eager_seqs) == _drafts_after(fresh, plain)
+    assert drafts == _drafts_after(eager, eager_seqs) == _drafts_after(fresh, _greedy_seqs(prompts))
 
 
 def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progress():
@@ -224,7 +231,7 @@ def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progre
     prop = _proposer()
     from verifypd.types import SamplingParams, Sequence
 
-    prop.follow_graphs = {64: SimpleNamespace(max_batch=8, can_run=lambda *a: False)}
+    prop.follow_graphs = _fake_table(64)
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8)) for i, p in enumerate(prompts)]
     pieces = prop.follow_iter([(s, s.num_tokens) for s in seqs])
     next(pieces)  # claimed
