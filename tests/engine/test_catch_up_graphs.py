@@ -14,7 +14,7 @@ def _views(*lags, tokens=100):
 
 
 def _graphs(*qs, max_batch=64):
-    return {q: SimpleNamespace(max_batch=max_batch) for q in qs}
+    return {q: SimpleNamespace(max_batch=max_batch, with_logits=True) for q in qs}
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def _proposer():
 
 def _fake_table(*qs):
     """A graph table as a GPU would have it (this CPU captures none: each step runs eager)."""
-    return {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False) for q in qs}
+    return {q: SimpleNamespace(max_batch=8, can_run=lambda *a: False, with_logits=True) for q in qs}
 
 
 def _fake_graphs(prop, *qs):

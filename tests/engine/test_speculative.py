@@ -52,7 +52,8 @@ def test_first_draft_step_feeds_one_token_unless_a_view_accepted_every_draft():
     prop = _proposer()
     # The graphs' shapes as on a GPU (this CPU captures none: each step still runs eager).
     prop.runner.graphs = {
-        q: SimpleNamespace(max_batch=64, can_run=lambda *a: False) for q in (1, 2, 4, 8)
+        q: SimpleNamespace(max_batch=64, can_run=lambda *a: False, with_logits=True)
+        for q in (1, 2, 4, 8)
     }
     seqs = [Sequence(f"r{i}", list(range(1, 9)), SamplingParams(max_tokens=32, temperature=0))
             for i in range(2)]  # fmt: skip

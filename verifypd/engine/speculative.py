@@ -338,14 +338,8 @@ class DraftModelProposer:
             for q, group in sorted(groups.items()):
                 rows = graphs[q].max_batch
                 for i in range(0, len(group), rows):
-                    turn = group[i : i + rows]
-                    for v in turn:
-                        v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - q)
-                    plan = StepPlan("draft", [ScheduledSeq(v, q) for v in turn])
-                    self.runner.logits(self.runner.prepare(plan), [], graphs=graphs)
+                    _replay(self.runner, group[i : i + rows], q, 0, graphs)
                     self.num_follow_replays += 1
-                    for v in turn:
-                        v.num_computed_tokens += q
                     yield
             todo = [v for v in todo if v.num_computed_tokens < v.num_tokens]
 
@@ -560,12 +554,26 @@ def _chunked_catch_up(
 
 def _replay_chunks(runner: ModelRunner, far: list[DraftView], q: int, reach: int) -> None:
     while far:
-        for v in far:
-            v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - 1 - q)
-        runner.logits(runner.prepare(StepPlan("draft", [ScheduledSeq(v, q) for v in far])), [])
-        for v in far:
-            v.num_computed_tokens += q
+        _replay(runner, far, q, 1)
         far = [v for v in far if v.num_tokens - v.num_computed_tokens > reach]
+
+
+def _replay(
+    runner: ModelRunner,
+    views: list[DraftView],
+    q: int,
+    short: int,
+    graphs: dict[int, StepGraphs] | None = None,
+) -> None:
+    """One uniform step of q tokens for each view, ending at least ``short`` tokens before its
+    last (a view less than q behind re-feeds stored tokens to match), in a graph of ``graphs``
+    (default the runner's) when one holds it; the views' progress moves on by q."""
+    for v in views:
+        v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - short - q)
+    runner.logits(runner.prepare(StepPlan("draft", [ScheduledSeq(v, q) for v in views])), [],
+                  graphs=graphs)  # fmt: skip
+    for v in views:
+        v.num_computed_tokens += q
 
 
 def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> None:
@@ -578,9 +586,7 @@ def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> 
     every graph (a new request's prompt) nothing is rewound and the step runs eager."""
     behind = max(v.num_tokens - v.num_computed_tokens for v in views)
     fits = [
-        q
-        for q, g in graphs.items()
-        if q >= behind and g.max_batch >= len(views) and getattr(g, "with_logits", True)
+        q for q, g in graphs.items() if q >= behind and g.max_batch >= len(views) and g.with_logits
     ]
     if behind <= 1 or not fits:
         return
