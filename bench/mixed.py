@@ -234,6 +234,18 @@ MODES = {
     "policy-cu2-cy": _policy_with(
         spec=(("catch_up_every_steps", 2), ("catch_up_yields_to_prefill", True))
     ),
+    # Plans beside prompt work priced with what steps measured there (SpecConfig.
+    # contention_costs: the cost model's contended levels), alone and with the variants that
+    # let the policy speculate more under load (the drafter following prompt steps, catch-up
+    # rounds every 2 steps), which cost the ITL tail when priced on the GPU to itself.
+    "policy-contend": _policy_with(spec=(("contention_costs", True),)),
+    "policy-nocontend": _policy_with(spec=(("contention_costs", False),)),
+    "policy-follow-contend": _policy_with(
+        spec=(("follow_prefill", True), ("contention_costs", True))
+    ),
+    "policy-cu2-contend": _policy_with(
+        spec=(("catch_up_every_steps", 2), ("contention_costs", True))
+    ),
     # ... and with riders waiting for their catch-up round outside the rider bound
     # (SpecConfig.waiting_riders_exempt), alone and with the eager catch-up.
     "policy-riders": _policy_with(spec=(("waiting_riders_exempt", True),)),

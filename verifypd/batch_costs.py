@@ -8,8 +8,15 @@ plus a part per token). Its *level* is refined online: every observed step updat
 observed / predicted seconds: one level for target forwards (decode and uniform verify steps
 share it: contention slows both alike), one for an eager mixed step relative to that, one for
 the drafter and one for prefill. A shape measured on an idle GPU keeps its
-proportions, while contention from other lanes (a prefill chunk on another stream) or a slower
-host raises the level the policy plans with.
+proportions, while a slower host raises the level the policy plans with.
+
+**Contention.** A step that ran while prompt work was in flight on another stream (the
+dispatcher says so: ``contended``) updates a level of its own, one per kind (decode, verify,
+mixed, draft), and predictions asked for ``contended`` read those. Prompt chunks do not take
+from every step alike: small kernels (the drafter's steps, a verify's extra tokens) may lose
+more of the GPU to a prefill chunk than a plain decode step does, and a plan beside a prompt
+step is judged on those costs. A kind with fewer than ``min_contended`` contended observations
+reads its uncontended level.
 
 Step kinds: ``decode`` (one token per row, a graph), ``verify`` (1 + L tokens per row, uniform),
 ``mixed`` (rows of different lengths in one forward: eager), ``draft`` (one drafter step),
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 KINDS = ("decode", "verify", "mixed", "draft", "prefill")
+CONTENDED_KINDS = ("decode", "verify", "mixed", "draft")  # prefill is the contender
 _LEVEL_OF = {"decode": "target", "verify": "target", "mixed": "mixed", "draft": "draft",
              "prefill": "prefill"}  # fmt: skip
 
@@ -62,14 +70,20 @@ class BatchCostModel:
         shape: CostShape | None = None,
         weight: float = 0.2,  # EWMA weight of the newest observation in a level
         mixed_prior: float = 1.3,  # level of an eager mixed step before any was seen
+        min_contended: int = 4,  # contended observations before a kind's contended level counts
     ) -> None:
-        if not 0.0 < weight <= 1.0 or mixed_prior <= 0.0:
-            raise ValueError("need weight in (0, 1] and mixed_prior > 0")
+        if not 0.0 < weight <= 1.0 or mixed_prior <= 0.0 or min_contended < 1:
+            raise ValueError("need weight in (0, 1], mixed_prior > 0 and min_contended >= 1")
         self.prior = LinearPrior()
         self.shape = shape
         self.weight = weight
+        self.min_contended = min_contended
         self.level = {"target": 1.0, "mixed": mixed_prior, "draft": 1.0, "prefill": 1.0}
+        # kind -> observed / shape seconds of its steps beside prompt work (absolute: a mixed
+        # step's is not relative to the target's)
+        self.contended_level = dict.fromkeys(CONTENDED_KINDS, 1.0)
         self.num_observations = dict.fromkeys(KINDS, 0)
+        self.num_contended = dict.fromkeys(CONTENDED_KINDS, 0)
 
     @property
     def measured(self) -> bool:
@@ -97,30 +111,39 @@ class BatchCostModel:
         return self._target(rows, math.ceil(tokens / max(rows, 1)))
 
     # ------------------------------------------------------------------ predictions
-    def decode(self, rows: int) -> float:
-        return 0.0 if rows <= 0 else self.level["target"] * self._target(rows, 1)
+    def level_of(self, kind: str, contended: bool = False) -> float:
+        """The factor on ``kind``'s shape: its contended level once it has been observed
+        ``min_contended`` times beside prompt work (when asked for), else the uncontended one."""
+        if contended and self.num_contended.get(kind, 0) >= self.min_contended:
+            return self.contended_level[kind]
+        level = self.level[_LEVEL_OF[kind]]
+        return level * self.level["target"] if kind == "mixed" else level
 
-    def verify(self, rows: int, query_len: int) -> float:
-        return 0.0 if rows <= 0 else self.level["target"] * self._target(rows, query_len)
+    def decode(self, rows: int, contended: bool = False) -> float:
+        return 0.0 if rows <= 0 else self.level_of("decode", contended) * self._target(rows, 1)
 
-    def mixed(self, rows: int, tokens: int) -> float:
+    def verify(self, rows: int, query_len: int, contended: bool = False) -> float:
+        level = self.level_of("verify", contended)
+        return 0.0 if rows <= 0 else level * self._target(rows, query_len)
+
+    def mixed(self, rows: int, tokens: int, contended: bool = False) -> float:
         """Rows of different query lengths in one (eager) forward."""
-        level = self.level["target"] * self.level["mixed"]
+        level = self.level_of("mixed", contended)
         return 0.0 if rows <= 0 else level * self._shape_time("mixed", rows, tokens)
 
-    def draft(self, rows: int) -> float:
-        return 0.0 if rows <= 0 else self.level["draft"] * self._draft(rows)
+    def draft(self, rows: int, contended: bool = False) -> float:
+        return 0.0 if rows <= 0 else self.level_of("draft", contended) * self._draft(rows)
 
     def prefill(self, tokens: int) -> float:
         return 0.0 if tokens <= 0 else self.level["prefill"] * self._prefill(tokens)
 
-    def catch_up(self, tokens: int) -> float:
+    def catch_up(self, tokens: int, contended: bool = False) -> float:
         """A drafter feeding ``tokens`` of context at once: a prefill of the drafter, priced as
         the target's prefill scaled by the drafter/target ratio of a one-row step."""
         if tokens <= 0:
             return 0.0
         ratio = self._draft(1) / self._target(1, 1)
-        return self.level["draft"] * ratio * self._prefill(tokens)
+        return self.level_of("draft", contended) * ratio * self._prefill(tokens)
 
     def prefill_tokens_within(self, seconds: float, low: int, high: int) -> int:
         """The most prefill tokens in [low, high] predicted to run within ``seconds``."""
@@ -133,15 +156,21 @@ class BatchCostModel:
         return lo
 
     # ------------------------------------------------------------------ learning
-    def observe(self, kind: str, seconds: float, rows: int, tokens: int) -> None:
-        """One landed step of ``kind`` with ``rows`` sequences and ``tokens`` query tokens."""
+    def observe(
+        self, kind: str, seconds: float, rows: int, tokens: int, contended: bool = False
+    ) -> None:
+        """One landed step of ``kind`` with ``rows`` sequences and ``tokens`` query tokens;
+        ``contended``: prompt work was in flight beside it (a prefill step's own time is
+        always its uncontended kind)."""
         if kind not in KINDS:
             raise ValueError(f"unknown step kind {kind!r}; expected one of {KINDS}")
         if seconds <= 0.0 or rows <= 0 or tokens <= 0:
             return
-        predicted = self._shape_time(kind, rows, tokens)
-        if kind == "mixed":  # its level is relative to the target's
-            predicted *= self.level["target"]
+        shape_s = self._shape_time(kind, rows, tokens)
+        if contended and kind in CONTENDED_KINDS:
+            self._observe_contended(kind, seconds / shape_s)
+            return
+        predicted = shape_s * self.level["target"] if kind == "mixed" else shape_s
         # One outlier (a first step that warmed something up) moves a level by at most
         # weight * 3: the shape was measured, the level only corrects it.
         ratio = min(4.0, max(0.25, seconds / predicted))
@@ -149,5 +178,19 @@ class BatchCostModel:
         self.level[key] += self.weight * (ratio - self.level[key])
         self.num_observations[kind] += 1
 
-    def snapshot(self) -> dict[str, float]:
-        return {f"level_{k}": round(v, 4) for k, v in self.level.items()}
+    def _observe_contended(self, kind: str, ratio: float) -> None:
+        """A contended level starts at the uncontended one and follows its own observations
+        (clamped wider: a prompt chunk beside a step may well stretch it eight times)."""
+        if self.num_contended[kind] == 0:
+            self.contended_level[kind] = self.level_of(kind)
+        level = self.contended_level[kind]
+        self.contended_level[kind] = level + self.weight * (min(16.0, max(0.25, ratio)) - level)
+        self.num_contended[kind] += 1
+
+    def snapshot(self) -> dict[str, float | None]:
+        """The levels (a contended one None until it counts)."""
+        levels: dict[str, float | None] = {f"level_{k}": round(v, 4) for k, v in self.level.items()}
+        for k in CONTENDED_KINDS:
+            counts = self.num_contended[k] >= self.min_contended
+            levels[f"contended_{k}"] = round(self.contended_level[k], 4) if counts else None
+        return levels

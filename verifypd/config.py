@@ -348,6 +348,10 @@ class SpecConfig:
     # one with the shortest step: the gap a request sees when its first draft is rejected,
     # the ITL tail (GoodputConfig.tail_tolerance). 0: the best tokens/s.
     tail_tolerance: float = 0.0
+    # While prompt work is in flight or queued, the goodput policy prices its plans with what
+    # steps measured beside prompt steps (GoodputConfig.contention_costs; the cost model's
+    # contended levels, learned online).
+    contention_costs: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

@@ -553,7 +553,7 @@ def test_the_engine_reads_prompt_work_for_a_policy_that_yields_to_it(options, re
                       waiting_rider_max_steps=5, **options)  # fmt: skip
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
     policy = SpeculationPolicy(core)
-    assert policy.yields_to_prefill is reads
+    assert policy.reads_prompt_work is reads
     g = policy.controller.goodput
     assert g.catch_up_round_tokens == 512 and g.catch_up_every_steps == 3
     assert g.waiting_rider_max_steps == 5

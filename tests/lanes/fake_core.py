@@ -73,6 +73,7 @@ class FakeCore:
         self.seqs: dict[str, Sequence] = {}
         self.launched: list[StepPlan] = []
         self.sent: dict[str, int] = {}  # request id -> output tokens delivered
+        self.recorded: list[tuple[str, bool]] = []  # (lane, contended) of each timed step
 
     def add_request(self, rid: str, prompt: list[int], max_tokens: int) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -90,8 +91,8 @@ class FakeCore:
         self.launched.append(plan)
         return FakePending([next_tokens(e) for e in plan.seqs])
 
-    def record_step(self, plan: StepPlan, seconds: float) -> None:
-        pass
+    def record_step(self, plan: StepPlan, seconds: float, contended: bool = False) -> None:
+        self.recorded.append((plan.lane, contended))
 
     def apply_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[Sequence]:
         return self.scheduler.update(plan, token_ids)
@@ -118,11 +119,12 @@ class FakePolicy:
     """Fixed L for every decoding sequence; drafts the fake model's own continuation."""
 
     enabled = True
-    yields_to_prefill = True  # the dispatcher tells it of prompt work (a test checks that)
+    reads_prompt_work = True  # the dispatcher tells it of prompt work (a test checks that)
 
     def __init__(self, core: FakeCore, draft_len: int = 3, fused: bool = False) -> None:
         self.core, self.draft_len, self.fused = core, draft_len, fused
         self.proposed: list[list[int]] = []  # seq ids per proposal
+        self.proposed_contended: list[bool] = []  # whether a prompt step ran beside each
         self.wrong_from = None  # draft index from which drafts are wrong (None: all right)
         self.prefill_seen: list[bool] = []  # what each decision was told of prompt work
 
@@ -133,8 +135,9 @@ class FakePolicy:
         lens = {s.seq_id: self.draft_len for s in self.core.decodable()}
         return SpecDecision(lens, self.fused)
 
-    def propose(self, entries: list[ScheduledSeq]) -> None:
+    def propose(self, entries: list[ScheduledSeq], contended: bool = False) -> None:
         self.proposed.append([e.seq.seq_id for e in entries if e.draft_len])
+        self.proposed_contended.append(contended)
         for e in entries:
             last = e.seq.token_ids[-1]
             drafts = [last + 1 + k for k in range(e.draft_len)]

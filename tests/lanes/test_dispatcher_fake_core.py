@@ -5,10 +5,10 @@ a failing request, and the promise that planning launches nothing."""
 from __future__ import annotations
 
 import pytest
-from fake_core import FakeCore, FakePolicy
+from fake_core import FakeCore, FakePending, FakePolicy
 
-from verifypd.lanes.dispatcher import LaneDispatcher
-from verifypd.types import RequestFailure, RequestOutput, SeqStatus
+from verifypd.lanes.dispatcher import InFlight, LaneDispatcher
+from verifypd.types import RequestFailure, RequestOutput, SeqStatus, StepPlan
 
 PROMPTS = {"a": [10, 11, 12], "b": list(range(100, 121)), "c": [7]}
 MAX_TOKENS = 9
@@ -80,6 +80,37 @@ async def test_the_policy_hears_of_prompt_work_in_flight_or_queued():
     assert policy.prefill_seen[0] is True  # "b" (21 tokens) needs three chunks
     assert policy.prefill_seen[-1] is False
     assert _tokens(delivered) == {rid: _expected(rid) for rid in PROMPTS}
+
+
+async def test_steps_beside_a_prompt_step_are_timed_as_contended():
+    """A step launched while a prefill step is in flight, or in flight when one is launched,
+    is recorded as contended (the cost model's own levels); prompt steps and every step after
+    the last prompt chunk landed are not."""
+    core, policy, d, delivered = _setup()
+    await _drain(d)
+    prefills = sum(1 for p in core.launched if p.lane == "prefill")
+    assert prefills >= 3  # "b" (21 tokens) in chunks of 8
+    last_prefill = max(i for i, (lane, _) in enumerate(core.recorded) if lane == "prefill")
+    before = [c for lane, c in core.recorded[:last_prefill] if lane != "prefill"]
+    assert any(before), "no step was timed beside a prompt step"
+    assert not any(c for lane, c in core.recorded if lane == "prefill")
+    assert not any(c for _, c in core.recorded[last_prefill + 2 :])
+    assert _tokens(delivered) == {rid: _expected(rid) for rid in PROMPTS}
+
+
+async def test_drafts_made_while_a_prompt_step_runs_are_timed_as_contended():
+    core, policy, d, _ = _setup()
+    while not core.decodable() or d.in_flight:  # the first prompt chunks land
+        await d.tick()
+    assert policy.proposed_contended == []
+    # a prompt step in flight (one that stays: it never lands)
+    d.in_flight["prefill"] = InFlight(StepPlan("prefill", []), FakePending([]), 0.0)
+    d.in_flight["prefill"].pending.polls = -(10**6)
+    await d.tick()
+    assert policy.proposed_contended == [True]
+    del d.in_flight["prefill"]
+    await _drain(d)
+    assert policy.proposed_contended[-1] is False
 
 
 async def test_a_fused_decision_verifies_inside_the_decode_step():
@@ -168,9 +199,9 @@ async def test_a_separate_rounds_drafts_are_made_on_the_verify_lanes_stream_when
     proposed_under: list[str] = []
     inner = policy.propose
 
-    def propose(entries):
+    def propose(entries, contended=False):
         proposed_under.append(contexts[-1])
-        return inner(entries)
+        return inner(entries, contended)
 
     policy.propose = propose
     for rid, prompt in PROMPTS.items():

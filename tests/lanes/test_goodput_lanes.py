@@ -149,9 +149,9 @@ async def test_prefill_chunks_stay_within_the_budget(reference):
     assert budget == 30
     sizes = []
     record = engine.core.record_step
-    engine.core.record_step = lambda plan, s: (
+    engine.core.record_step = lambda plan, s, contended=False: (
         sizes.append(plan.num_tokens) if plan.lane == "prefill" else None,
-        record(plan, s),
+        record(plan, s, contended),
     )
     assert await _run(engine) == reference
     assert sizes and max(sizes) <= budget and max(len(p) for p in PROMPTS) > budget

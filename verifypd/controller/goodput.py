@@ -176,6 +176,11 @@ class GoodputConfig:
     # its catch-up round: with uniform 0.8 at 11-14 req/s on an H100 the slowest TPOTs were
     # long prompts riding others' rounds at 15-21 ms a token while they waited.
     waiting_rider_max_steps: int | None = None
+    # While prompt work is in flight or queued (``LoadSignals.prefill_running``), plans are
+    # priced with the cost model's contended levels (``BatchCostModel.level_of``): what decode,
+    # verify, mixed and draft steps measured beside prompt steps. A round beside a prompt chunk
+    # is judged on what it costs there, not on the GPU to itself.
+    contention_costs: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -336,8 +341,9 @@ class GoodputPolicy(DraftController):
     def decide(self, batch: list[SeqView], load: LoadSignals | None = None) -> BatchDecision:
         load = load or LoadSignals()
         self.num_steps += 1
-        t0 = self.costs.decode(len(batch))
-        decision = self._decide(batch, load, t0)
+        contended = self.goodput.contention_costs and load.prefill_running
+        t0 = self.costs.decode(len(batch), contended)
+        decision = self._decide(batch, load, t0, contended)
         decision.plain_step_s = t0
         self._record(decision, batch)
         self._time_cadence(decision, t0)
@@ -353,7 +359,9 @@ class GoodputPolicy(DraftController):
         kind = "spec" if d.draft_len else "plain"
         self._last_decision = (now, kind, d.predicted_step_s if d.draft_len else t0)
 
-    def _decide(self, batch: list[SeqView], load: LoadSignals, t0: float) -> BatchDecision:
+    def _decide(
+        self, batch: list[SeqView], load: LoadSignals, t0: float, contended: bool
+    ) -> BatchDecision:
         off = {v.seq_id: 0 for v in batch}
         g = self.goodput
         rule = self._blocking_rule(len(batch), load)
@@ -370,7 +378,7 @@ class GoodputPolicy(DraftController):
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
-        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0)
+        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0, contended)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -480,14 +488,15 @@ class GoodputPolicy(DraftController):
         return out
 
     def _best_plan(
-        self, rows: int, cands: list[_Candidate], t0: float, floor: float
+        self, rows: int, cands: list[_Candidate], t0: float, floor: float, contended: bool
     ) -> _Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
-        tokens per second (None: none does). Work per step is
-        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step."""
-        g = self.goodput
+        tokens per second (None: none does), every step priced ``contended`` or not. Work per
+        step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
+        step."""
+        g, c = self.goodput, contended
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = self._waiting if g.waiting_riders_exempt else 0
@@ -502,18 +511,18 @@ class GoodputPolicy(DraftController):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
-                one_off = self.costs.catch_up(grp.far) + (g.eager_draft_s if grp.eager else 0.0)
-                draft_s = L * self.costs.draft(k) + self.costs.catch_up(grp.steady)
+                one_off = self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0)
+                draft_s = L * self.costs.draft(k, c) + self.costs.catch_up(grp.steady, c)
                 bound = min(limit * least, cap)
                 # plain rows wait for their one token: the whole step, or (drafts beside the
                 # decode step) their own decode step
                 riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
-                for fused, step_s in self._step_times(rows, k, L, draft_s):
+                for fused, step_s in self._step_times(rows, k, L, draft_s, c):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + one_off / g.amortize_steps)
                     wait = step_s
                     if g.drafts_beside_decode and not fused:
-                        wait = self.costs.decode(rows - k) + g.round_overhead_s
+                        wait = self.costs.decode(rows - k, c) + g.round_overhead_s
                     if step_s > bound or wait > riders or value <= floor:
                         continue
                     if plans is None and best is not None and value <= best.value:
@@ -528,12 +537,14 @@ class GoodputPolicy(DraftController):
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
 
-    def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
+    def _step_times(
+        self, rows: int, k: int, L: int, draft_s: float, contended: bool
+    ) -> list[tuple[bool, float]]:
         """(fused, seconds) of one round: the fused step and the separate decode + verify."""
-        c = self.costs
+        c, busy = self.costs, contended
         uniform = k == rows or self.goodput.padded_fused
-        fwd = c.verify(rows, 1 + L) if uniform else c.mixed(rows, rows + k * L)
-        separate = draft_s + c.decode(rows - k) + c.verify(k, 1 + L)
+        fwd = c.verify(rows, 1 + L, busy) if uniform else c.mixed(rows, rows + k * L, busy)
+        separate = draft_s + c.decode(rows - k, busy) + c.verify(k, 1 + L, busy)
         return [(True, draft_s + fwd), (False, separate)]
 
     def _record(self, d: BatchDecision, batch: list[SeqView]) -> None:

@@ -313,11 +313,13 @@ class EngineCore:
             "chained_proposals": drafter.num_adopted if drafter is not None else 0,
         }
 
-    def record_step(self, plan: StepPlan, seconds: float) -> None:
+    def record_step(self, plan: StepPlan, seconds: float, contended: bool = False) -> None:
+        """A landed step's time, for the metrics and the cost model (``contended``: prompt
+        work was in flight beside it)."""
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
         kind = _cost_kind(plan)
         if kind is not None:
-            self.costs.observe(kind, seconds, len(plan.seqs), plan.num_tokens)
+            self.costs.observe(kind, seconds, len(plan.seqs), plan.num_tokens, contended)
 
     def finish_step(self, plan: StepPlan, token_ids: list[list[int]]) -> list[RequestOutput]:
         return self.emit(self.apply_step(plan, token_ids))

@@ -79,6 +79,7 @@ class InFlight:
     plan: StepPlan
     pending: PendingStep | None  # None while the launch itself is still running
     start: float
+    contended: bool = False  # a prompt step was in flight beside it (the cost model's)
 
 
 Launcher = Callable[[str, StepPlan], Awaitable[PendingStep]]
@@ -236,7 +237,7 @@ class LaneDispatcher:
         it, so its own duration is unknown (not recorded)."""
         token_ids = f.pending.result()
         if seconds is not None:
-            self.core.record_step(f.plan, seconds)
+            self.core.record_step(f.plan, seconds, f.contended)
             self.policy.step_landed(f.plan, seconds)
         self._unemitted += self.core.apply_step(f.plan, token_ids)
 
@@ -307,7 +308,7 @@ class LaneDispatcher:
         self._log_launch("decode")
         self.num_ahead_steps += 1
         self.core.observer.decode_ahead()
-        flight = self._ahead = InFlight(plan, None, self.clock())
+        flight = self._ahead = InFlight(plan, None, self.clock(), "prefill" in self.in_flight)
         try:
             flight.pending = await self._launch_fn("decode", plan)
         except RequestFailure as failure:  # some requests' own inputs: the rest wait
@@ -333,7 +334,7 @@ class LaneDispatcher:
     def _prefill_signal(self) -> bool:
         """Prompt work in flight or queued; only read by a policy that yields to it (no scan
         of the running set otherwise)."""
-        return self.policy.yields_to_prefill and (
+        return self.policy.reads_prompt_work and (
             "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
         )
 
@@ -364,7 +365,7 @@ class LaneDispatcher:
         inside = plan.lane == "mixed" or plan.fused
         beside = not inside and getattr(self.policy, "drafts_beside_decode", False)
         with self._lane_context("verify" if beside else plan.lane):
-            self.policy.propose(plan.seqs)
+            self.policy.propose(plan.seqs, "prefill" in self.in_flight)
         if inside:
             return plan
         plain = [e for e in plan.seqs if not e.draft_token_ids]
@@ -381,13 +382,20 @@ class LaneDispatcher:
         self._last_lane = lane
         self._log_launch(lane)
         self._report()
-        flight = self.in_flight[lane] = InFlight(plan, None, start)  # busy while launching
+        self._mark_contention(lane)
+        flight = self.in_flight[lane] = InFlight(plan, None, start, "prefill" in self.in_flight)
         if lane in self.background_lanes:
             task = asyncio.create_task(self._finish_launch(lane, plan, flight))
             self._launches.add(task)
             task.add_done_callback(self._launches.discard)
             return
         await self._finish_launch(lane, plan, flight)
+
+    def _mark_contention(self, lane: str) -> None:
+        """A prompt step launched now shares the GPU with every step in flight."""
+        if lane == "prefill":
+            for f in self.flights():
+                f.contended = True
 
     def cancel_launches(self) -> None:
         """Cancels the launches still being enqueued (the engine stops)."""

@@ -59,6 +59,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         catch_up_every_steps=spec.catch_up_every_steps,
         catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
         drafts_beside_decode=spec.drafts_beside_decode,
+        contention_costs=spec.contention_costs,
     )
 
 
@@ -70,15 +71,16 @@ class SpeculationPolicy(SpecListener):
         self.core = core
         self.enabled = core.spec.enabled
         self.controller = build_policy(core.config.spec, core.costs, goodput_config(core))
-        # Whether ``decide`` reads the prefill signal (GoodputConfig.yield_to_prefill, or
-        # catch_up_yields_to_prefill).
+        # Whether ``decide`` reads the prefill signal (GoodputConfig.yield_to_prefill,
+        # catch_up_yields_to_prefill or contention_costs).
         g = self.controller.goodput if isinstance(self.controller, GoodputPolicy) else None
-        self.yields_to_prefill = g is not None and (
-            g.yield_to_prefill or g.catch_up_yields_to_prefill
+        self.reads_prompt_work = g is not None and (
+            g.yield_to_prefill or g.catch_up_yields_to_prefill or g.contention_costs
         )
         # A separate round drafts on the verify lane's stream (SpecConfig.drafts_beside_decode).
         self.drafts_beside_decode = core.config.spec.drafts_beside_decode
-        self._draft_span: tuple[Span, int, int] | None = None  # a drafting not yet observed
+        # a drafting not yet observed: (span, rows, tokens drafted, beside prompt work)
+        self._draft_span: tuple[Span, int, int, bool] | None = None
         core.attach_listener(self)
 
     @classmethod
@@ -166,9 +168,10 @@ class SpeculationPolicy(SpecListener):
         return all(id(s) in in_plan for s in self.core.running)
 
     # ------------------------------------------------------------------ drafting
-    def propose(self, entries: list[ScheduledSeq]) -> None:
+    def propose(self, entries: list[ScheduledSeq], contended: bool = False) -> None:
         """Drafts for the speculating entries; the controller learns the drafting cost (per
-        drafted token) from steady proposals, as it learns decode and verify costs from steps.
+        drafted token) from steady proposals, as it learns decode and verify costs from steps
+        (``contended``: a prompt step is in flight beside it).
         A draft model's proposal is timed on the GPU (it runs there after ``propose`` returns,
         and is observed once it has run); n-gram lookups by wall time. A proposal whose
         drafter first caught up on a whole prompt is left out: that one-off prefill would make
@@ -177,7 +180,7 @@ class SpeculationPolicy(SpecListener):
         span = Span(self.core.drafts_on_device)
         drafted, steady = self.core.draft(entries, self.drafter_temps(entries))
         if drafted and steady:
-            self._draft_span = (span.stop(), len(drafted), sum(drafted))
+            self._draft_span = (span.stop(), len(drafted), sum(drafted), contended)
         self.observe_draft_cost()
 
     def after_launch(self, plan: StepPlan, pending: PendingStep) -> None:
@@ -211,8 +214,8 @@ class SpeculationPolicy(SpecListener):
         self.observe_draft_cost()
         span = Span(self.core.device.type == "cuda")
         rows, num_drafted = self.core.chain(plan, pending)
-        if rows:
-            self._draft_span = (span.stop(), rows, num_drafted)
+        if rows:  # chained only with no prompt work about (``gap_is_idle``): uncontended
+            self._draft_span = (span.stop(), rows, num_drafted, False)
 
     def follow_prefill(self, plan: StepPlan) -> None:
         """The drafter follows the prompt chunks of the requests the policy expects to
@@ -236,10 +239,10 @@ class SpeculationPolicy(SpecListener):
     def observe_draft_cost(self) -> None:
         if self._draft_span is None:
             return
-        span, num_seqs, num_drafted = self._draft_span
+        span, num_seqs, num_drafted, contended = self._draft_span
         seconds = span.seconds()
         if seconds is not None:
             self._draft_span = None
             self.controller.observe_step("draft", seconds, num_seqs, num_drafted)
             steps = max(1, round(num_drafted / num_seqs))  # one proposal: L drafter steps
-            self.core.costs.observe("draft", seconds / steps, num_seqs, num_seqs)
+            self.core.costs.observe("draft", seconds / steps, num_seqs, num_seqs, contended)
