@@ -6,8 +6,8 @@ measurement when there is one (``verifypd.costs.CostTable``, made by
 ``engine.calibrate.measure_costs``), else from a linear prior (a fixed part, the weights' read,
 plus a part per token). Its *level* is refined online: every observed step updates an EWMA of
 observed / predicted seconds: one level for target forwards (decode and uniform verify steps
-share it: contention slows both alike), one for an eager mixed step relative to that, one for
-the drafter and one for prefill. A shape measured on an idle GPU keeps its
+share it), one for an eager mixed step relative to that, one for the drafter and one for
+prefill. A shape measured on an idle GPU keeps its
 proportions, while a slower host raises the level the policy plans with.
 
 **Contention.** A step that ran while prompt work was in flight on another stream (the
@@ -16,7 +16,8 @@ mixed, draft), and predictions asked for ``contended`` read those. Prompt chunks
 from every step alike: small kernels (the drafter's steps, a verify's extra tokens) may lose
 more of the GPU to a prefill chunk than a plain decode step does, and a plan beside a prompt
 step is judged on those costs. A kind with fewer than ``min_contended`` contended observations
-reads its uncontended level.
+reads its uncontended level. Contended observations never move the uncontended levels: those
+describe the GPU to itself.
 
 Step kinds: ``decode`` (one token per row, a graph), ``verify`` (1 + L tokens per row, uniform),
 ``mixed`` (rows of different lengths in one forward: eager), ``draft`` (one drafter step),
@@ -179,8 +180,9 @@ class BatchCostModel:
         self.num_observations[kind] += 1
 
     def _observe_contended(self, kind: str, ratio: float) -> None:
-        """A contended level starts at the uncontended one and follows its own observations
-        (clamped wider: a prompt chunk beside a step may well stretch it eight times)."""
+        """A contended level starts at the uncontended one and follows its own observations,
+        each clamped to [0.25, 16] (wider than the uncontended clamp: on an H100 a prompt
+        chunk beside a drafter step stretched it 3-5 times on average)."""
         if self.num_contended[kind] == 0:
             self.contended_level[kind] = self.level_of(kind)
         level = self.contended_level[kind]

@@ -332,8 +332,8 @@ class LaneDispatcher:
         return [*self.in_flight.values(), *([self._ahead] if self._ahead else [])]
 
     def _prefill_signal(self) -> bool:
-        """Prompt work in flight or queued; only read by a policy that yields to it (no scan
-        of the running set otherwise)."""
+        """Prompt work in flight or queued; only read by a policy that reads it (yields to it,
+        or prices plans beside it: no scan of the running set otherwise)."""
         return self.policy.reads_prompt_work and (
             "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
         )
