@@ -157,6 +157,12 @@ MODES = {
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),
     "policy-noahead": _policy_with(engine=(("decode_ahead", False),)),
+    # ... and decode-ahead paused while a prompt step is in flight
+    # (EngineConfig.decode_ahead_beside_prefill = False).
+    "off-ahead-yields": Mode(
+        "three", False, engine_options=(("decode_ahead_beside_prefill", False),)
+    ),
+    "policy-ahead-yields": _policy_with(engine=(("decode_ahead_beside_prefill", False),)),
     # Prompt steps enqueued whole (EngineConfig.prefill_slice_layers = 0, as before it; the
     # default enqueues them 4 layers at a time, the event loop free in between), and 1 layer
     # at a time, for A/Bs in the same run.

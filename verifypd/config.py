@@ -505,6 +505,11 @@ class EngineConfig:
     # the speculation policy speculates for no one; ``LaneDispatcher``). None = on where
     # launches only enqueue (GPU).
     decode_ahead: bool | None = None
+    # ... also while a prompt step is in flight. False: no step ahead then, so the decode
+    # stream has the host's turnaround between steps, in which the prompt step's kernels have
+    # the GPU (with decode-first stream priorities a decode stream that always has kernels
+    # queued leaves a prompt step only what decode does not use). On by default: not measured.
+    decode_ahead_beside_prefill: bool = True
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work

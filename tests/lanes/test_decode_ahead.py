@@ -348,3 +348,47 @@ async def test_a_stored_decision_naming_no_one_left_is_not_used():
     assert not plan.fused
     core.scheduler.abandon(plan)
     await engine.stop()
+
+
+class _Never:
+    """A step that stays in flight (stands for a long prompt step)."""
+
+    def done(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("beside", [True, False])
+async def test_no_step_ahead_beside_a_prompt_step_when_told(beside):
+    """``EngineConfig.decode_ahead_beside_prefill=False``: while a prompt step is in flight no
+    decode step is launched ahead (the decode stream leaves the host's turnaround to it); the
+    tokens are those of the plain path either way."""
+    from verifypd.lanes.dispatcher import InFlight
+
+    plain, _ = await _run(False)
+    engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_beside_prefill=beside))
+    d, launch = engine.dispatcher, engine.dispatcher._launch_fn
+    ahead_beside: list[bool] = []
+    decodes = 0
+
+    async def spy(lane, plan):
+        nonlocal decodes
+        if lane == "decode" and plan.prev_ids is not None:
+            ahead_beside.append("prefill" in d.in_flight)
+        pending = await launch(lane, plan)
+        if lane == "decode" and plan.prev_ids is None and not d.sched.waiting:
+            decodes += 1
+            if decodes == 3:  # a prompt step comes in beside the decode steps ...
+                d.in_flight.setdefault("prefill", InFlight(StepPlan("prefill", []), _Never(), 0.0))
+            if decodes == 9:  # ... and lands six decode steps later
+                d.in_flight.pop("prefill", None)
+        return pending
+
+    d._launch_fn = spy
+    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        await engine.stop()
+    assert out == plain
+    assert decodes >= 9 and ahead_beside.count(False) > 0
+    assert any(ahead_beside) is beside

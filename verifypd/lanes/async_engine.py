@@ -56,6 +56,7 @@ class AsyncEngine:
             emit_after_launch=self.executor.enqueues and config.emit_after_launch,
             policy=self.policy,
             decode_ahead=self.core.decode_ahead,
+            ahead_beside_prefill=config.decode_ahead_beside_prefill,
             background_lanes=self.executor.background_lanes,
         )
         if self.dispatcher.decode_ahead:

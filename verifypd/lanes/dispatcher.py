@@ -100,6 +100,7 @@ class LaneDispatcher:
         emit_after_launch: bool = False,
         policy: SpeculationPolicy | None = None,
         decode_ahead: bool = False,
+        ahead_beside_prefill: bool = True,
         background_lanes: frozenset[str] = frozenset(),
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
@@ -128,6 +129,8 @@ class LaneDispatcher:
         # speculate for anyone ends the run ahead: the next step waits for its tokens and
         # drafts (a drafting step needs landed tokens).
         self.decode_ahead = decode_ahead and not single_lane
+        # ... also while a prompt step is in flight (EngineConfig.decode_ahead_beside_prefill).
+        self.ahead_beside_prefill = ahead_beside_prefill
         self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
         self._declined: InFlight | None = None  # the head no step ahead was planned behind
         # The policy's decision for the next decode step, made while deciding whether to run
@@ -284,6 +287,8 @@ class LaneDispatcher:
         head = self.in_flight.get("decode")
         if not self.decode_ahead or self._ahead is not None or head is None:
             return False
+        if not self.ahead_beside_prefill and "prefill" in self.in_flight:
+            return False  # the host's turnaround between decode steps is the prompt's
         if head.pending is None or head.pending.device_ids is None or head is self._declined:
             return False  # asked once per step in flight: the loop polls many times a step
         self._declined = head
