@@ -108,3 +108,15 @@ def test_the_engine_reads_prompt_work_for_contention_costs():
     core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
     policy = SpeculationPolicy(core)
     assert policy.reads_prompt_work and policy.controller.goodput.contention_costs
+
+
+def test_the_policy_snapshot_carries_the_contended_levels():
+    """What the benchmarks' policy timelines read (``cost_contended_*``): None until a kind has
+    counted, then its level."""
+    policy = _policy(True)
+    assert policy.snapshot()["cost_contended_draft"] is None
+    _observe(policy.costs, "draft", 3.0, 60, contended=True)
+    snap = policy.snapshot()
+    assert snap["cost_contended_draft"] == pytest.approx(3.0, rel=1e-3)
+    assert snap["cost_levels"]["contended_draft"] == snap["cost_contended_draft"]
+    assert snap["cost_contended_verify"] is None
