@@ -505,14 +505,23 @@ class GoodputPolicy(DraftController):
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
         plans: list[_Plan] | None = [] if g.tail_tolerance else None
+        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up),
+        # priced once, not at every L.
+        fixed = [
+            (
+                self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0),
+                self.costs.draft(grp.end, c),
+                self.costs.catch_up(grp.steady, c),
+            )
+            for grp in groups
+        ]
         for L in range(1, self.config.max_draft_len + 1):
             tokens, least = float(rows), math.inf
-            for grp in groups:
+            for grp, (one_off, draft_step_s, steady_s) in zip(groups, fixed, strict=True):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
-                one_off = self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0)
-                draft_s = L * self.costs.draft(k, c) + self.costs.catch_up(grp.steady, c)
+                draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
                 # plain rows wait for their one token: the whole step, or (drafts beside the
                 # decode step) their own decode step
