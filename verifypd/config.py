@@ -180,6 +180,11 @@ class SchedulerConfig:
     # The bound is lifted while the oldest waiting prompt has waited more than this fraction
     # of ttft_budget_s (a backlog: prefill throughput first).
     prefill_bound_lift: float = 0.25
+    # Beside a prompt step's first chunk only chunks that end their prompt ride along, up to
+    # this many tokens in all (the prefill lane; the single lane packs to the budget, as vLLM
+    # does); None: every waiting chunk, FCFS, up to max_num_batched_tokens. Packing a long
+    # prompt's last chunk with the next long prompt's 2,048 made its first token wait for both.
+    prefill_pack_tokens: int | None = 512
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
     max_request_kv_share: float = 0.5
@@ -197,6 +202,9 @@ class SchedulerConfig:
             raise ValueError("min_prefill_budget must be positive")
         if not 0.0 <= self.prefill_bound_lift <= 1.0:
             raise ValueError("prefill_bound_lift must be in [0, 1]")
+        pack = self.prefill_pack_tokens
+        if pack is not None and (type(pack) is not int or pack < 0):
+            raise ValueError(f"prefill_pack_tokens must be an int >= 0 or None, got {pack!r}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from verifypd.engine.scheduler import Scheduler
 from verifypd.kvcache import KVCacheManager
 from verifypd.types import SamplingParams, SeqStatus, Sequence, StepPlan
@@ -129,3 +131,82 @@ def test_stop_conditions():
     _run(s, s.schedule_mixed())
     assert b.finish_reason == "length" and b.num_output_tokens == 2
     assert s.kv.usage == 0
+
+
+def _chunks(plan_entries) -> list[tuple[str, int]]:
+    return [(x.seq.request_id, x.num_new_tokens) for x in plan_entries]
+
+
+def _land(s: Scheduler, entries) -> None:
+    _run(s, StepPlan("prefill", entries))
+
+
+def test_a_prompts_last_chunk_does_not_wait_for_the_next_long_prompt():
+    # "a" needs two chunks; "b" (long) arrives before a's second: unpacked, a's last chunk
+    # would share its step with b's first 8 tokens and a's first token would wait for both.
+    s = _sched(num_blocks=64, budget=64, chunk=8)
+    a, b = _seq(12, "a", t=0), _seq(20, "b", t=1, start=100)
+    s.add(a)
+    _land(s, s.plan_prefill(64, 8, pack=4))
+    s.add(b)
+    step = s.plan_prefill(64, 8, pack=4)
+    assert _chunks(step) == [("a", 4)]  # b's 8 do not end b: b heads the next step
+    _land(s, step)
+    assert a.status is SeqStatus.DECODING and b.status is SeqStatus.WAITING
+    assert _chunks(s.plan_prefill(64, 8, pack=4)) == [("b", 8)]
+    s.kv.check_integrity(s.live_tables())
+
+
+def test_without_a_pack_limit_every_chunk_packs_fcfs():
+    s = _sched(num_blocks=64, budget=64, chunk=8)
+    a, b = _seq(12, "a", t=0), _seq(20, "b", t=1, start=100)
+    s.add(a)
+    _land(s, s.plan_prefill(64, 8))
+    s.add(b)
+    assert _chunks(s.plan_prefill(64, 8)) == [("a", 4), ("b", 8)]
+
+
+def test_short_prompts_ride_along_within_the_pack_room_and_later_ones_head_steps():
+    # FCFS: long "a" (its first chunk heads the step), then "b" (3 tokens: rides), "c" (too long
+    # to ride: skipped, not cut), "d" and "e" (2 each: d rides, e would pass the room of 5).
+    s = _sched(num_blocks=64, budget=64, chunk=8)
+    seqs = [
+        _seq(n, rid, t=i, start=10 * i + 1)
+        for i, (rid, n) in enumerate([("a", 20), ("b", 3), ("c", 6), ("d", 2), ("e", 2)])
+    ]
+    for q in seqs:
+        s.add(q)
+    step = s.plan_prefill(64, 8, pack=5)
+    assert _chunks(step) == [("a", 8), ("b", 3), ("d", 2)]
+    assert [q.request_id for q in s.waiting] == ["c", "e"]  # order kept for the next steps
+    _land(s, step)
+    # a's next chunk (8 of 12 left) heads; c (6) is too long to ride a room of 5; e rides
+    assert _chunks(s.plan_prefill(64, 8, pack=5)) == [("a", 8), ("e", 2)]
+    s.kv.check_integrity(s.live_tables())
+
+
+def test_a_prompt_at_the_head_is_never_held_back_by_the_pack_limit():
+    s = _sched(num_blocks=64, budget=64, chunk=8)
+    s.add(_seq(30, "long"))
+    assert _chunks(s.plan_prefill(64, 8, pack=0)) == [("long", 8)]
+
+
+def test_the_pack_limit_keeps_the_budget_and_the_running_cap():
+    s = _sched(num_blocks=64, budget=64, chunk=8, max_seqs=2)
+    for i in range(4):
+        s.add(_seq(2, f"r{i}", t=i, start=10 * i + 1))
+    assert _chunks(s.plan_prefill(64, 2, pack=8)) == [("r0", 2), ("r1", 2)]
+    s2 = _sched(num_blocks=64, budget=64, chunk=8)
+    for i in range(4):
+        s2.add(_seq(2, f"r{i}", t=i, start=10 * i + 1))
+    assert _chunks(s2.plan_prefill(5, 8, pack=8)) == [("r0", 2), ("r1", 2)]  # 1 left: none fit
+
+
+def test_the_pack_limit_is_validated():
+    from verifypd.config import SchedulerConfig
+
+    assert SchedulerConfig().prefill_pack_tokens == 512
+    assert SchedulerConfig(prefill_pack_tokens=None).prefill_pack_tokens is None
+    for bad in (-1, 1.5, "512"):
+        with pytest.raises(ValueError, match="prefill_pack_tokens"):
+            SchedulerConfig(prefill_pack_tokens=bad)

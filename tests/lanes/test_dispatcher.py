@@ -209,3 +209,40 @@ async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy(tiny_core):
     d.in_flight["verify"] = InFlight(StepPlan("verify", []), Running(), 0.0)
     assert d.collect() and len(delivered) == 1  # the prefill's first token, before any launch
     del d.in_flight["verify"]
+
+
+async def _prefill_steps(pack):
+    cfg = tiny_config(scheduler=SchedulerConfig(max_prefill_chunk=8, max_num_batched_tokens=64,
+                                                prefill_pack_tokens=pack))  # fmt: skip
+    core = EngineCore(cfg)
+    steps: list[list[tuple[str, int]]] = []
+
+    async def launch(lane: str, plan: StepPlan) -> PendingStep:
+        if lane == "prefill":
+            steps.append([(x.seq.request_id, x.num_new_tokens) for x in plan.seqs])
+        return core.runner.launch(plan)
+
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    d = LaneDispatcher(core, launch, lambda o: tokens[o.request_id].extend(o.new_token_ids), 0.5)
+    clock = FakeClock()
+    _add(core, "a", 12, clock, max_tokens=6)
+    await d.tick()  # a's first chunk
+    _add(core, "b", 20, clock, max_tokens=6)
+    for _ in range(100):
+        if not core.has_unfinished():
+            break
+        await d.tick()
+    assert not core.has_unfinished()
+    core.check_integrity()
+    return steps, tokens
+
+
+async def test_the_prefill_lane_packs_prompts_by_the_config():
+    # "a" (12 tokens: chunks 8 + 4) and then "b" (20, long) wait together: with a pack room of
+    # 4 a's last chunk runs alone and b heads the next steps; without one they share a step.
+    # The tokens are the same either way (each prompt's chunks are the same positions).
+    packed, packed_tokens = await _prefill_steps(4)
+    fcfs, fcfs_tokens = await _prefill_steps(None)
+    assert packed[:3] == [[("a", 8)], [("a", 4)], [("b", 8)]]
+    assert fcfs[:2] == [[("a", 8)], [("a", 4), ("b", 8)]]
+    assert packed_tokens == fcfs_tokens and all(len(t) == 6 for t in packed_tokens.values())

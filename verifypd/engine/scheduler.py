@@ -157,24 +157,46 @@ class Scheduler:
             return None
         return max(candidates, key=lambda s: (-s.params.priority, s.arrival_time, s.seq_id))
 
-    def plan_prefill(self, token_budget: int, num_running_budget: int) -> list[ScheduledSeq]:
+    def plan_prefill(
+        self, token_budget: int, num_running_budget: int, pack: int | None = None
+    ) -> list[ScheduledSeq]:
         """Chunks of prompts: first the ones already prefilling, then new admissions.
 
-        ``num_running_budget`` caps how many sequences may be running after admission."""
+        ``num_running_budget`` caps how many sequences may be running after admission.
+        ``pack`` (``SchedulerConfig.prefill_pack_tokens``; None: no limit): beside the first
+        chunk, only chunks that end their prompt join, up to this many tokens in all, so a
+        prompt's last chunk never waits for another prompt's long chunk in the same step (a
+        short prompt rides along; a long one heads a step of its own)."""
         planned: list[ScheduledSeq] = []
+        room = pack  # tokens open to chunks beside the step's first (None: no limit)
+
+        def rides(num_tokens: int, ends: bool) -> bool:
+            return not planned or room is None or (ends and num_tokens <= room)
+
         for seq in self.running:
             if token_budget <= 0:
                 return planned
-            if seq.status is SeqStatus.PREFILLING and not seq.in_flight:
-                chunk = self._chunk(seq, token_budget)
-                if self.kv.allocate(seq.block_table, seq.num_computed_tokens + chunk):
-                    planned.append(ScheduledSeq(seq, chunk))
-                    token_budget -= chunk
-        while self.waiting and token_budget > 0 and len(self.running) < num_running_budget:
-            seq = self.waiting[0]
+            if seq.status is not SeqStatus.PREFILLING or seq.in_flight:
+                continue
+            chunk = self._chunk(seq, token_budget)
+            if not rides(chunk, chunk == seq.num_tokens - seq.num_computed_tokens):
+                continue  # the head of a later step
+            if self.kv.allocate(seq.block_table, seq.num_computed_tokens + chunk):
+                if planned and room is not None:
+                    room -= chunk
+                planned.append(ScheduledSeq(seq, chunk))
+                token_budget -= chunk
+        for seq in list(self.waiting):
+            if token_budget <= 0 or len(self.running) >= num_running_budget:
+                break
+            whole = seq.num_tokens  # before any prefix hit: a hit only shortens it
+            if not rides(whole, whole <= min(token_budget, self.max_prefill_chunk)):
+                continue  # the head of a later step
             sched = self._admit(seq, token_budget)
             if sched is None:
                 break  # head of line waits for room; lower priorities do not jump it
+            if planned and room is not None:
+                room -= sched.num_new_tokens
             planned.append(sched)
             token_budget -= sched.num_new_tokens
         return planned
