@@ -153,10 +153,10 @@ MODES = {
     # default 2048: the sweep's longest prompt is 3072 tokens).
     "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
     "policy-chunk4k": _policy_with(sched=(("max_prefill_chunk", 4096),)),
-    # Prompt steps packed FCFS up to the token budget (SchedulerConfig.prefill_pack_tokens =
-    # None, as before it; the default lets only chunks that end their prompt ride along).
-    "off-packall": Mode("three", False, sched_options=(("prefill_pack_tokens", None),)),
-    "policy-packall": _policy_with(sched=(("prefill_pack_tokens", None),)),
+    # Beside a prompt step's first chunk only chunks that end their prompt, up to 512 tokens
+    # (SchedulerConfig.prefill_pack_tokens; the default packs FCFS up to the token budget).
+    "off-pack512": Mode("three", False, sched_options=(("prefill_pack_tokens", 512),)),
+    "policy-pack512": _policy_with(sched=(("prefill_pack_tokens", 512),)),
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),

@@ -45,11 +45,13 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         observer: Observer | None = None,
+        prefill_pack_tokens: int | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
+        self.prefill_pack_tokens = prefill_pack_tokens  # the prefill lane's ``pack``
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.observer = observer or Observer()

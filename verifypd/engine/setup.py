@@ -100,6 +100,7 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         max_model_len=max_model_len,
         eos_token_ids=eos,
         observer=observer,
+        prefill_pack_tokens=config.scheduler.prefill_pack_tokens,
     )
     runner = ModelRunner(
         loaded.model,

@@ -259,8 +259,8 @@ class LaneDispatcher:
             return self._plan_verify()
         if lane == "mixed":
             return self.sched.schedule_mixed(self.policy.decide())
-        pack = self.core.config.scheduler.prefill_pack_tokens
-        entries = self.sched.plan_prefill(self.core.prefill_budget(), self.sched.max_num_seqs, pack)
+        budget, sched = self.core.prefill_budget(), self.sched
+        entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack_tokens)
         return StepPlan("prefill", entries) if entries else None
 
     def _plan_decode(self) -> StepPlan | None:
