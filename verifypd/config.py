@@ -535,6 +535,12 @@ class EngineConfig:
     # shape it has not seen, and on an H200 the first GEMM of a new row count took 0.1-2 ms
     # of host time against ~14 us once seen, in every prompt step (its token count is new).
     prompt_token_bucket: int = 64
+    # Prompt steps whose chunks are all at most this many tokens (and at most two of them)
+    # replay a CUDA graph captured for this many tokens a row, each chunk padded at its end,
+    # instead of an eager forward whose launch is host-bound (GPU with CUDA graphs; 0 = never;
+    # prompt log-probs always run eager). The graph's activations (two rows of 256 tokens of a
+    # 7B: tens of MB) fit the headroom kv_budget leaves.
+    prompt_graph_tokens: int = 0
     # After start-up, move every object the process holds out of the garbage collector's
     # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
     # created, not the start-up heap (on a GPU a full collection of it stalled the step loop
@@ -569,6 +575,9 @@ class EngineConfig:
         if type(self.prompt_token_bucket) is not int or self.prompt_token_bucket < 0:
             got = self.prompt_token_bucket
             raise ValueError(f"prompt_token_bucket must be an int >= 0, got {got!r}")
+        q = self.prompt_graph_tokens
+        if type(q) is not int or not (q == 0 or 32 <= q <= 4096):  # above every verify width
+            raise ValueError(f"prompt_graph_tokens must be 0 or an int in [32, 4096], got {q!r}")
         if self.calibrate_costs not in (None, True, False):
             got = self.calibrate_costs
             raise ValueError(f"calibrate_costs must be a bool or None, got {got!r}")

@@ -38,9 +38,9 @@ class StepGraphs:
     ):
         self.model = model
         self.q = query_len
-        # False: the graph only writes the KV of its tokens (the drafter's chunked catch-up
-        # needs no logits: [B * q, V] of them would be most of its memory and half its work),
-        # and ``run`` returns an empty [0, H] tensor.
+        # False: the graph computes no logits (the drafter's chunked catch-up needs none, and a
+        # prompt step only its last tokens': [B * q, V] of them would be most of its memory and
+        # half its work), and ``run`` returns the final hidden states, [B * q, H].
         self.with_logits = with_logits
         self.kv = kv
         self.sizes = graph_batch_sizes(max_batch)
@@ -73,7 +73,7 @@ class StepGraphs:
     def _forward(self, b: int) -> torch.Tensor:
         t = b * self.q
         hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv, self._meta(b))
-        return self.model.compute_logits(hidden) if self.with_logits else hidden[:0]
+        return self.model.compute_logits(hidden) if self.with_logits else hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -107,7 +107,7 @@ class StepGraphs:
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata):
         """Copies one step's inputs into the static buffers and replays; [B * q, V] logits
-        (without logits: an empty tensor)."""
+        (without logits: the hidden states of the padded batch, [padded * q, H])."""
         q = self.q
         b = input_ids.shape[0] // q
         t = b * q

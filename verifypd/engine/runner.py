@@ -152,7 +152,8 @@ class ModelRunner:
         self, query_len: int, max_batch: int, max_len: int, with_logits: bool = True
     ) -> None:
         """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode);
-        ``with_logits`` False: steps that only write their KV (``logits`` with no rows)."""
+        ``with_logits`` False: graphs that compute no logits (a step's rows get theirs from
+        its hidden states, outside the graph)."""
         self.graphs[query_len] = self.new_graphs(query_len, max_batch, max_len, with_logits)
 
     def new_graphs(
@@ -290,16 +291,17 @@ class ModelRunner:
         """``logits``; an eager forward pauses after every ``every`` layers."""
         graphs = (self.graphs if graphs is None else graphs).get(inputs.meta.max_query_len)
         num_seqs = inputs.meta.num_seqs
-        if (
-            graphs is None
-            or not graphs.can_run(inputs.meta, num_seqs)
-            or (rows and not graphs.with_logits)
-        ):
+        if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
             self.num_eager_steps += 1
             self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1
             return (yield from self.forward_iter(inputs, rows, every))
         self.num_graph_steps += 1
         full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V]
+        if not graphs.with_logits:  # hidden states: the rows' logits outside the graph
+            if not rows:
+                return full[:0]
+            index = self._to_device(rows, torch.int64)
+            return self.model.compute_logits(full.index_select(0, index))
         if len(rows) == full.shape[0]:
             return full  # rows are always in order: the plan's seqs, then their positions
         return full.index_select(0, self._to_device(rows, torch.int64))

@@ -31,6 +31,7 @@ from verifypd.types import Observer
 logger = logging.getLogger("verifypd")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CATCH_UP_CHUNK_BATCH = 8  # drafters catching up on a context at once in one chunk-graph replay
+PROMPT_GRAPH_BATCH = 2  # prompts in one replay of the prompt graph (prompt_graph_tokens)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -201,6 +202,9 @@ def capture_graphs(parts: EngineParts) -> None:
     if drafter is not None:
         warm_up_eager(drafter.runner.model, drafter.pool.kv, parts.block_size, max_len)
     parts.runner.capture_graphs(1, max_batch, max_len)
+    if (q := parts.config.prompt_graph_tokens) and q < max_len:  # short prompt steps
+        parts.runner.capture_graphs(q, PROMPT_GRAPH_BATCH, max_len, with_logits=False)
+        parts.runner.inputs.prompt_graph_tokens = q
     if not parts.spec.enabled:
         return
     verify_batch = min(max_batch, VERIFY_GRAPH_BATCH)

@@ -47,6 +47,9 @@ class StepInputBuilder:
         # A prompt step's token count is padded to a multiple of this (EngineConfig.
         # prompt_token_bucket): its GEMMs then see row counts cuBLAS has seen before.
         self.prompt_token_bucket = prompt_token_bucket
+        # Prompt steps whose chunks are all this short replay a captured graph of this many
+        # tokens a row (EngineConfig.prompt_graph_tokens; set once it is captured; 0 = none).
+        self.prompt_graph_tokens = 0
 
     def prepare(self, plan: StepPlan) -> StepInputs:
         """The step's input tensors (ids, positions, attention metadata) and which rows sample."""
@@ -61,6 +64,8 @@ class StepInputBuilder:
         verify_rows: list[list[int]] = []
         on_device: list[tuple[int, torch.Tensor]] = []  # (row of ids, drafts on the device)
         ahead: list[tuple[int, int]] = []  # (row of ids, index in plan.prev_ids)
+        if q := self.prompt_graph_width(plan):
+            return self._prepare_prompt_graph(plan, q)
         pad_to = self.verify_width(plan)
         for i, s in enumerate(plan.seqs):
             start, toks = self._query_tokens(s, pad_to)
@@ -89,6 +94,50 @@ class StepInputBuilder:
             slots += [-1] * pad  # their KV is stored nowhere
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
                             sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+
+    def prompt_graph_width(self, plan: StepPlan) -> int:
+        """q when ``plan`` is a prompt step the captured prompt graph holds: every chunk at
+        most q tokens (no drafts, no prompt log-probs, which score every prompt row), at most
+        the graph's rows, and room for q positions after each chunk's start; else 0."""
+        q = self.prompt_graph_tokens
+        graphs = self.graphs.get(q) if q and plan.lane == "prefill" else None
+        if graphs is None or graphs.with_logits or len(plan.seqs) > graphs.max_batch:
+            return 0
+        for s in plan.seqs:
+            seq = s.seq
+            if s.num_new_tokens > q or s.draft_token_ids or s.is_ahead or seq.needs_prompt_logprobs:
+                return 0
+            if seq.num_computed_tokens + q > graphs.max_len:
+                return 0
+        return q
+
+    def _prepare_prompt_graph(self, plan: StepPlan, q: int) -> StepInputs:
+        """``prepare`` for a prompt step replayed in the prompt graph: each chunk of n tokens
+        is padded to q rows at its end. The padding's KV is stored nowhere (slot -1) and its
+        rows come after every real row of their sequence, so causal attention keeps them out
+        of the real rows (they read whatever the pool holds there: zeros or stored K/V, always
+        finite); the sequence's length counts them, so each real token keeps its position.
+        Each prompt samples at its last real row."""
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[int] = []
+        for i, s in enumerate(plan.seqs):
+            start, toks = self._query_tokens(s)
+            n = len(toks)
+            ids += toks + [0] * (q - n)
+            pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
+            slots += self._slots(s.seq.block_table, start, start + n) + [-1] * (q - n)
+            if s.samples:
+                sample_seqs.append(i)
+                sample_rows.append(qsl[-1] + n - 1)
+            qsl.append(qsl[-1] + q)
+            seq_lens.append(start + q)
+        return self._upload(plan, ids, pos, slots, qsl, seq_lens, ([], []),
+                            sample_rows, sample_seqs, [], [])  # fmt: skip
 
     def _prompt_padding(self, num_tokens: int) -> int:
         """Rows to add to a prompt step of ``num_tokens`` tokens: up to the next multiple of
