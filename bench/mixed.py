@@ -153,10 +153,10 @@ MODES = {
     # default 2048: the sweep's longest prompt is 3072 tokens).
     "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
     "policy-chunk4k": _policy_with(sched=(("max_prefill_chunk", 4096),)),
-    # Short prompt steps replayed in a CUDA graph of 256 tokens a row (EngineConfig.
-    # prompt_graph_tokens; off by default, each such step eager and host-bound).
-    "off-pgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 256),)),
-    "policy-pgraph": _policy_with(engine=(("prompt_graph_tokens", 256),)),
+    # Short prompt steps eager (EngineConfig.prompt_graph_tokens = 0, as before it; by default
+    # they replay a CUDA graph of 256 tokens a row).
+    "off-nopgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 0),)),
+    "policy-nopgraph": _policy_with(engine=(("prompt_graph_tokens", 0),)),
     # Beside a prompt step's first chunk only chunks that end their prompt, up to 512 tokens
     # (SchedulerConfig.prefill_pack_tokens; the default packs FCFS up to the token budget).
     "off-pack512": Mode("three", False, sched_options=(("prefill_pack_tokens", 512),)),

@@ -1,7 +1,7 @@
 """On the GPU: start-up calibration is on by default with speculation, times decode and verify
 points by replaying the captured graphs (the mixed shapes too: their plain rows are padded to
-the verify width, as in a fused step; only prefill chunks run eagerly), and gives every scratch
-block back."""
+the verify width, as in a fused step; short prefill chunks replay the prompt graph, the longer
+run eagerly), and gives every scratch block back."""
 
 from __future__ import annotations
 
@@ -30,8 +30,11 @@ def test_calibration_replays_the_graphs_and_frees_its_blocks() -> None:
     assert {q for _, q in graphed} == {1, 2, 3, 4}
     mixed = [k for k in table.target if k[1] == MIXED]
     assert mixed  # 8 rows fit the verify graphs (16 rows)
-    assert table.meta["target_graph_steps"] == runs * (len(graphed) + len(mixed))
-    assert table.meta["target_eager_steps"] == runs * len(table.prefill)
+    # prefill chunks up to prompt_graph_tokens replay the prompt graph, the longer run eager
+    short = [n for n in table.prefill if n <= core.config.prompt_graph_tokens]
+    assert short and len(short) < len(table.prefill)
+    assert table.meta["target_graph_steps"] == runs * (len(graphed) + len(mixed) + len(short))
+    assert table.meta["target_eager_steps"] == runs * (len(table.prefill) - len(short))
     assert table.meta["draft_graph_steps"] == runs * len(table.draft)
     assert all(t > 0 for t in table.target.values())
     assert core.kv.num_free_blocks == core.spec.drafter.kv.num_free_blocks == 1024

@@ -146,8 +146,8 @@ def test_the_prompt_graph_changes_no_token_and_no_kv() -> None:
 
 
 def test_prompt_graph_tokens_is_validated() -> None:
-    assert tiny_config().prompt_graph_tokens == 0
-    assert tiny_config(prompt_graph_tokens=256).prompt_graph_tokens == 256
+    assert tiny_config().prompt_graph_tokens == 256
+    assert tiny_config(prompt_graph_tokens=0).prompt_graph_tokens == 0
     for bad in (-1, 8, 17, 5000, 256.0):
         with pytest.raises(ValueError, match="prompt_graph_tokens"):
             tiny_config(prompt_graph_tokens=bad)
