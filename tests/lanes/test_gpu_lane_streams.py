@@ -3,8 +3,9 @@
 The drafts stay on the device: the drafter runs on the decode stream, and the verify, on its
 own stream, is launched before the drafter has finished; it must wait for the drafts on the
 GPU. Three-lane mode (separate streams) and single-lane mode (one stream) run the same steps
-one request at a time, the same kernels on the same shapes (no prompt graphs), so any token that differs is a
-draft read too early (or memory reused under it). Greedy and seeded sampled requests both."""
+one request at a time, the same kernels on the same shapes (no prompt graphs), so any token
+that differs is a draft read too early (or memory reused under it). Greedy and seeded sampled
+requests both."""
 
 from __future__ import annotations
 
