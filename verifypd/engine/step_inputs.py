@@ -53,6 +53,8 @@ class StepInputBuilder:
 
     def prepare(self, plan: StepPlan) -> StepInputs:
         """The step's input tensors (ids, positions, attention metadata) and which rows sample."""
+        if q := self.prompt_graph_width(plan):
+            return self._prepare_prompt_graph(plan, q)
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -64,8 +66,6 @@ class StepInputBuilder:
         verify_rows: list[list[int]] = []
         on_device: list[tuple[int, torch.Tensor]] = []  # (row of ids, drafts on the device)
         ahead: list[tuple[int, int]] = []  # (row of ids, index in plan.prev_ids)
-        if q := self.prompt_graph_width(plan):
-            return self._prepare_prompt_graph(plan, q)
         pad_to = self.verify_width(plan)
         for i, s in enumerate(plan.seqs):
             start, toks = self._query_tokens(s, pad_to)
@@ -118,24 +118,17 @@ class StepInputBuilder:
         of the real rows (they read whatever the pool holds there: zeros or stored K/V, always
         finite); the sequence's length counts them, so each real token keeps its position.
         Each prompt samples at its last real row."""
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        sample_seqs: list[int] = []
-        for i, s in enumerate(plan.seqs):
+        ids, pos, slots, seq_lens = [], [], [], []
+        for s in plan.seqs:
             start, toks = self._query_tokens(s)
             n = len(toks)
             ids += toks + [0] * (q - n)
             pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
             slots += self._slots(s.seq.block_table, start, start + n) + [-1] * (q - n)
-            if s.samples:
-                sample_seqs.append(i)
-                sample_rows.append(qsl[-1] + n - 1)
-            qsl.append(qsl[-1] + q)
             seq_lens.append(start + q)
+        qsl = [i * q for i in range(len(plan.seqs) + 1)]
+        sample_seqs = [i for i, s in enumerate(plan.seqs) if s.samples]
+        sample_rows = [i * q + plan.seqs[i].num_new_tokens - 1 for i in sample_seqs]
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, ([], []),
                             sample_rows, sample_seqs, [], [])  # fmt: skip
 
