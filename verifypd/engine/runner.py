@@ -296,7 +296,7 @@ class ModelRunner:
             self.eager_shapes[(num_seqs, inputs.meta.max_query_len)] += 1
             return (yield from self.forward_iter(inputs, rows, every))
         self.num_graph_steps += 1
-        full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V]
+        full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V or H]
         if not graphs.with_logits:  # hidden states: the rows' logits outside the graph
             if not rows:
                 return full[:0]
