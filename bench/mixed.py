@@ -153,6 +153,12 @@ MODES = {
     # default 2048: the sweep's longest prompt is 3072 tokens).
     "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
     "policy-chunk4k": _policy_with(sched=(("max_prefill_chunk", 4096),)),
+    # Decode steps spaced 10 / 14 ms apart while a prompt step of 1k+ tokens is in flight
+    # (EngineConfig.decode_gap_beside_prefill_s; off by default).
+    "off-gap10": Mode("three", False, engine_options=(("decode_gap_beside_prefill_s", 0.010),)),
+    "policy-gap10": _policy_with(engine=(("decode_gap_beside_prefill_s", 0.010),)),
+    "off-gap14": Mode("three", False, engine_options=(("decode_gap_beside_prefill_s", 0.014),)),
+    "policy-gap14": _policy_with(engine=(("decode_gap_beside_prefill_s", 0.014),)),
     # Short prompt steps eager (EngineConfig.prompt_graph_tokens = 0, as before it; by default
     # they replay a CUDA graph of 256 tokens a row).
     "off-nopgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 0),)),

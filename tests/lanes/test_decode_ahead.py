@@ -19,7 +19,9 @@ from verifypd.types import (
     Observer,
     RequestFailure,
     SamplingParams,
+    ScheduledSeq,
     SeqStatus,
+    Sequence,
     SpecDecision,
     StepPlan,
     StructuredOutput,
@@ -392,3 +394,62 @@ async def test_no_step_ahead_beside_a_prompt_step_when_told(beside):
     assert out == plain
     assert decodes >= 9 and ahead_beside.count(False) > 0
     assert any(ahead_beside) is beside
+
+
+@pytest.mark.parametrize("prompt_tokens", [2048, 512])
+async def test_decode_steps_are_spaced_beside_a_long_prompt_step(prompt_tokens):
+    """``EngineConfig.decode_gap_beside_prefill_s``: while a prompt step of 1,024 tokens or
+    more is in flight, decode steps are launched at least the gap apart and none ahead; beside
+    a shorter one (and before and after) they run back to back. Tokens as on the plain path."""
+    import time
+
+    from verifypd.lanes.dispatcher import InFlight
+
+    gap = 0.2
+    plain, _ = await _run(False)
+    engine = AsyncEngine(tiny_config(decode_ahead=True, decode_gap_beside_prefill_s=gap))
+    d, launch = engine.dispatcher, engine.dispatcher._launch_fn
+    prompt = Sequence("long", [3] * prompt_tokens, QUIET)  # only its plan is shown
+    held = InFlight(StepPlan("prefill", [ScheduledSeq(prompt, prompt_tokens)]), _Never(), 0.0)
+    beside: list[float] = []  # launch times of decode steps while the prompt step is held
+    free: list[float] = []
+    decodes = 0
+
+    async def spy(lane, plan):
+        nonlocal decodes
+        if lane == "decode":
+            now = time.monotonic()
+            (beside if d.in_flight.get("prefill") is held else free).append(now)
+            if prompt_tokens >= 1024:  # none ahead beside the long one
+                assert plan.prev_ids is None or d.in_flight.get("prefill") is not held
+        pending = await launch(lane, plan)
+        if lane == "decode" and not d.sched.waiting:
+            decodes += 1
+            if decodes == 3:  # the long prompt step comes in beside the decode steps ...
+                d.in_flight.setdefault("prefill", held)
+            if decodes == 8:  # ... and lands five decode steps later
+                d.in_flight.pop("prefill", None)
+        return pending
+
+    d._launch_fn = spy
+    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        await engine.stop()
+    assert out == plain
+    gaps = [b - a for a, b in zip(beside, beside[1:], strict=False)]
+    free_gaps = [b - a for a, b in zip(free, free[1:], strict=False)]
+    assert len(beside) >= 4 and min(free_gaps) < gap  # back to back when nothing is held
+    if prompt_tokens >= 1024:
+        assert min(gaps) >= gap
+    else:
+        assert min(gaps) < gap
+
+
+def test_the_decode_gap_is_validated():
+    assert tiny_config().decode_gap_beside_prefill_s == 0.0
+    assert tiny_config(decode_gap_beside_prefill_s=0.01).decode_gap_beside_prefill_s == 0.01
+    for bad in (-0.01, 1.0, True, "0.01"):
+        with pytest.raises(ValueError, match="decode_gap_beside_prefill_s"):
+            tiny_config(decode_gap_beside_prefill_s=bad)

@@ -58,6 +58,7 @@ class AsyncEngine:
             decode_ahead=self.core.decode_ahead,
             ahead_beside_prefill=config.decode_ahead_beside_prefill,
             background_lanes=self.executor.background_lanes,
+            decode_gap_beside_prefill_s=config.decode_gap_beside_prefill_s,
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")

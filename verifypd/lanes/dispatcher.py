@@ -51,6 +51,7 @@ LANES = ("decode", "verify", "prefill")  # priority order
 
 
 SINGLE_LANE = ("mixed",)  # baseline: decode, verify and prefill fused in one batch
+PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
 
 
 def choose_lane(
@@ -102,6 +103,7 @@ class LaneDispatcher:
         decode_ahead: bool = False,
         ahead_beside_prefill: bool = True,
         background_lanes: frozenset[str] = frozenset(),
+        decode_gap_beside_prefill_s: float = 0.0,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -131,6 +133,11 @@ class LaneDispatcher:
         self.decode_ahead = decode_ahead and not single_lane
         # ... also while a prompt step is in flight (EngineConfig.decode_ahead_beside_prefill).
         self.ahead_beside_prefill = ahead_beside_prefill
+        # While a long prompt step is in flight, a decode step is launched no sooner than this
+        # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
+        # none ahead: the prompt step has the GPU in between.
+        self.decode_gap_beside_prefill_s = decode_gap_beside_prefill_s
+        self._last_decode_launch = float("-inf")
         self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
         self._declined: InFlight | None = None  # the head no step ahead was planned behind
         # The policy's decision for the next decode step, made while deciding whether to run
@@ -187,6 +194,8 @@ class LaneDispatcher:
 
     async def _launch_next(self, progressed: bool) -> bool:
         idle = {lane for lane in self.lanes if lane not in self.in_flight}
+        if self._decode_paced():
+            idle.discard("decode")
         tried: set[str] = set()
         while True:
             lane = choose_lane(
@@ -205,6 +214,19 @@ class LaneDispatcher:
             if plan is not None and await self._launch(lane, plan):
                 return True
             tried.add(lane)
+
+    def _beside_long_prompt(self) -> bool:
+        """A prompt step of at least ``PACED_PROMPT_TOKENS`` tokens is in flight."""
+        f = self.in_flight.get("prefill")
+        return f is not None and sum(e.num_new_tokens for e in f.plan.seqs) >= PACED_PROMPT_TOKENS
+
+    def _decode_paced(self) -> bool:
+        """The decode lane waits: a long prompt step is in flight and the last decode step was
+        launched less than ``decode_gap_beside_prefill_s`` ago."""
+        gap = self.decode_gap_beside_prefill_s
+        if gap <= 0.0 or not self._beside_long_prompt():
+            return False
+        return self.clock() - self._last_decode_launch < gap
 
     def collect(self) -> bool:
         done = [lane for lane, f in self.in_flight.items() if f.pending and f.pending.done()]
@@ -290,6 +312,8 @@ class LaneDispatcher:
             return False
         if not self.ahead_beside_prefill and "prefill" in self.in_flight:
             return False  # the host's turnaround between decode steps is the prompt's
+        if self.decode_gap_beside_prefill_s > 0.0 and self._beside_long_prompt():
+            return False  # decode steps are spaced out beside it
         if head.pending is None or head.pending.device_ids is None or head is self._declined:
             return False  # asked once per step in flight: the loop polls many times a step
         self._declined = head
@@ -315,6 +339,7 @@ class LaneDispatcher:
         self.num_ahead_steps += 1
         self.core.observer.decode_ahead()
         flight = self._ahead = InFlight(plan, None, self.clock(), "prefill" in self.in_flight)
+        self._last_decode_launch = flight.start
         try:
             flight.pending = await self._launch_fn("decode", plan)
         except RequestFailure as failure:  # some requests' own inputs: the rest wait
@@ -390,6 +415,8 @@ class LaneDispatcher:
         self._report()
         self._mark_contention(lane)
         flight = self.in_flight[lane] = InFlight(plan, None, start, "prefill" in self.in_flight)
+        if lane == "decode":
+            self._last_decode_launch = start
         if lane in self.background_lanes:
             task = asyncio.create_task(self._finish_launch(lane, plan, flight))
             self._launches.add(task)
