@@ -527,7 +527,10 @@ class EngineConfig:
     # While a prompt step of 1,024 tokens or more is in flight, a decode step is launched no
     # sooner than this many seconds after the last one, and none ahead (0 = back to back): the
     # prompt step has the GPU in between (a long prompt computes at ~28 ms per 1k tokens beside
-    # a decode stream that is never idle, 23-24 fused). Trades ITL and TPOT for TTFT; off.
+    # a decode stream that is never idle, 23-24 fused). Trades ITL and TPOT for TTFT. Off: on an
+    # H100 (0bdc8c4, hetero 8-second sweep at 5-14 req/s) 10 and 14 ms moved TTFT p99 both ways
+    # within the run's noise (the slowest first token at 14 req/s, a 2.8k prompt in a burst of
+    # six, took 198-200 ms in every mode) and 14 ms cost the policy ITL p99 6-27 %.
     decode_gap_beside_prefill_s: float = 0.0
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
