@@ -359,29 +359,24 @@ class _Never:
         return False
 
 
-@pytest.mark.parametrize("beside", [True, False])
-async def test_no_step_ahead_beside_a_prompt_step_when_told(beside):
-    """``EngineConfig.decode_ahead_beside_prefill=False``: while a prompt step is in flight no
-    decode step is launched ahead (the decode stream leaves the host's turnaround to it); the
-    tokens are those of the plain path either way."""
-    from verifypd.lanes.dispatcher import InFlight
-
-    plain, _ = await _run(False)
-    engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_beside_prefill=beside))
-    d, launch = engine.dispatcher, engine.dispatcher._launch_fn
-    ahead_beside: list[bool] = []
+async def _beside_held_prompt_step(engine: AsyncEngine, held, on_decode, hold=(3, 9)):
+    """Runs PROMPTS on ``engine`` with ``held`` (a prompt step that never lands) in flight from
+    the ``hold[0]``-th plain decode launch to the ``hold[1]``-th; ``on_decode(plan)`` sees every
+    decode launch first. Returns the tokens and the plain decode launches counted."""
+    d = engine.dispatcher
+    launch = d._launch_fn
     decodes = 0
 
     async def spy(lane, plan):
         nonlocal decodes
-        if lane == "decode" and plan.prev_ids is not None:
-            ahead_beside.append("prefill" in d.in_flight)
+        if lane == "decode":
+            on_decode(plan)
         pending = await launch(lane, plan)
         if lane == "decode" and plan.prev_ids is None and not d.sched.waiting:
             decodes += 1
-            if decodes == 3:  # a prompt step comes in beside the decode steps ...
-                d.in_flight.setdefault("prefill", InFlight(StepPlan("prefill", []), _Never(), 0.0))
-            if decodes == 9:  # ... and lands six decode steps later
+            if decodes == hold[0]:  # a prompt step comes in beside the decode steps ...
+                d.in_flight.setdefault("prefill", held)
+            if decodes == hold[1]:  # ... and lands some decode steps later
                 d.in_flight.pop("prefill", None)
         return pending
 
@@ -391,6 +386,27 @@ async def test_no_step_ahead_beside_a_prompt_step_when_told(beside):
         out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
     finally:
         await engine.stop()
+    return out, decodes
+
+
+@pytest.mark.parametrize("beside", [True, False])
+async def test_no_step_ahead_beside_a_prompt_step_when_told(beside):
+    """``EngineConfig.decode_ahead_beside_prefill=False``: while a prompt step is in flight no
+    decode step is launched ahead (the decode stream leaves the host's turnaround to it); the
+    tokens are those of the plain path either way."""
+    from verifypd.lanes.dispatcher import InFlight
+
+    plain, _ = await _run(False)
+    engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_beside_prefill=beside))
+    d = engine.dispatcher
+    ahead_beside: list[bool] = []
+
+    def on_decode(plan):
+        if plan.prev_ids is not None:
+            ahead_beside.append("prefill" in d.in_flight)
+
+    held = InFlight(StepPlan("prefill", []), _Never(), 0.0)
+    out, decodes = await _beside_held_prompt_step(engine, held, on_decode)
     assert out == plain
     assert decodes >= 9 and ahead_beside.count(False) > 0
     assert any(ahead_beside) is beside
@@ -408,35 +424,19 @@ async def test_decode_steps_are_spaced_beside_a_long_prompt_step(prompt_tokens):
     gap = 0.2
     plain, _ = await _run(False)
     engine = AsyncEngine(tiny_config(decode_ahead=True, decode_gap_beside_prefill_s=gap))
-    d, launch = engine.dispatcher, engine.dispatcher._launch_fn
+    d = engine.dispatcher
     prompt = Sequence("long", [3] * prompt_tokens, QUIET)  # only its plan is shown
     held = InFlight(StepPlan("prefill", [ScheduledSeq(prompt, prompt_tokens)]), _Never(), 0.0)
     beside: list[float] = []  # launch times of decode steps while the prompt step is held
     free: list[float] = []
-    decodes = 0
 
-    async def spy(lane, plan):
-        nonlocal decodes
-        if lane == "decode":
-            now = time.monotonic()
-            (beside if d.in_flight.get("prefill") is held else free).append(now)
-            if prompt_tokens >= 1024:  # none ahead beside the long one
-                assert plan.prev_ids is None or d.in_flight.get("prefill") is not held
-        pending = await launch(lane, plan)
-        if lane == "decode" and not d.sched.waiting:
-            decodes += 1
-            if decodes == 3:  # the long prompt step comes in beside the decode steps ...
-                d.in_flight.setdefault("prefill", held)
-            if decodes == 8:  # ... and lands five decode steps later
-                d.in_flight.pop("prefill", None)
-        return pending
+    def on_decode(plan):
+        holding = d.in_flight.get("prefill") is held
+        (beside if holding else free).append(time.monotonic())
+        if prompt_tokens >= 1024:  # none ahead beside the long one
+            assert plan.prev_ids is None or not holding
 
-    d._launch_fn = spy
-    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
-    try:
-        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
-    finally:
-        await engine.stop()
+    out, _ = await _beside_held_prompt_step(engine, held, on_decode, hold=(3, 8))
     assert out == plain
     gaps = [b - a for a, b in zip(beside, beside[1:], strict=False)]
     free_gaps = [b - a for a, b in zip(free, free[1:], strict=False)]
