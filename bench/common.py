@@ -47,6 +47,7 @@ TOPICS = {
     "offline": "offline",
     "overlap": "profile",
     "profile_decode": "profile",
+    "profile_prefill": "profile",
     "gemm_host": "profile",
     "profile_offline": "profile",
     "profile_spec": "profile",

@@ -234,3 +234,28 @@ def test_figures_are_saved_as_palette_pngs(tmp_path: Path) -> None:
     plt.close(fig)
     with image.open(path) as png:
         assert png.mode == "P" and png.size == (320, 240)
+
+
+def test_profile_prefill(tmp_path: Path) -> None:
+    """bench/profile_prefill.py on CPU: one row per context, the linear layers' FLOPs, op time
+    by kind (the GEMMs found), the chunk computed after its context each time."""
+    bench = load_bench("profile_prefill")
+    argv = ["--model", "dummy:tiny", "--tokens", "24", "--contexts", "0", "16", "--repeats", "2",
+            "--out", str(tmp_path), "--no-ceilings"]  # fmt: skip
+    data = bench.main(argv)
+    rows = data["results"]["rows"]
+    assert [(r["context"], r["tokens"]) for r in rows] == [(0, 24), (16, 24)]
+    assert data["results"]["linear_flops"] > 0 and data["complete"]
+    for r in rows:
+        assert r["seconds"] > 0 and r["ms_by_kind"]["matmul"] > 0
+        assert r["tflops"] == pytest.approx(data["results"]["linear_flops"] / r["seconds"] / 1e12)
+        assert "seconds_beside_decode" not in r  # GPU only
+    assert (tmp_path / "profile_prefill-cpu.json").is_file()
+
+
+def test_profile_prefill_kinds() -> None:
+    kind_of = load_bench("profile_prefill").kind_of
+    assert kind_of("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNN") == "matmul"
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert kind_of("_prefill_attention_kernel") == "attention"
+    assert kind_of("_rms_norm_kernel") == "other"
