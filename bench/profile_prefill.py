@@ -1,5 +1,6 @@
 """Kernel-level profile of one prompt step (issue 14's TTFT tail): a chunk of --tokens after
---contexts cached tokens, eager as the prefill lane runs it. Per context: the step's time (alone,
+--contexts cached tokens, eager as the prefill lane runs chunks longer than
+``EngineConfig.prompt_graph_tokens``. Per context: the step's time (alone,
 and with --beside-decode B also while a decode step of B rows replays back to back on a
 higher-priority stream, as the lanes run them), its GPU time in GEMMs, attention and the rest,
 and its rate in TFLOP/s (the linear layers' 2 x tokens x parameters) against the card's bf16
