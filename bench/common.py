@@ -396,6 +396,22 @@ def gpu_memory_gb(device: torch.device) -> dict[str, float] | None:
     }
 
 
+# ----------------------------------------------------------------------------- profiles
+KERNEL_KINDS = ("matmul", "attention", "other")
+_MATMUL_NAMES = ("gemm", "gemv", "cutlass", "sm90", "nvjet")
+_MATMUL_NAMES += ("aten::mm", "addmm", "linear", "matmul")  # CPU ops (smoke runs)
+
+
+def kernel_kind(name: str) -> str:
+    """A profiled kernel's share (on CPU an aten op's): GEMMs, attention, or the rest."""
+    n = name.lower()
+    if any(k in n for k in _MATMUL_NAMES):
+        return "matmul"
+    if "attention" in n or "split_kv" in n or "merge" in n or "sdpa" in n:
+        return "attention"
+    return "other"
+
+
 # ----------------------------------------------------------------------------- ceilings
 def copy_bandwidth_gbps(
     device: torch.device, nbytes: int = 1 << 30, repeats: int = 10

@@ -14,22 +14,13 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import torch  # noqa: E402
-from common import metadata, result_path, write_json  # noqa: E402
+from common import kernel_kind, metadata, result_path, write_json  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, KernelConfig, SchedulerConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
 from verifypd.lanes.sync_driver import SyncDriver  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
-
-
-def _kind(name: str) -> str:
-    n = name.lower()
-    if "gemm" in n or "gemv" in n or "cutlass" in n or "sm90" in n or "nvjet" in n:
-        return "matmul"
-    if "attention" in n or "split_kv" in n or "merge" in n:
-        return "attention"
-    return "other"
 
 
 def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True) -> dict:
@@ -55,7 +46,7 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool 
     by_name: dict[str, list[float]] = defaultdict(list)
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
-            by_kind[_kind(evt.name)].append(evt.device_time_total / 1e3)  # ms
+            by_kind[kernel_kind(evt.name)].append(evt.device_time_total / 1e3)  # ms
             by_name[evt.name[:90]].append(evt.device_time_total / 1e3)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []

@@ -21,25 +21,21 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import torch  # noqa: E402
-from common import add_common_args, format_table, median, start_run, sync, timed  # noqa: E402
+from common import KERNEL_KINDS as KINDS  # noqa: E402
+from common import (  # noqa: E402
+    add_common_args,
+    format_table,
+    kernel_kind,
+    median,
+    start_run,
+    sync,
+    timed,
+)
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from verifypd.engine.core import EngineCore  # noqa: E402
 from verifypd.types import NO_SPECULATION, SamplingParams, StepPlan  # noqa: E402
-
-KINDS = ("matmul", "attention", "other")
-
-
-def kind_of(name: str) -> str:
-    """A kernel's (or on CPU an op's) share: GEMMs, attention, or the rest."""
-    n = name.lower()
-    gemms = ("gemm", "gemv", "cutlass", "sm90", "nvjet", "aten::mm", "addmm", "linear", "matmul")
-    if any(k in n for k in gemms):
-        return "matmul"
-    if "attention" in n or "split_kv" in n or "sdpa" in n:
-        return "attention"
-    return "other"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -108,7 +104,7 @@ def profile_step(core, inputs, device) -> dict[str, Any]:
         ):
             continue  # CPU: top-level aten ops only (children would count twice)
         ms = (evt.device_time_total if device.type == "cuda" else evt.cpu_time_total) / 1e3
-        by_kind[kind_of(evt.name)] += ms
+        by_kind[kernel_kind(evt.name)] += ms
         by_name[evt.name[:90]].append(ms)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
     return {

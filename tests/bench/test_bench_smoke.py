@@ -253,9 +253,12 @@ def test_profile_prefill(tmp_path: Path) -> None:
     assert (tmp_path / "profile_prefill-cpu.json").is_file()
 
 
-def test_profile_prefill_kinds() -> None:
-    kind_of = load_bench("profile_prefill").kind_of
+def test_profile_kernel_kinds() -> None:
+    """The profiles' shares (profile_decode.py, profile_prefill.py): GEMMs, attention, rest."""
+    kind_of = load_bench("common").kernel_kind
     assert kind_of("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNN") == "matmul"
     assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
     assert kind_of("_prefill_attention_kernel") == "attention"
+    assert kind_of("_split_kv_merge_kernel") == "attention"
+    assert kind_of("aten::linear") == "matmul"  # CPU smoke runs
     assert kind_of("_rms_norm_kernel") == "other"
