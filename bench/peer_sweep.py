@@ -64,15 +64,20 @@ def run_sweep(args, device, peer) -> dict[str, Any]:
 
 
 def _rows(loop, front, plan: SweepPlan, rate: float, temp: float, mode: str) -> list[dict]:
+    """One run, its row repeated per profile; with a ``StepLog`` on the front (vLLM,
+    ``--trace-steps``) the run's engine steps ride on the first profile's row only."""
     first = plan.profiles[0]
     res = loop.run_until_complete(run_trace(front, plan, rate, first, temp, send_alpha=False))
     row = summary_row(res, plan, rate, first, temp, mode, shared_across_profiles=True)
+    steps = getattr(front, "steps", None)
+    logged = steps.between(res["t_start"], time.perf_counter()) if steps is not None else None
     return [
         {
             **row,
             "acceptance_profile": p,
             "mean_alpha": None,
             "trace_fingerprint": plan_fingerprint(plan, rate, p),
+            **({"engine_steps": logged} if logged is not None and p == first else {}),
         }
         for p in plan.profiles
     ]
@@ -101,7 +106,8 @@ def _front(args, device, peer) -> tuple[Any, asyncio.AbstractEventLoop, Any, dic
         asyncio.set_event_loop(loop)
         root = Path(os.environ.get("PEER_MODEL_DIR", "/tmp/peer_models"))
         target = peer.write_model_dir(args, args.model, root)
-        front = peer.VllmFront(args, target, None, args.max_num_seqs)
+        steps = peer.StepLog() if args.trace_steps else None
+        front = peer.VllmFront(args, target, None, args.max_num_seqs, steps)
         info = {"vllm_version": vllm.__version__, "engine_args": front.engine_args}
 
         def close() -> None:

@@ -115,6 +115,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--server-timeout", type=float, default=420.0)
     p.add_argument("--fronts", type=csv_list, default=["async", "llm"], help="verifypd offline")
+    p.add_argument("--trace-steps", action="store_true",
+                   help="sweep, vLLM: record its engine steps per run (StepLog)")  # fmt: skip
     add_common_args(p)
     args = p.parse_args(argv)
     if set(args.parts) - set(PARTS):
@@ -182,11 +184,77 @@ class Batch:
         return got
 
 
+class StepLog:
+    """vLLM's engine steps as its output handler sees them (the stat-logger interface: one
+    ``record`` per step's outputs, in this process): when (``time.perf_counter``, the clock of
+    our traces), the tokens generated, the prompts that finished (their count and tokens: vLLM
+    counts a prompt's tokens at its first token, not per chunk) and the queues. Step ``i``'s
+    time is the gap to step ``i - 1`` while the engine is busy: what the TTFT tail of a burst of
+    long prompts is made of on the peer's side."""
+
+    FIELDS = ("t_s", "gen_tokens", "prompts_done", "prompt_tokens_done", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, ...]] = []
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, *_: Any, **__: Any) -> None:
+        if iteration_stats is None:
+            return
+        firsts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or []
+        self.rows.append((
+            time.perf_counter(),
+            getattr(iteration_stats, "num_generation_tokens", 0),
+            len(firsts),
+            getattr(iteration_stats, "num_prompt_tokens", 0),
+            getattr(scheduler_stats, "num_running_reqs", None),
+            getattr(scheduler_stats, "num_waiting_reqs", None),
+        ))  # fmt: skip
+
+    def between(self, start: float, end: float) -> list[dict[str, Any]]:
+        """The steps recorded in [start, end], ``t_ms`` from ``start`` and ``step_ms`` from the
+        step before (None for the first)."""
+        out: list[dict[str, Any]] = []
+        last = None
+        for row in self.rows:
+            if start <= row[0] <= end:
+                step = dict(zip(self.FIELDS, row, strict=True))
+                t = step.pop("t_s")
+                gap = None if last is None else round((t - last) * 1e3, 3)
+                out.append({"t_ms": round((t - start) * 1e3, 3), "step_ms": gap, **step})
+                last = t
+        return out
+
+
+def vllm_step_logger(log: StepLog) -> type:
+    """A vLLM stat-logger class (its ``StatLoggerFactory``: called with the config and the
+    engine index) that hands every step's stats to ``log``."""
+    try:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+    except ImportError:  # moved in later releases
+        from vllm.metrics.loggers import StatLoggerBase
+
+    class _StepLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, *a: Any, **k: Any) -> None:
+            log.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _StepLogger
+
+
 class VllmFront:
     """vLLM's ``AsyncLLM`` behind the ``generate(request_id, prompt_ids, params)`` interface of
-    our ``AsyncEngine`` (deltas with ``new_token_ids``, ``finished``, ``finish_reason``)."""
+    our ``AsyncEngine`` (deltas with ``new_token_ids``, ``finished``, ``finish_reason``).
+    ``steps``: a ``StepLog`` that records vLLM's engine steps."""
 
-    def __init__(self, args, model_dir: Path, spec: dict | None, max_num_seqs: int) -> None:
+    def __init__(
+        self, args, model_dir: Path, spec: dict | None, max_num_seqs: int,
+        steps: StepLog | None = None,
+    ) -> None:  # fmt: skip
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM as VAsyncLLM
 
@@ -198,8 +266,10 @@ class VllmFront:
             gpu_memory_utilization=args.gpu_memory_utilization, speculative_config=spec,
         )  # fmt: skip
         t0 = time.perf_counter()
-        self.engine = VAsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args))
+        extra = {"stat_loggers": [vllm_step_logger(steps)]} if steps is not None else {}
+        self.engine = VAsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args), **extra)
         self.startup_s = time.perf_counter() - t0
+        self.steps = steps
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams):
         from vllm import SamplingParams as VParams

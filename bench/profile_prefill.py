@@ -73,8 +73,8 @@ def _prompt_step(core: EngineCore, rid: str, context: int, tokens: int):
 
 def _decode_replay(core: EngineCore, rows: int):
     """A function that replays a decode step of ``rows`` short sequences (graph or eager)."""
-    for i in range(rows):
-        core.add_request(f"d{i}", [7 + i, 8, 9, 10], SamplingParams(max_tokens=1 << 20))
+    for i in range(rows):  # its inputs are replayed, never advanced: a few tokens of room do
+        core.add_request(f"d{i}", [7 + i, 8, 9, 10], SamplingParams(max_tokens=8))
     sched = core.scheduler
     prefill = StepPlan("prefill", sched.plan_prefill(1 << 16, 1 << 10))
     sched.begin_step(prefill)
@@ -96,9 +96,12 @@ def profile_step(core, inputs, device) -> dict[str, Any]:
         sync(device)
     by_kind: dict[str, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(list)
+    spans: list[tuple[float, float]] = []  # GPU kernels' (start, end), microseconds
     for evt in prof.events():
         if device.type == "cuda" and evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
+        if device.type == "cuda":
+            spans.append((evt.time_range.start, evt.time_range.end))
         if device.type != "cuda" and (
             evt.cpu_parent is not None or not evt.name.startswith("aten")
         ):
@@ -107,8 +110,11 @@ def profile_step(core, inputs, device) -> dict[str, Any]:
         by_kind[kernel_kind(evt.name)] += ms
         by_name[evt.name[:90]].append(ms)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    span = (max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3 if spans else None
     return {
         "ms_by_kind": {k: round(by_kind.get(k, 0.0), 4) for k in KINDS},
+        # first kernel's start to last kernel's end: against the kinds' sum, the GPU's idle gaps
+        "gpu_span_ms": span,
         "top_kernels": [{"name": n, "count": len(v), "ms": round(sum(v), 4)} for n, v in top],
     }
 
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args, device = run.args, run.device
     longest = max(args.contexts) + args.tokens
     blocks = len(args.contexts) * longest // 16 + 64 + args.beside_decode
-    sched = SchedulerConfig(max_num_seqs=max(8, args.beside_decode), max_model_len=longest + 16,
+    sched = SchedulerConfig(max_num_seqs=max(8, args.beside_decode + 1), max_model_len=longest + 16,
                             max_prefill_chunk=longest, max_num_batched_tokens=longest)  # fmt: skip
     core = EngineCore(EngineConfig(model=args.model, device=args.device, scheduler=sched,
                                    cuda_graphs=device.type == "cuda",
@@ -185,10 +191,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             beside_cell,
             round(r["tflops"], 1),
             share_cell,
+            round(r["seconds"] * 1e3, 2),
+            round(r["gpu_span_ms"], 2) if r["gpu_span_ms"] is not None else "-",
             *(r["ms_by_kind"][k] for k in KINDS),
         ]
 
-    headers = ["context", "tokens", "ms/1k", "beside decode", "TFLOP/s", "of ceiling", *KINDS]
+    headers = ["context", "tokens", "ms/1k", "beside decode", "TFLOP/s", "of ceiling", "step ms",
+               "kernels span ms", *KINDS]  # fmt: skip
     table = format_table(headers, [cells(r) for r in rows])
     run.finish(table)
     return run.report

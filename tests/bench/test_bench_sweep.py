@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import load_bench, start_server_process, verifypd_serve_command
@@ -385,6 +386,33 @@ def test_peer_sweep_replays_the_same_traces(
         assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
     assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
     assert resets == [0] * 4  # every (rate, temperature) run starts with an empty cache
+    assert not any("engine_steps" in r for r in rows)  # vLLM's step log only
+
+
+def test_vllm_step_log_keeps_each_run_s_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """peer_vllm.StepLog (vLLM's per-step stats, --trace-steps): a run's steps with their times
+    from its start and from the step before; steps outside the run and stats without an
+    iteration are dropped; missing fields do not fail the run."""
+    peer = load_bench("peer_vllm")
+    log = peer.StepLog()
+    clock = iter([9.0, 10.010, 10.030, 10.032, 11.5])
+    monkeypatch.setattr(peer.time, "perf_counter", lambda: next(clock))
+    it = lambda gen, ttfts, prompt: SimpleNamespace(  # noqa: E731
+        num_generation_tokens=gen, time_to_first_tokens_iter=ttfts, num_prompt_tokens=prompt
+    )
+    sched = SimpleNamespace(num_running_reqs=3, num_waiting_reqs=1)
+    log.record(sched, it(2, [], 0))  # 9.0: before the run
+    log.record(sched, it(3, [0.1, 0.2], 2800))  # 10.010
+    log.record(None, None)  # no iteration: not a step (no clock read)
+    log.record(sched, it(4, [], 0))  # 10.030
+    log.record(None, SimpleNamespace())  # 10.032: fields missing
+    log.record(sched, it(5, [], 0))  # 11.5: after the run
+    steps = log.between(10.0, 11.0)
+    assert [s["t_ms"] for s in steps] == [10.0, 30.0, 32.0]
+    assert [s["step_ms"] for s in steps] == [None, 20.0, 2.0]
+    assert steps[0] == {"t_ms": 10.0, "step_ms": None, "gen_tokens": 3, "prompts_done": 2,
+                        "prompt_tokens_done": 2800, "running": 3, "waiting": 1}  # fmt: skip
+    assert steps[2]["gen_tokens"] == 0 and steps[2]["running"] is None
 
 
 def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
