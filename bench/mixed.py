@@ -101,6 +101,9 @@ class Mode:
     engine_options: tuple[tuple[str, bool | int | str | None], ...] = ()  # EngineConfig fields set
 
 
+_CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
+
+
 def _policy_with(
     spec: tuple[tuple[str, float | bool | tuple | None], ...] = (),
     sched: tuple[tuple[str, float | None], ...] = (),
@@ -167,6 +170,10 @@ MODES = {
     # (SchedulerConfig.prefill_pack_tokens; the default packs FCFS up to the token budget).
     "off-pack512": Mode("three", False, sched_options=(("prefill_pack_tokens", 512),)),
     "policy-pack512": _policy_with(sched=(("prefill_pack_tokens", 512),)),
+    # ... with every prompt of the sweep in one chunk (4,096): a long prompt heads a step of its
+    # own, in one step, as vLLM (no per-request cap) runs a prompt that arrives alone.
+    "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
+    "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),

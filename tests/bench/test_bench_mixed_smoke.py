@@ -159,3 +159,6 @@ def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() ->
     assert chunked.replace(scheduler=mixed.mode_config(args, "policy").scheduler) == (
         mixed.mode_config(args, "policy")
     )
+    one_step = mixed.mode_config(args, "policy-chunk4k-pack512").scheduler
+    assert (one_step.max_prefill_chunk, one_step.prefill_pack_tokens) == (4096, 512)
+    assert mixed.mode_config(args, "off").scheduler.prefill_pack_tokens is None
