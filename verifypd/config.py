@@ -232,11 +232,19 @@ class KernelConfig:
     fuse_silu: bool = True  # one row: SwiGLU folded into the down projection's GEMV
     fuse_silu_epilogue: bool = True  # 2..16 rows: SwiGLU on gate_up's GEMV epilogue
     pdl: bool = True  # programmatic dependent launch where the GPU and Triton support it
+    # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
+    # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a
+    # decode stream's kernels reach the SMs (beside a 2,048-row GEMM a decode step waits ~3x
+    # its own time on an H200).
+    gemm_split_rows: int = 0
 
     def __post_init__(self) -> None:
         rows, max_n = self.gemv_max_rows, self.fuse_norm_max_n
         if type(rows) is not int or not 0 <= rows <= 16:
             raise ValueError(f"gemv_max_rows must be an int in [0, 16], got {rows!r}")
+        split = self.gemm_split_rows
+        if type(split) is not int or not (split == 0 or split >= 64):
+            raise ValueError(f"gemm_split_rows must be 0 (off) or an int >= 64, got {split!r}")
         if type(max_n) is not int or max_n <= 0:
             raise ValueError(f"fuse_norm_max_n must be a positive int, got {max_n!r}")
         for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl"):

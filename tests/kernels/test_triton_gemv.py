@@ -200,3 +200,33 @@ def test_configs_are_power_of_two_tiles(prologue, num_rows, n, k):
     for size in (cfg.block_n, cfg.block_k, cfg.num_warps):
         assert size > 0 and size & (size - 1) == 0
     assert cfg.block_n >= (16 if num_rows > 1 else 1)  # tensor-core tiles need 16 columns
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gemm_split_rows_gives_the_one_gemm_sums(target, with_bias, with_residual, monkeypatch):
+    """``KernelConfig.gemm_split_rows``: a projection over more rows runs one GEMM per block
+    of rows (the last one short) with the same result as one GEMM, into the residual stream
+    or a new tensor; at most that many rows stay one GEMM."""
+    calls: list[int] = []
+    split_linear = triton_ops.split_linear
+    monkeypatch.setattr(triton_ops, "split_linear",
+                        lambda *a: calls.append(a[-1]) or split_linear(*a))  # fmt: skip
+    whole, split = triton_ops.TritonOps(), triton_ops.TritonOps(KernelConfig(gemm_split_rows=64))
+    n, k, rows = 40, 96, 150
+    gen = torch.Generator().manual_seed(rows + with_bias + 2 * with_residual)
+    x, residual = _rand(target, rows, k, gen=gen), _rand(target, rows, n, gen=gen)
+    weight, bias = _rand(target, n, k, gen=gen, scale=0.1), _rand(target, n, gen=gen)
+    b = bias if with_bias else None
+    res = lambda: residual.clone() if with_residual else None  # noqa: E731 - handed over
+    out = split.linear(x, weight, b, res())
+    _close(target, out, whole.linear(x, weight, b, res()))
+    assert out.shape == (rows, n) and calls == [64]
+    _close(target, split.linear(x[:64], weight, b), whole.linear(x[:64], weight, b))
+    assert calls == [64]  # 64 rows: one GEMM
+
+
+@pytest.mark.parametrize("bad", [-1, 1, 63, 64.0, True])
+def test_gemm_split_rows_is_validated(bad):
+    with pytest.raises(ValueError, match="gemm_split_rows"):
+        KernelConfig(gemm_split_rows=bad)

@@ -68,6 +68,7 @@ class TritonOps:
         self.fuse_silu = knobs.fuse_silu and knobs.gemv_max_rows >= 1
         self.fuse_silu_epilogue = knobs.fuse_silu_epilogue
         self.use_pdl = knobs.pdl
+        self.gemm_split_rows = knobs.gemm_split_rows
         # The two kernels the model calls directly, under this choice's PDL.
         self.rms_norm = functools.partial(rms_norm, use_pdl=knobs.pdl)
         self.rope_store_kv = functools.partial(rope_store_kv, use_pdl=knobs.pdl)
@@ -96,6 +97,8 @@ class TritonOps:
         stream is the caller's to give up: past the GEMV rows the sum is written into it."""
         if 0 < x.shape[0] <= self.gemv_max_rows and beats_gemm(x.shape[0], *weight.shape):
             return gemv(x, weight, bias, residual, use_pdl=self.use_pdl)
+        if 0 < self.gemm_split_rows < x.shape[0]:
+            return split_linear(x, weight, bias, residual, self.gemm_split_rows)
         if residual is not None and bias is None:
             # The add rides on the GEMM epilogue (beta = 1). In place: out-of-place addmm first
             # copies the residual into a new tensor, a device copy per projection (56 per 7B
@@ -148,6 +151,31 @@ class TritonOps:
             return self.linear(gated, down_weight, None, residual)
         gate_up = self.rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
         return self.silu_mul_linear(gate_up, down_weight, residual)
+
+
+def split_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    rows: int,
+) -> torch.Tensor:
+    """``TritonOps.linear`` past the GEMV rows, one GEMM per block of ``rows`` rows
+    (``KernelConfig.gemm_split_rows``): each output row is the same sum, written in place into
+    the residual stream or into one output tensor."""
+    wt = weight.t()
+    blocks = [slice(a, a + rows) for a in range(0, x.shape[0], rows)]
+    if residual is not None and bias is None:
+        for b in blocks:
+            residual[b].addmm_(x[b], wt)
+        return residual
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    for b in blocks:
+        if bias is None:
+            torch.mm(x[b], wt, out=out[b])
+        else:
+            torch.addmm(bias, x[b], wt, out=out[b])
+    return out if residual is None else out.add_(residual)
 
 
 _DEFAULT = TritonOps()
