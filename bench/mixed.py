@@ -83,7 +83,7 @@ from loadgen import (  # noqa: E402
 )
 from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
-from verifypd.config import EngineConfig, SpecConfig  # noqa: E402
+from verifypd.config import EngineConfig, KernelConfig, SpecConfig  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "mixed"
@@ -98,16 +98,18 @@ class Mode:
     policy: str | None = None  # SpecConfig.policy; None: its default
     spec_options: tuple[tuple[str, float | bool | tuple | None], ...] = ()  # SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
-    engine_options: tuple[tuple[str, bool | int | str | None], ...] = ()  # EngineConfig fields set
+    # EngineConfig fields set
+    engine_options: tuple[tuple[str, bool | int | str | KernelConfig | None], ...] = ()
 
 
 _CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
+_SPLIT1K = (("kernels", KernelConfig(gemm_split_rows=1024)),)
 
 
 def _policy_with(
     spec: tuple[tuple[str, float | bool | tuple | None], ...] = (),
     sched: tuple[tuple[str, float | None], ...] = (),
-    engine: tuple[tuple[str, bool | int | str | None], ...] = (),
+    engine: tuple[tuple[str, bool | int | str | KernelConfig | None], ...] = (),
 ) -> Mode:
     """The goodput policy on three lanes with some settings changed: a variant for A/Bs."""
     return Mode("three", True, True, policy="goodput", spec_options=spec, sched_options=sched,
@@ -174,6 +176,14 @@ MODES = {
     # own, in one step, as vLLM (no per-request cap) runs a prompt that arrives alone.
     "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
     "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
+    # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
+    # shorter kernels, between which the decode stream's kernels reach the SMs.
+    "off-split1k": Mode("three", False, engine_options=_SPLIT1K),
+    "policy-split1k": _policy_with(engine=_SPLIT1K),
+    "off-chunk4k-pack512-split1k": Mode(
+        "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
+    ),
+    "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),

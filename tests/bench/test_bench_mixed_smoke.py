@@ -162,3 +162,6 @@ def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() ->
     one_step = mixed.mode_config(args, "policy-chunk4k-pack512").scheduler
     assert (one_step.max_prefill_chunk, one_step.prefill_pack_tokens) == (4096, 512)
     assert mixed.mode_config(args, "off").scheduler.prefill_pack_tokens is None
+    assert mixed.mode_config(args, "off").kernels.gemm_split_rows == 0
+    split = mixed.mode_config(args, "policy-chunk4k-pack512-split1k")
+    assert split.kernels.gemm_split_rows == 1024 and split.scheduler == one_step
