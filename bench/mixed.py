@@ -83,7 +83,7 @@ from loadgen import (  # noqa: E402
 )
 from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
-from verifypd.config import EngineConfig, KernelConfig, SpecConfig  # noqa: E402
+from verifypd.config import EngineConfig, KernelConfig, SchedulerConfig, SpecConfig  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "mixed"
@@ -102,6 +102,9 @@ class Mode:
     engine_options: tuple[tuple[str, bool | int | str | KernelConfig | None], ...] = ()
 
 
+_CHUNK2K_FCFS = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", None))
+_CHUNK4K_FCFS = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", None))
+_CHUNK2K_PACK512 = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", 512))
 _CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
 _SPLIT1K = (("kernels", KernelConfig(gemm_split_rows=1024)),)
 
@@ -154,10 +157,14 @@ MODES = {
     "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
-    # ... and with a long prompt prefilled in one chunk (max_prefill_chunk 4096 against the
-    # default 2048: the sweep's longest prompt is 3072 tokens).
-    "off-chunk4k": Mode("three", False, sched_options=(("max_prefill_chunk", 4096),)),
-    "policy-chunk4k": _policy_with(sched=(("max_prefill_chunk", 4096),)),
+    # Prompt chunking and packing, each setting spelled out (the default since ec214e0 is
+    # 4,096-token chunks with pack 512, the sweep's longest prompt being 3,072 tokens).
+    # chunk2k: the default before it (2,048-token chunks packed FCFS to the token budget).
+    "off-chunk2k": Mode("three", False, sched_options=_CHUNK2K_FCFS),
+    "policy-chunk2k": _policy_with(sched=_CHUNK2K_FCFS),
+    # chunk4k: a long prompt in one chunk, packed FCFS.
+    "off-chunk4k": Mode("three", False, sched_options=_CHUNK4K_FCFS),
+    "policy-chunk4k": _policy_with(sched=_CHUNK4K_FCFS),
     # Decode steps spaced 10 / 14 ms apart while a prompt step of 1k+ tokens is in flight
     # (EngineConfig.decode_gap_beside_prefill_s; off by default).
     "off-gap10": Mode("three", False, engine_options=(("decode_gap_beside_prefill_s", 0.010),)),
@@ -168,12 +175,12 @@ MODES = {
     # they replay a CUDA graph of 256 tokens a row).
     "off-nopgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 0),)),
     "policy-nopgraph": _policy_with(engine=(("prompt_graph_tokens", 0),)),
-    # Beside a prompt step's first chunk only chunks that end their prompt, up to 512 tokens
-    # (SchedulerConfig.prefill_pack_tokens; the default packs FCFS up to the token budget).
-    "off-pack512": Mode("three", False, sched_options=(("prefill_pack_tokens", 512),)),
-    "policy-pack512": _policy_with(sched=(("prefill_pack_tokens", 512),)),
-    # ... with every prompt of the sweep in one chunk (4,096): a long prompt heads a step of its
-    # own, in one step, as vLLM (no per-request cap) runs a prompt that arrives alone.
+    # pack512: 2,048-token chunks; beside a prompt step's first chunk only chunks that end
+    # their prompt, up to 512 tokens (SchedulerConfig.prefill_pack_tokens).
+    "off-pack512": Mode("three", False, sched_options=_CHUNK2K_PACK512),
+    "policy-pack512": _policy_with(sched=_CHUNK2K_PACK512),
+    # chunk4k-pack512: both, a long prompt heading a step of its own in one chunk (as vLLM,
+    # with no per-request cap, runs a prompt that arrives alone): the default since ec214e0.
     "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
     "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
@@ -317,7 +324,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-prefill-chunk", type=int, default=2048)
+    p.add_argument("--max-prefill-chunk", type=int, default=SchedulerConfig.max_prefill_chunk)
     p.add_argument("--ttft-budget-s", type=float, default=0.5)
     p.add_argument("--num-kv-blocks", type=int, default=0, help="0 = the engine sizes it")
     p.add_argument("--warmup-requests", type=int, default=8, help="unrecorded, per mode")

@@ -148,20 +148,25 @@ def test_noahead_modes_turn_decode_ahead_off_and_nothing_else(name) -> None:
 
 def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() -> None:
     """Each of ``MODES`` gives a valid EngineConfig; a mode's scheduler options override the
-    command line's (the chunk-4k variants against --max-prefill-chunk)."""
+    command line's (the chunking variants against --max-prefill-chunk)."""
     mixed = load_bench("mixed")
     args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny"])
     for name in mixed.MODES:
         assert mixed.mode_config(args, name).scheduler.max_prefill_chunk > 0, name
-    assert mixed.mode_config(args, "off").scheduler.max_prefill_chunk == 2048
-    assert mixed.mode_config(args, "off-chunk4k").scheduler.max_prefill_chunk == 4096
-    chunked = mixed.mode_config(args, "policy-chunk4k")
+    chunking = lambda name: (  # noqa: E731
+        mixed.mode_config(args, name).scheduler.max_prefill_chunk,
+        mixed.mode_config(args, name).scheduler.prefill_pack_tokens,
+    )
+    assert chunking("off") == chunking("policy") == (4096, 512)  # the defaults
+    assert chunking("off-chunk2k") == chunking("policy-chunk2k") == (2048, None)
+    assert chunking("off-chunk4k") == chunking("policy-chunk4k") == (4096, None)
+    assert chunking("off-pack512") == (2048, 512) == chunking("policy-pack512")
+    assert chunking("policy-chunk4k-pack512") == (4096, 512)
+    chunked = mixed.mode_config(args, "policy-chunk2k")
     assert chunked.replace(scheduler=mixed.mode_config(args, "policy").scheduler) == (
         mixed.mode_config(args, "policy")
     )
     one_step = mixed.mode_config(args, "policy-chunk4k-pack512").scheduler
-    assert (one_step.max_prefill_chunk, one_step.prefill_pack_tokens) == (4096, 512)
-    assert mixed.mode_config(args, "off").scheduler.prefill_pack_tokens is None
     assert mixed.mode_config(args, "off").kernels.gemm_split_rows == 0
     split = mixed.mode_config(args, "policy-chunk4k-pack512-split1k")
     assert split.kernels.gemm_split_rows == 1024 and split.scheduler == one_step

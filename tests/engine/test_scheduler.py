@@ -205,8 +205,9 @@ def test_the_pack_limit_keeps_the_budget_and_the_running_cap():
 def test_the_pack_limit_is_validated():
     from verifypd.config import SchedulerConfig
 
-    assert SchedulerConfig().prefill_pack_tokens is None
-    assert SchedulerConfig(prefill_pack_tokens=512).prefill_pack_tokens == 512
+    assert SchedulerConfig().prefill_pack_tokens == 512  # the default, with 4,096 chunks
+    assert SchedulerConfig().max_prefill_chunk == 4096
+    assert SchedulerConfig(prefill_pack_tokens=None).prefill_pack_tokens is None  # FCFS
     for bad in (-1, 1.5, "512"):
         with pytest.raises(ValueError, match="prefill_pack_tokens"):
             SchedulerConfig(prefill_pack_tokens=bad)
