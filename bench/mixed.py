@@ -157,7 +157,7 @@ MODES = {
     "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
-    # Prompt chunking and packing, each setting spelled out (the default since ec214e0 is
+    # Prompt chunking and packing, each setting spelled out (the default since a41665c is
     # 4,096-token chunks with pack 512, the sweep's longest prompt being 3,072 tokens).
     # chunk2k: the default before it (2,048-token chunks packed FCFS to the token budget).
     "off-chunk2k": Mode("three", False, sched_options=_CHUNK2K_FCFS),
@@ -180,7 +180,7 @@ MODES = {
     "off-pack512": Mode("three", False, sched_options=_CHUNK2K_PACK512),
     "policy-pack512": _policy_with(sched=_CHUNK2K_PACK512),
     # chunk4k-pack512: both, a long prompt heading a step of its own in one chunk (as vLLM,
-    # with no per-request cap, runs a prompt that arrives alone): the default since ec214e0.
+    # with no per-request cap, runs a prompt that arrives alone): the default since a41665c.
     "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
     "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):

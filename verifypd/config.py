@@ -168,7 +168,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # token budget of one step (prefill chunks + decodes)
     # One request's prefill chunk per step. With prefill_pack_tokens (below), a prompt of up
     # to 4,096 tokens heads one step of its own, as vLLM (no per-request cap) runs a prompt
-    # that arrives alone. On an H200 (472449a-ec214e0, hetero, three 8-second sweeps) 4,096 +
+    # that arrives alone. On an H200 (ff5a0ce-b5c9bba, hetero, three 8-second sweeps) 4,096 +
     # pack 512 against 2,048 + FCFS packing: the policy's TTFT p99 -10 / -13..-21 / -12..-15 %
     # at 5 / 8 / 11 req/s, +7..+10 % at 14, ITL p99 +13..+36 % at 5-14 req/s (decode steps
     # beside a 4k-token prompt step wait longer for the SMs), TPOT p99 within 7 %. For the
