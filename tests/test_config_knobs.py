@@ -41,8 +41,13 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu": True,
         "fuse_silu_epilogue": True,
         "pdl": True,
+        "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False
+    assert (
+        recorded["scheduler"]["max_prefill_chunk"],
+        recorded["scheduler"]["prefill_pack_tokens"],
+    ) == (4096, 512)
 
 
 @pytest.mark.parametrize(
