@@ -237,16 +237,21 @@ def test_figures_are_saved_as_palette_pngs(tmp_path: Path) -> None:
 
 
 def test_profile_prefill(tmp_path: Path) -> None:
-    """bench/profile_prefill.py on CPU: one row per context, the linear layers' FLOPs, op time
-    by kind (the GEMMs found), the chunk computed after its context each time."""
+    """bench/profile_prefill.py on CPU: one row per (split setting, context), the linear
+    layers' FLOPs, op time by kind (the GEMMs found), the chunk computed after its context each
+    time."""
     bench = load_bench("profile_prefill")
     argv = ["--model", "dummy:tiny", "--tokens", "24", "--contexts", "0", "16", "--repeats", "2",
-            "--beside-decode", "8", "--out", str(tmp_path), "--no-ceilings"]  # fmt: skip
+            "--beside-decode", "8", "--split-rows", "0", "64", "--out", str(tmp_path),
+            "--no-ceilings"]  # fmt: skip
     data = bench.main(argv)  # the decode stream is set up on CPU too (timed beside on a GPU)
     rows = data["results"]["rows"]
-    assert [(r["context"], r["tokens"]) for r in rows] == [(0, 24), (16, 24)]
+    assert [(r["split_rows"], r["context"], r["tokens"]) for r in rows] == [
+        (0, 0, 24), (0, 16, 24), (64, 0, 24), (64, 16, 24)
+    ]  # fmt: skip
     assert data["results"]["linear_flops"] > 0 and data["complete"]
     for r in rows:
+        assert "decode_step_ms_beside" not in r  # GPU only
         assert r["seconds"] > 0 and r["ms_by_kind"]["matmul"] > 0 and r["gpu_span_ms"] is None
         assert r["tflops"] == pytest.approx(data["results"]["linear_flops"] / r["seconds"] / 1e12)
         assert "seconds_beside_decode" not in r  # GPU only
