@@ -254,6 +254,15 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     return lines
 
 
+# A row's diagnostics (who the slowest requests were, the TTFT / ITL anatomies, vLLM's engine
+# steps) stay in the runs' own JSONs: the report keeps the numbers the criteria read.
+ROW_DETAIL = ("slowest", "itl_anatomy", "ttft_anatomy", "engine_steps")
+
+
+def slim_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ROW_DETAIL}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
@@ -276,9 +285,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
     # the policy timelines stay in the runs' own JSONs (hundreds of KB each): the report names them
     timeline_in = [Path(f).name for f in args.ours] if merged["policy_timeline"] else []
-    write_json(out, {**{k: v for k, v in merged.items() if k != "policy_timeline"},
+    written = {k: v for k, v in merged.items() if k not in ("policy_timeline", "sweep")}
+    write_json(out, {**written, "sweep": [slim_row(r) for r in merged["sweep"]],
                      "policy_timeline_in": timeline_in})  # fmt: skip
-    plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
+    if args.vllm or args.http or len(args.ours) > 1:  # else the run's own plots, byte for byte
+        plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))
     if "repeat_spread" in merged:

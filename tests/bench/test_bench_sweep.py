@@ -202,7 +202,7 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
         "git_commit": "abc",
         "command": "python bench/mixed.py --sweep",
         "sweep": [
-            _row("off", 2),
+            {**_row("off", 2), "slowest": {"ttft": [{"request_id": "r1"}]}},
             _row("policy", 2, ttft=90.0, itl=15.0, tpot=8.0),
             _row("off", 8),
             _row("policy", 8, ttft=120.0, itl=15.0, tpot=8.0),
@@ -210,7 +210,7 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     }
     vllm = {
         "command": "python bench/peer_vllm.py sweep",
-        "sweep": [_row("vllm", 2), _row("vllm", 8)],
+        "sweep": [{**_row("vllm", 2), "engine_steps": [{"t_ms": 1.0}]}, _row("vllm", 8)],
     }
     http = {"command": "python bench/mixed.py --sweep --http",
             "sweep": [_row("policy", 2, ttft=80.0, itl=19.0, tpot=9.0)]}  # fmt: skip
@@ -244,6 +244,14 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     assert any(line.startswith("MISS policy ahead of vLLM (in-process)") for line in lines)
     assert any("MISS hetero t=0.0 rate=8: ttft 120.0 vs 100.0" in line for line in lines)
     assert (tmp_path / "merged-hetero-t0.0.png").is_file()
+    # the rows' diagnostics stay in the runs' files (vLLM's engine steps, the slowest requests)
+    assert not any("engine_steps" in r or "slowest" in r for r in written["sweep"])
+    assert [r["ttft_p99_ms"] for r in written["sweep"]] == [
+        r["ttft_p99_ms"] for r in merged["sweep"]
+    ]
+    # one run alone: the report adds no rows, so no plots (the run has the same ones)
+    report.main([str(paths[1]), "--out", str(tmp_path / "alone.json")])
+    assert (tmp_path / "alone.json").is_file() and not list(tmp_path.glob("alone*.png"))
     none = report.ahead_of_vllm(ours["sweep"], [])
     assert none["verdict"] == "N/A"
     with pytest.raises(ValueError, match="different sweep plans"):
