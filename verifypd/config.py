@@ -169,10 +169,11 @@ class SchedulerConfig:
     # One request's prefill chunk per step. With prefill_pack_tokens (below), a prompt of up
     # to 4,096 tokens heads one step of its own, as vLLM (no per-request cap) runs a prompt
     # that arrives alone. On an H200 (ff5a0ce-b5c9bba, hetero, three 8-second sweeps) 4,096 +
-    # pack 512 against 2,048 + FCFS packing: the policy's TTFT p99 -10 / -13..-21 / -12..-15 %
-    # at 5 / 8 / 11 req/s, +7..+10 % at 14, ITL p99 +13..+36 % at 5-14 req/s (decode steps
-    # beside a 4k-token prompt step wait longer for the SMs), TPOT p99 within 7 %. For the
-    # ITL-first setting of before: max_prefill_chunk=2048, prefill_pack_tokens=None.
+    # pack 512 against 2,048 + FCFS packing: the policy's TTFT p99 -7..-10 / -17..-21 /
+    # -13..-15 % at 5 / 8 / 11 req/s, +6..+10 % at 14, ITL p99 +13..+36 % at 5-14 req/s in 11
+    # of 12 cells (decode steps beside a 4k-token prompt step wait longer for the SMs), TPOT
+    # p99 within 7 %. The ITL-first setting of before: max_prefill_chunk=2048,
+    # prefill_pack_tokens=None.
     max_prefill_chunk: int = 4096
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     ttft_budget_s: float = 0.5  # a prefill that waited this long beats decode/verify once
