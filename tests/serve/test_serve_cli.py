@@ -33,6 +33,12 @@ def test_defaults() -> None:
     assert config.model == "default" and config.spec.method == "off"
     assert config.device == "auto" and config.lane_mode == "three"
     assert config.cache.num_blocks is None and config.cache.block_size == 16
+    sched = config.scheduler
+    assert (sched.max_num_batched_tokens, sched.max_prefill_chunk, sched.prefill_pack_tokens) == (
+        8192,
+        4096,
+        512,
+    )
 
 
 def test_all_options_reach_the_config() -> None:
@@ -46,6 +52,12 @@ def test_all_options_reach_the_config() -> None:
     assert (config.device, config.dtype, config.lane_mode) == ("cpu", "float32", "single")
     assert config.scheduler.max_num_seqs == 4 and config.scheduler.max_model_len == 1024
     assert (config.cache.num_blocks, config.cache.block_size) == (100, 32)
+    old = parse("--max-num-batched-tokens", "4096", "--max-prefill-chunk", "2048",
+                "--prefill-pack-tokens", "none")  # fmt: skip
+    chunking = config_from_args(old).scheduler
+    assert (chunking.max_num_batched_tokens, chunking.max_prefill_chunk) == (4096, 2048)
+    assert chunking.prefill_pack_tokens is None  # FCFS packing
+    assert config_from_args(parse("--prefill-pack-tokens", "0")).scheduler.prefill_pack_tokens == 0
     assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
     assert config_from_args(parse("--spec", "ngram")).spec.controller
     fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec
@@ -73,7 +85,9 @@ def test_limit_flags_reach_the_limits_and_the_config() -> None:
 @pytest.mark.parametrize(
     "argv",
     [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24"), ("--draft-len", "17"),
-     ("--max-request-kv-share", "0"), ("--max-priority", "-1"), ("--request-read-timeout", "0")],
+     ("--max-request-kv-share", "0"), ("--max-priority", "-1"), ("--request-read-timeout", "0"),
+     ("--max-prefill-chunk", "0"), ("--prefill-pack-tokens", "-1"),
+     ("--max-num-batched-tokens", "0")],
 )  # fmt: skip
 def test_bad_options_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
     assert serve_main(parse(*argv)) == 2

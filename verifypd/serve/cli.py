@@ -24,6 +24,10 @@ from verifypd.serve.model_source import ModelSource, hf_hub_cache, resolve_model
 logger = logging.getLogger("verifypd.serve")
 
 
+def int_or_none(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Define the ``serve`` options on ``parser`` (a subcommand parser) and return it."""
     add = parser.add_argument
@@ -65,6 +69,27 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="max requests admitted and unfinished (queued + running); beyond it: 429",
     )
     add("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs)
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=SchedulerConfig.max_num_batched_tokens,
+        help="token budget of one step",
+    )
+    add(
+        "--max-prefill-chunk",
+        type=int,
+        default=SchedulerConfig.max_prefill_chunk,
+        help="one request's prompt tokens per step (longer prompts are chunked)",
+    )
+    add(
+        "--prefill-pack-tokens",
+        type=int_or_none,
+        default=SchedulerConfig.prefill_pack_tokens,
+        metavar="N|none",
+        help="beside a prompt step's first chunk, only chunks that end their prompt, up to N "
+        "tokens; none: every waiting chunk, first come first served, up to the step's budget "
+        "(with --max-prefill-chunk 2048: lower ITL p99, higher TTFT p99 under load)",
+    )
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -174,6 +199,9 @@ def config_from_args(
         cache=cache,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_prefill_chunk=args.max_prefill_chunk,
+            prefill_pack_tokens=args.prefill_pack_tokens,
             max_model_len=args.max_model_len,
             max_request_kv_share=args.max_request_kv_share,
         ),
