@@ -69,27 +69,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="max requests admitted and unfinished (queued + running); beyond it: 429",
     )
     add("--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs)
-    add(
-        "--max-num-batched-tokens",
-        type=int,
-        default=SchedulerConfig.max_num_batched_tokens,
-        help="token budget of one step",
-    )
-    add(
-        "--max-prefill-chunk",
-        type=int,
-        default=SchedulerConfig.max_prefill_chunk,
-        help="one request's prompt tokens per step (longer prompts are chunked)",
-    )
-    add(
-        "--prefill-pack-tokens",
-        type=int_or_none,
-        default=SchedulerConfig.prefill_pack_tokens,
-        metavar="N|none",
-        help="beside a prompt step's first chunk, only chunks that end their prompt, up to N "
-        "tokens; none: every waiting chunk, first come first served, up to the step's budget "
-        "(with --max-prefill-chunk 2048: lower ITL p99, higher TTFT p99 under load)",
-    )
+    for flag, name, kind, text in SCHEDULER_FLAGS:
+        add(flag, type=kind, default=getattr(SchedulerConfig, name), help=text,
+            metavar="N|none" if kind is int_or_none else None)  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -121,6 +103,18 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+# flag, SchedulerConfig field, type, help: how prompt work is cut into steps
+SCHEDULER_FLAGS = (
+    ("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget of one step"),
+    ("--max-prefill-chunk", "max_prefill_chunk", int,
+     "one request's prompt tokens per step (longer prompts are chunked)"),
+    ("--prefill-pack-tokens", "prefill_pack_tokens", int_or_none,
+     "beside a prompt step's first chunk, only chunks that end their prompt, up to N tokens; "
+     "none: every waiting chunk, first come first served, up to the step's budget (with "
+     "--max-prefill-chunk 2048: lower ITL p99, higher TTFT p99 under load)"),
+)  # fmt: skip
 
 
 # flag, ServeLimits field, type, help (docs/api.md, "What the server refuses")
