@@ -1,0 +1,146 @@
+"""A sweep's result file split in two (bench/result_files.py): the main JSON keeps every summary
+number, the gzip sidecar the rows' diagnostics and the policy timeline; ``load_result`` gives
+back exactly the report written; the bytes do not depend on when they were written."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import load_bench
+
+RF = load_bench("result_files")
+
+
+def _row(mode: str, rate: float, **extra) -> dict:
+    return {"rate": rate, "acceptance_profile": "hetero", "temperature": 0.0, "mode": mode,
+            "ttft_p99_ms": 100.0, "itl_p99_ms": 20.0, "tpot_p99_ms": 10.0, "goodput_rps": rate,
+            "num_finished": 4, "num_requests": 4, **extra}  # fmt: skip
+
+
+def sweep_report() -> dict:
+    """A sweep run's report: rows with and without diagnostics, a policy timeline."""
+    return {
+        "device": "GPU",
+        "git_commit": "abc1234",
+        "command": "python bench/mixed.py --sweep",
+        "sweep_config": {"rates": [2, 8]},
+        "sweep": [
+            _row("off", 2, slowest={"ttft": [{"request_id": "r1", "ttft_ms": 120.5}]}),
+            _row("policy", 2, itl_anatomy={"plain_share": 0.5}, ttft_anatomy={"queue_ms": 3}),
+            _row("off", 8),  # an error row, say: no diagnostics
+            _row("vllm", 8, engine_steps=[{"t_ms": 1.0, "running": None}]),
+        ],
+        "policy_timeline": [
+            {
+                "rate": 2,
+                "acceptance_profile": "hetero",
+                "temperature": 0.0,
+                "mode": "policy",
+                "columns": ["t_s", "mean_draft_len"],
+                "values": [[0.0, 2.5], [0.1, None]],
+            }
+        ],
+        "criteria": {"policy_within_5pct_of_best": {"verdict": "PASS"}},
+    }
+
+
+def test_split_moves_only_the_details() -> None:
+    report = sweep_report()
+    main, details = RF.split_details(report)
+    assert report == sweep_report()  # left as it was
+    assert list(main) == [k for k in report if k != "policy_timeline"]  # the order kept
+    assert [set(r) for r in main["sweep"]] == [set(_row("off", 2))] * 4
+    assert details["sweep"] == [
+        {"slowest": {"ttft": [{"request_id": "r1", "ttft_ms": 120.5}]}},
+        {"itl_anatomy": {"plain_share": 0.5}, "ttft_anatomy": {"queue_ms": 3}},
+        {},
+        {"engine_steps": [{"t_ms": 1.0, "running": None}]},
+    ]
+    assert details["policy_timeline"] == report["policy_timeline"]
+    assert RF.merge_details(main, details) == report
+
+
+def test_write_and_load_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "mixed-gpu-sweep-abc.json"
+    assert RF.write_result(path, sweep_report()) == path
+    sidecar = tmp_path / "mixed-gpu-sweep-abc.detail.json.gz"
+    main = json.loads(path.read_text())
+    assert main["detail_file"] == sidecar.name
+    # what the docs and the issue read stays in the main JSON
+    assert main["device"] == "GPU" and main["git_commit"] == "abc1234"
+    keys = {"rate", "acceptance_profile", "mode", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms",
+            "goodput_rps"}  # fmt: skip
+    assert all(keys <= set(r) and not set(RF.ROW_DETAIL) & set(r) for r in main["sweep"])
+    assert "policy_timeline" not in main and path.read_text().startswith('{\n  "device"')
+    assert json.loads(gzip.decompress(sidecar.read_bytes()))["sweep"][2] == {}  # zcat reads it
+    assert RF.load_result(path) == sweep_report()
+    assert RF.load_result(str(path)) == sweep_report()
+
+
+def test_a_report_without_details_has_no_sidecar(tmp_path: Path) -> None:
+    plain = {**sweep_report(), "sweep": [_row("off", 2)], "policy_timeline": []}
+    path = RF.write_result(tmp_path / "http.json", plain)
+    assert json.loads(path.read_text()) == plain  # the empty timeline stays where it was
+    assert RF.load_result(path) == plain and list(tmp_path.iterdir()) == [path]
+    old = tmp_path / "old.json"  # written before the sidecars: loads as it is
+    old.write_text(json.dumps(sweep_report()))
+    assert RF.load_result(old) == sweep_report()
+
+
+def test_a_rewrite_without_details_drops_the_old_sidecar(tmp_path: Path) -> None:
+    path = RF.write_result(tmp_path / "run.json", sweep_report())
+    assert RF.detail_path(path).is_file()
+    RF.write_result(path, {"sweep": [_row("off", 2)]})
+    assert not RF.detail_path(path).exists() and "detail_file" not in path.read_text()
+    with pytest.raises(ValueError, match="use load_result"):  # a main JSON, not a report
+        RF.write_result(path, {"detail_file": "run.detail.json.gz", "sweep": []})
+
+
+def test_same_report_same_bytes(tmp_path: Path) -> None:
+    first = RF.write_result(tmp_path / "a" / "run.json", sweep_report())
+    sidecar = RF.detail_bytes(RF.split_details(sweep_report())[1])
+    assert sidecar[4:8] == b"\0\0\0\0"  # the gzip header's mtime
+    os.utime(first, (0, 0))
+    second = RF.write_result(tmp_path / "b" / "run.json", sweep_report())
+    assert first.read_bytes() == second.read_bytes()
+    assert RF.detail_path(first).read_bytes() == RF.detail_path(second).read_bytes() == sidecar
+
+
+def test_compact_or_indented_main(tmp_path: Path) -> None:
+    compact = RF.write_result(tmp_path / "c.json", sweep_report(), compact=True)
+    indented = RF.write_result(tmp_path / "i.json", sweep_report(), compact=False)
+    assert compact.read_text().startswith('{"device":"GPU",') and compact.read_text()[-2] == "}"
+    assert indented.read_text().startswith('{\n  "device": "GPU",')
+    assert RF.load_result(compact) == RF.load_result(indented) == sweep_report()
+
+
+def test_a_missing_sidecar_is_an_error(tmp_path: Path) -> None:
+    path = RF.write_result(tmp_path / "run.json", sweep_report())
+    RF.detail_path(path).unlink()
+    with pytest.raises(FileNotFoundError, match=r"run\.json keeps .* 'run\.detail\.json\.gz'"):
+        RF.load_result(path)
+    main = json.loads(path.read_text())
+    path.write_text(json.dumps({**main, "detail_file": "../elsewhere.detail.json.gz"}))
+    with pytest.raises(FileNotFoundError, match="not beside it"):
+        RF.load_result(path)
+
+
+def test_details_of_other_rows_are_refused(tmp_path: Path) -> None:
+    main, details = RF.split_details(sweep_report())
+    with pytest.raises(ValueError, match="3 sweep rows but details for 4"):
+        RF.merge_details({**main, "sweep": main["sweep"][:3]}, details)
+
+
+def test_sidecar_run_saves_the_details_beside(tmp_path: Path) -> None:
+    common = load_bench("common")
+    args = type("Args", (), {"out": str(tmp_path), "tag": "t"})()
+    run = common.Run("mixed", args, __import__("torch").device("cpu"), sweep_report())
+    saved = RF.SidecarRun.of(run)
+    assert saved.report is run.report
+    saved.finish("table")
+    assert RF.load_result(tmp_path / "mixed-cpu-t.json") == {**sweep_report(), "complete": True}
+    assert (tmp_path / "mixed-cpu-t.detail.json.gz").is_file()
