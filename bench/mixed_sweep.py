@@ -20,6 +20,7 @@ from harness import attach_recorder, build_engine, close_engine, engine_info
 from http_load import HttpEngine, served_model, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
+from result_files import SidecarRun
 from sweep import (
     SweepPlan,
     criteria,
@@ -94,7 +95,9 @@ def plan_of(args, mix, vocab: int) -> SweepPlan:
 def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
     """The sweep into ``run.report`` (``bench``: the mixed.py module, its modes and engine
     configs): ``sweep`` rows (saved after every run), the
-    ``policy_timeline``, the engines, ``criteria``; then the table, criteria and plots."""
+    ``policy_timeline``, the engines, ``criteria``; then the table, criteria and plots. The
+    rows' diagnostics and the timeline are saved beside the JSON, in its sidecar."""
+    run = SidecarRun.of(run)
     args, report = run.args, run.report
     plan = plan_of(args, mix, vocab)
     report |= {"sweep_config": plan.to_dict(), "sweep": [], "policy_timeline": [],

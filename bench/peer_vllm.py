@@ -68,6 +68,7 @@ from common import (  # noqa: E402
 from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
 from http_load import HttpEngine, served_model, wait_ready  # noqa: E402
 from loadgen import Mix, latency_stats, load_stats, make_requests, run_load  # noqa: E402
+from result_files import write_result  # noqa: E402
 
 from verifypd.config import PRESETS, SpecConfig  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
@@ -731,7 +732,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         data = {**meta, "engine": args.engine, **run_sweep(args, device, sys.modules[__name__])}
         tag = "-".join([args.engine, "sweep", args.tag]).strip("-")
-        path = write_json(result_path(args.out, SCRIPT, device, "json", tag), data)
+        # --trace-steps: vLLM's engine steps go to the sidecar (result_files.py)
+        path = write_result(result_path(args.out, SCRIPT, device, "json", tag), data)
         print(f"wrote {path}")
         return data
     if args.step == "http":

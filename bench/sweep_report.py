@@ -18,7 +18,6 @@ and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from common import format_table, save_figure, write_json  # noqa: E402
+from result_files import load_result, slim_row  # noqa: E402
 from sweep import (  # noqa: E402
     criteria,
     criteria_lines,
@@ -254,15 +254,6 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     return lines
 
 
-# A row's diagnostics (who the slowest requests were, the TTFT / ITL anatomies, vLLM's engine
-# steps) stay in the runs' own JSONs: the report keeps the numbers the criteria read.
-ROW_DETAIL = ("slowest", "itl_anatomy", "ttft_anatomy", "engine_steps")
-
-
-def slim_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k not in ROW_DETAIL}
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
@@ -271,11 +262,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeat", nargs="*", default=[], help="another run of the same plan")
     p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
     args = p.parse_args(argv)
-    load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
-    ours = join_ours([load(f) for f in args.ours])
-    merged = merge(ours, [load(f) for f in args.vllm], [load(f) for f in args.http])
+    ours = join_ours([load_result(f) for f in args.ours])
+    merged = merge(ours, [load_result(f) for f in args.vllm], [load_result(f) for f in args.http])
     if args.repeat:
-        again = join_ours([load(f) for f in args.repeat])
+        again = join_ours([load_result(f) for f in args.repeat])
         if again.get("sweep_config") != ours.get("sweep_config"):
             p.error("--repeat: a different sweep plan")
         merged["repeat_spread"] = repeat_spread(ours["sweep"], again["sweep"])
@@ -283,7 +273,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merged["sources"]["repeat"] = again.get("command")
     first = Path(args.ours[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
-    # the policy timelines stay in the runs' own JSONs (hundreds of KB each): the report names them
+    # the policy timelines (hundreds of KB each) and the rows' diagnostics (ROW_DETAIL) stay in
+    # the runs' own files (their sidecars, result_files.py): the report keeps the numbers the
+    # criteria read and names the runs that hold the timelines
     timeline_in = [Path(f).name for f in args.ours] if merged["policy_timeline"] else []
     written = {k: v for k, v in merged.items() if k not in ("policy_timeline", "sweep")}
     write_json(out, {**written, "sweep": [slim_row(r) for r in merged["sweep"]],

@@ -37,7 +37,7 @@ def tiny_policy_row(tmp_path: Path, *flags: str) -> dict:
     """The one row of a tiny CPU sweep of the policy (hetero, 20 req/s) run with ``flags``."""
     args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
     load_bench("mixed").main([*args, *flags, "--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())["sweep"]
+    rows = load_bench("result_files").load_result(tmp_path / "mixed-cpu-sweep.json")["sweep"]
     assert len(rows) == 1
     return rows[0]
 
@@ -55,7 +55,11 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     resets = count_cache_resets(monkeypatch)
     load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path)])
     assert resets == [0] * 12  # before every run, on an idle engine (no block in use)
-    data = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
+    main = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
+    # the rows' diagnostics and the policy timeline are in the sidecar (bench/result_files.py)
+    assert main["detail_file"] == "mixed-cpu-sweep.detail.json.gz" and "policy_timeline" not in main
+    assert not any("slowest" in r for r in main["sweep"]) and len(main["sweep"]) == 12
+    data = load_bench("result_files").load_result(tmp_path / "mixed-cpu-sweep.json")
     assert data["device"] == "cpu" and data["git_commit"] and data["complete"] is True
     assert data["params"]["num_kv_blocks"] == 256 and data["slo"]["ttft_ms"] == 300.0
     rows = data["sweep"]

@@ -1,6 +1,7 @@
 """A sweep's result file split in two (bench/result_files.py): the main JSON keeps every summary
 number, the gzip sidecar the rows' diagnostics and the policy timeline; ``load_result`` gives
-back exactly the report written; the bytes do not depend on when they were written."""
+back exactly the report written; the bytes do not depend on when they were written; a report
+of a split run equals the one of the unsplit run."""
 
 from __future__ import annotations
 
@@ -133,6 +134,29 @@ def test_details_of_other_rows_are_refused(tmp_path: Path) -> None:
     main, details = RF.split_details(sweep_report())
     with pytest.raises(ValueError, match="3 sweep rows but details for 4"):
         RF.merge_details({**main, "sweep": main["sweep"][:3]}, details)
+
+
+def test_sweep_report_reads_a_split_run_as_the_unsplit_one(tmp_path: Path) -> None:
+    """sweep_report.py on a run written by write_result: the same merged report, the same
+    report file, and the policy timeline it plots, as on the run written whole."""
+    report = load_bench("sweep_report")
+    vllm = {"command": "peer_vllm", "sweep": [_row("vllm", 2, ttft_p99_ms=150.0)]}
+    outputs = []
+    for name, write in (("whole", lambda p, d: p.write_text(json.dumps(d))),
+                        ("split", RF.write_result)):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        write(folder / "run.json", sweep_report())
+        write(folder / "vllm.json", vllm)
+        merged = report.main([str(folder / "run.json"), "--vllm", str(folder / "vllm.json"),
+                              "--out", str(folder / "report.json")])  # fmt: skip
+        outputs.append((merged, (folder / "report.json").read_text()))
+    assert (tmp_path / "split" / "run.detail.json.gz").is_file()
+    assert outputs[0] == outputs[1]
+    merged = outputs[1][0]
+    assert merged["policy_timeline"] == sweep_report()["policy_timeline"]
+    assert merged["sweep"][0]["slowest"]["ttft"][0]["request_id"] == "r1"
+    assert (tmp_path / "split" / "report-policy.png").is_file()
 
 
 def test_sidecar_run_saves_the_details_beside(tmp_path: Path) -> None:
