@@ -1,19 +1,22 @@
 """A sweep's result file split in two (bench/result_files.py): the main JSON keeps every summary
 number, the gzip sidecar the rows' diagnostics and the policy timeline; ``load_result`` gives
 back exactly the report written; the bytes do not depend on when they were written; a report
-of a split run equals the one of the unsplit run."""
+of a split run equals the one of the unsplit run; the migration of stored files
+(bench/tools/split_result_details.py) writes nothing unless every file reads back equal."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import runpy
 from pathlib import Path
 
 import pytest
-from helpers import load_bench
+from helpers import REPO, load_bench
 
 RF = load_bench("result_files")
+TOOL = REPO / "bench" / "tools" / "split_result_details.py"
 
 
 def _row(mode: str, rate: float, **extra) -> dict:
@@ -168,3 +171,51 @@ def test_sidecar_run_saves_the_details_beside(tmp_path: Path) -> None:
     saved.finish("table")
     assert RF.load_result(tmp_path / "mixed-cpu-t.json") == {**sweep_report(), "complete": True}
     assert (tmp_path / "mixed-cpu-t.detail.json.gz").is_file()
+
+
+def _stored(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_migration_splits_stored_files(tmp_path: Path, capsys) -> None:
+    """Indented and compact files keep their form; a file without details, and one already
+    split, are left alone; a read-only file stays read-only; a second run finds nothing."""
+    (tmp_path / "mixed" / "history").mkdir(parents=True)
+    whole = sweep_report()
+    (tmp_path / "mixed" / "a.json").write_text(json.dumps(whole, indent=2) + "\n")
+    compact = tmp_path / "mixed" / "history" / "b.json"
+    compact.write_text(json.dumps(whole, separators=(",", ":")) + "\n")
+    compact.chmod(0o444)
+    plain = {"device": "GPU", "results": {"slowest": [1, 2]}}  # no sweep rows, no timeline
+    (tmp_path / "mixed" / "plain.json").write_text(json.dumps(plain, indent=2) + "\n")
+    RF.write_result(tmp_path / "mixed" / "split.json", whole)
+    before = _stored(tmp_path)
+    tool = runpy.run_path(str(TOOL))
+    done = tool["main"]([str(tmp_path)])
+    assert [p.name for p in done] == ["a.json", "b.json"]
+    assert "2 files with details" in capsys.readouterr().out
+    for path in done:
+        assert RF.load_result(path) == whole and RF.detail_path(path).is_file()
+    assert (tmp_path / "mixed" / "a.json").read_text().startswith('{\n  "device": "GPU",')
+    assert compact.read_text().startswith('{"device":"GPU",')
+    assert compact.stat().st_mode & 0o777 == 0o444
+    assert RF.detail_path(compact).stat().st_mode & 0o777 == 0o444
+    after = _stored(tmp_path)
+    unchanged = ["mixed/plain.json", "mixed/split.json", "mixed/split.detail.json.gz"]
+    assert all(after[k] == before[k] for k in unchanged)
+    assert tool["main"]([str(tmp_path)]) == [] and _stored(tmp_path) == after
+
+
+def test_migration_writes_nothing_on_a_mismatch(tmp_path: Path, monkeypatch) -> None:
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps(sweep_report(), indent=2) + "\n")
+    before = _stored(tmp_path)
+    tool = runpy.run_path(str(TOOL))
+    tool["main"](["--dry-run", str(tmp_path)])
+    assert _stored(tmp_path) == before
+    monkeypatch.setitem(tool["main"].__globals__, "load_result",
+                        lambda p: {**RF.load_result(p), "sweep": []} if "b" in p.name
+                        else RF.load_result(p))  # fmt: skip
+    with pytest.raises(SystemExit, match="b.json: the split does not read back equal"):
+        tool["main"]([str(tmp_path)])
+    assert _stored(tmp_path) == before
