@@ -1,10 +1,12 @@
-"""On the GPU: decode-ahead reads each step's input tokens from the last step's sampled ids on
-the device, behind it on the decode stream, through the CUDA graphs. The same requests with
-it off and on, token for token: prompts of one length, so both runs batch identically (the
-same graphs on the same shapes) and any difference is a token read from the wrong place or
-too early. Greedy and seeded sampled requests, lengths that end while a step is ahead. Run as
-a script on an H100 at 4118e0a (docs/peer-vllm.md): 32 of 32 requests identical with dummy
-Qwen2.5-0.5B and 7B, 112 and 125 steps ahead."""
+"""On the GPU: decode-ahead reads each step's input tokens from the last step's sampled ids on the
+device, behind it on the decode stream, through the CUDA graphs. The same requests with it off
+and on, token for token: prompts of one length that fit one prompt step (FCFS packing: with
+``prefill_pack_tokens`` they would go in several steps, and which decode steps run beside which
+is timing), so both runs batch identically (the same graphs on the same shapes) and any
+difference is a token read from the wrong place or too early. Greedy and seeded sampled
+requests, lengths that end while a step is ahead. Run as a script on an H100 at 4118e0a
+(docs/peer-vllm.md): 32 of 32 requests identical with dummy Qwen2.5-0.5B and 7B, 112 and 125
+steps ahead."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import asyncio
 import pytest
 import torch
 
-from verifypd.config import CacheConfig, EngineConfig
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 async def _run(ahead: bool) -> tuple[list[list[int]], int]:
     engine = AsyncEngine(EngineConfig(
         model="dummy:qwen2.5-0.5b", device="cuda", decode_ahead=ahead,
-        cache=CacheConfig(num_blocks=4096),
+        cache=CacheConfig(num_blocks=4096), scheduler=SchedulerConfig(prefill_pack_tokens=None),
     ))  # fmt: skip
 
     async def one(i: int) -> list[int]:
