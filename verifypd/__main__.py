@@ -65,7 +65,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # Modules of bench/ that other scripts import; everything else there is a benchmark.
 BENCH_LIBRARIES = frozenset(
-    {"common", "harness", "hf_batch", "http_load", "loadgen", "sweep", "mixed_sweep", "peer_sweep"}
+    {
+        "common",
+        "harness",
+        "hf_batch",
+        "http_load",
+        "loadgen",
+        "sweep",
+        "mixed_sweep",
+        "peer_sweep",
+        "result_files",
+    }
 )
 
 
