@@ -119,6 +119,13 @@ def _policy_with(
                 engine_options=engine)  # fmt: skip
 
 
+def _with_engine(base: str, engine: tuple[tuple[str, int], ...]) -> Mode:
+    """``off`` or ``policy`` with EngineConfig fields set."""
+    if base == "off":
+        return Mode("three", False, engine_options=engine)
+    return _policy_with(engine=engine)
+
+
 MODES = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
@@ -191,6 +198,13 @@ MODES = {
         "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
     ),
     "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
+    # While decode rows run, prompt steps' GEMMs leave 8 / 16 / 32 SMs to the decode and
+    # verify streams (EngineConfig.prefill_sm_carveout; 0, all SMs, by default).
+    **{
+        f"{base}-carve{n}": _with_engine(base, (("prefill_sm_carveout", n),))
+        for n in (8, 16, 32)
+        for base in ("off", "policy")
+    },
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
     "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),

@@ -48,6 +48,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         recorded["scheduler"]["max_prefill_chunk"],
         recorded["scheduler"]["prefill_pack_tokens"],
     ) == (4096, 512)
+    assert recorded["prefill_sm_carveout"] == 0
 
 
 @pytest.mark.parametrize(
@@ -64,6 +65,10 @@ def test_defaults_are_frozen_and_recorded() -> None:
         (lambda: KernelConfig(pdl="0"), "pdl"),
         (lambda: EngineConfig(kernels={"pdl": False}), "kernels"),
         (lambda: SpecConfig(always_pad_verify="yes"), "always_pad_verify"),
+        (lambda: EngineConfig(prefill_sm_carveout=-1), "prefill_sm_carveout"),
+        (lambda: EngineConfig(prefill_sm_carveout=128), "prefill_sm_carveout"),
+        (lambda: EngineConfig(prefill_sm_carveout=8.0), "prefill_sm_carveout"),
+        (lambda: EngineConfig(prefill_sm_carveout=True), "prefill_sm_carveout"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(make, field) -> None:

@@ -454,6 +454,10 @@ ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
 ENV_PREFILL_SLICE_LAYERS = "VERIFYPD_PREFILL_SLICE_LAYERS"
 ENV_PROMPT_TOKEN_BUCKET = "VERIFYPD_PROMPT_TOKEN_BUCKET"
+ENV_PREFILL_SM_CARVEOUT = "VERIFYPD_PREFILL_SM_CARVEOUT"
+# EngineConfig.prefill_sm_carveout below this: a prompt step keeps some SMs on any GPU that
+# runs our kernels (an H100 SXM has 132); the device's own count is checked at start-up.
+MAX_SM_CARVEOUT = 128
 ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 
@@ -462,8 +466,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_LANE_PRIORITIES`` (``EngineConfig.lane_priorities``),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
-    ("0" = off, "1" = on), ``VERIFYPD_PREFILL_SLICE_LAYERS`` and ``VERIFYPD_PROMPT_TOKEN_BUCKET``
-    (ints, 0 = off), for the CLI and benchmarks to pass on."""
+    ("0" = off, "1" = on), ``VERIFYPD_PREFILL_SLICE_LAYERS``, ``VERIFYPD_PROMPT_TOKEN_BUCKET``
+    and ``VERIFYPD_PREFILL_SM_CARVEOUT`` (ints, 0 = off), for the CLI and benchmarks to pass
+    on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
@@ -477,7 +482,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     if ENV_GC_FREEZE in environ:
         out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
     for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
-                             (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket")):  # fmt: skip
+                             (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
+                             (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout")):  # fmt: skip
         if name in environ:
             text = environ[name].strip()
             if not text.isdigit():
@@ -552,6 +558,14 @@ class EngineConfig:
     # for a 200-token chunk, and while one was enqueued in one piece no decode step could be
     # launched or folded back in: that was the decode lanes' ITL p99 (17-25 ms).
     prefill_slice_layers: int = 4
+    # While decode rows are running, a prompt step's cuBLAS GEMMs (and those of the drafter's
+    # forward behind it) leave this many SMs to the decode and verify streams (cuBLASLt's SM
+    # count target, ``lanes.executor.gemm_sm_carveout``; GPU; 0 = all SMs). A GEMM that fills
+    # every SM holds them for its whole length, however high the decode stream's priority,
+    # and a decode step beside a prompt step waits for the SMs between the prompt's kernels:
+    # on an H200 (dummy 7B, a 16-row decode graph beside a 2,048-token prompt step) 4.4 ms
+    # alone, 22 beside; leaving 16 SMs: 11 ms, for 15 % on the prompt step.
+    prefill_sm_carveout: int = 0
     # An eager prompt step's token count is padded up to a multiple of this (GPU; 0 = never;
     # the pad rows store no KV and are never read): cuBLAS chooses a kernel for every GEMM
     # shape it has not seen, and on an H200 the first GEMM of a new row count took 0.1-2 ms
@@ -598,6 +612,11 @@ class EngineConfig:
         if type(self.prefill_slice_layers) is not int or self.prefill_slice_layers < 0:
             got = self.prefill_slice_layers
             raise ValueError(f"prefill_slice_layers must be an int >= 0, got {got!r}")
+        carve = self.prefill_sm_carveout
+        if type(carve) is not int or not 0 <= carve < MAX_SM_CARVEOUT:
+            raise ValueError(
+                f"prefill_sm_carveout must be an int in [0, {MAX_SM_CARVEOUT}), got {carve!r}"
+            )
         if type(self.prompt_token_bucket) is not int or self.prompt_token_bucket < 0:
             got = self.prompt_token_bucket
             raise ValueError(f"prompt_token_bucket must be an int >= 0, got {got!r}")

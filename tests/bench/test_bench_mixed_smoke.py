@@ -170,3 +170,8 @@ def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() ->
     assert mixed.mode_config(args, "off").kernels.gemm_split_rows == 0
     split = mixed.mode_config(args, "policy-chunk4k-pack512-split1k")
     assert split.kernels.gemm_split_rows == 1024 and split.scheduler == one_step
+    assert mixed.mode_config(args, "policy").prefill_sm_carveout == 0
+    for n in (8, 16, 32):
+        for base in ("off", "policy"):
+            carved = mixed.mode_config(args, f"{base}-carve{n}")
+            assert carved == mixed.mode_config(args, base).replace(prefill_sm_carveout=n)

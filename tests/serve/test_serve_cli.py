@@ -58,6 +58,8 @@ def test_all_options_reach_the_config() -> None:
     assert (chunking.max_num_batched_tokens, chunking.max_prefill_chunk) == (4096, 2048)
     assert chunking.prefill_pack_tokens is None  # FCFS packing
     assert config_from_args(parse("--prefill-pack-tokens", "0")).scheduler.prefill_pack_tokens == 0
+    assert config.prefill_sm_carveout == 0
+    assert config_from_args(parse("--prefill-sm-carveout", "16")).prefill_sm_carveout == 16
     assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
     assert config_from_args(parse("--spec", "ngram")).spec.controller
     fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec
@@ -87,7 +89,8 @@ def test_limit_flags_reach_the_limits_and_the_config() -> None:
     [("--spec", "draft"), ("--max-queue", "0"), ("--block-size", "24"), ("--draft-len", "17"),
      ("--max-request-kv-share", "0"), ("--max-priority", "-1"), ("--request-read-timeout", "0"),
      ("--max-prefill-chunk", "0"), ("--prefill-pack-tokens", "-1"),
-     ("--max-num-batched-tokens", "0")],
+     ("--max-num-batched-tokens", "0"), ("--prefill-sm-carveout", "-1"),
+     ("--prefill-sm-carveout", "128")],
 )  # fmt: skip
 def test_bad_options_exit_2(argv: tuple[str, ...], capsys: pytest.CaptureFixture) -> None:
     assert serve_main(parse(*argv)) == 2

@@ -25,7 +25,7 @@ import torch
 from verifypd.engine.core import EngineCore
 from verifypd.engine.runner import PendingStep
 from verifypd.lanes.spec_policy import SpeculationPolicy
-from verifypd.types import StepPlan
+from verifypd.types import SeqStatus, StepPlan
 
 T = TypeVar("T")
 
@@ -75,6 +75,31 @@ class LaneStreams:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def gemm_sm_carveout(sms: int) -> Generator[None, None, None]:
+    """cuBLAS GEMMs enqueued inside leave ``sms`` SMs to other streams: cuBLASLt's SM count
+    target, which torch honours on its cuBLASLt path only, so that path is preferred inside.
+    Both settings are process-wide and read when a GEMM is enqueued: they are restored on
+    leaving, and nothing else may be enqueued meanwhile (the lanes enqueue from one thread).
+    0: nothing changes."""
+    if not sms:
+        yield
+        return
+    blas = torch.backends.cuda.preferred_blas_library()
+    carve = torch._C._get_sm_carveout_experimental()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(carve)
+        torch.backends.cuda.preferred_blas_library(blas)
+
+
+PROMPT_LANES = frozenset(("prefill", "follow"))  # prompt-sized GEMMs: the carve-out's lanes
+_DECODE_STATES = (SeqStatus.DECODING, SeqStatus.VERIFYING)
+
+
 class StepExecutor(Protocol):
     """Launches one lane's step; ``enqueues``: a launch returns before the step has run (so a
     landed step's deltas can be made while the next one runs); ``background_lanes``: lanes
@@ -98,6 +123,14 @@ class StreamExecutor:
     def __init__(self, core: EngineCore, policy: SpeculationPolicy, streams: LaneStreams) -> None:
         self.core, self.policy, self.streams = core, policy, streams
         self.slice_layers = core.config.prefill_slice_layers
+        self.carveout = core.config.prefill_sm_carveout
+        if self.carveout:
+            sms = torch.cuda.get_device_properties(core.device).multi_processor_count
+            if self.carveout >= sms:
+                raise ValueError(
+                    f"prefill_sm_carveout={self.carveout} leaves a prompt step no SMs of {sms}"
+                )
+        self.num_carved = 0  # prompt launches (or pieces of one) enqueued with the carve-out
         self.background_lanes = frozenset(("prefill",) if self.slice_layers else ())
         # The drafter's forwards behind prompt steps, run one after another by one task.
         self._behind: collections.deque[Generator[None, None, None]] = collections.deque()
@@ -106,7 +139,7 @@ class StreamExecutor:
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep:
         if lane in self.background_lanes:
             return await self._launch_in_pieces(lane, plan)
-        with self.streams.context(lane):
+        with self._context(lane):
             if lane == "verify" and self.streams.streams:
                 follow_drafts(plan, torch.cuda.current_stream())
             pending = self.core.launch(plan)
@@ -138,6 +171,19 @@ class StreamExecutor:
         finally:
             self._behind_task = None
 
+    @contextlib.contextmanager
+    def _context(self, lane: str) -> Generator[None, None, None]:
+        """The lane's stream and, for a prompt lane while decode rows are running, the GEMMs'
+        SM carve-out (EngineConfig.prefill_sm_carveout): decode then keeps SMs the prompt's
+        GEMMs do not take; with nothing decoding the prompt step has them all."""
+        carve = self.carveout if lane in PROMPT_LANES and self._decoding() else 0
+        self.num_carved += bool(carve)
+        with self.streams.context(lane), gemm_sm_carveout(carve):
+            yield
+
+    def _decoding(self) -> bool:
+        return any(s.status in _DECODE_STATES for s in self.core.scheduler.running)
+
     @property
     def busy(self) -> bool:
         """A forward behind a prompt step is queued or being enqueued."""
@@ -146,7 +192,7 @@ class StreamExecutor:
     async def _in_pieces(self, lane: str, pieces: Generator[None, None, T]) -> T:
         """Runs ``pieces`` on the lane's stream, a turn of the event loop after each pause."""
         while True:
-            with self.streams.context(lane):
+            with self._context(lane):
                 try:
                     next(pieces)
                 except StopIteration as stop:

@@ -72,6 +72,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag, name, kind, text in SCHEDULER_FLAGS:
         add(flag, type=kind, default=getattr(SchedulerConfig, name), help=text,
             metavar="N|none" if kind is int_or_none else None)  # fmt: skip
+    add("--prefill-sm-carveout", type=int, default=EngineConfig.prefill_sm_carveout,
+        help="SMs a prompt step's GEMMs leave to the decode lanes while decode rows run "
+             "(GPU; 0: all SMs; lower ITL beside prompt steps, slower prompt steps)")  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -201,7 +204,7 @@ def config_from_args(
         ),
         spec=spec,
         max_logprobs=args.max_logprobs,
-        **env_overrides(os.environ),
+        **{"prefill_sm_carveout": args.prefill_sm_carveout, **env_overrides(os.environ)},
     )
 
 
