@@ -56,11 +56,14 @@ def _config(carveout: int) -> EngineConfig:
 async def _run(carveout: int) -> tuple[list[list[int]], int]:
     engine = AsyncEngine(_config(carveout))
     rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, 500, int(rng.integers(200, 600))).tolist() for _ in range(12)]
+    lengths = [32] * 4 + [int(n) for n in rng.integers(200, 600, 8)]
+    prompts = [rng.integers(0, 500, n).tolist() for n in lengths]
 
     async def one(i: int) -> list[int]:
-        await asyncio.sleep(0.02 * i)  # arrivals spread: prompt steps beside decode rows
-        params = SamplingParams(max_tokens=64, ignore_eos=True, temperature=0.0)
+        # four long generations first; the long prompts arrive while they decode
+        await asyncio.sleep(0.0 if i < 4 else 0.02 + 0.005 * i)
+        params = SamplingParams(max_tokens=400 if i < 4 else 32, ignore_eos=True,
+                                temperature=0.0)  # fmt: skip
         return [t async for out in engine.generate(f"r{i}", prompts[i], params)
                 for t in out.new_token_ids]  # fmt: skip
 
