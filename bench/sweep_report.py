@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(out, {**written, "sweep": [slim_row(r) for r in merged["sweep"]],
                      "policy_timeline_in": timeline_in})  # fmt: skip
     if args.vllm or args.http or len(args.ours) > 1:  # else the run's own plots, byte for byte
-        plot_all(out.with_suffix(".png"), merged["sweep"], merged["policy_timeline"])
+        # the policy's timeline only when joined from several runs (one run's is its own plot)
+        timeline = merged["policy_timeline"] if len(args.ours) > 1 else []
+        plot_all(out.with_suffix(".png"), merged["sweep"], timeline)
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))
     if "repeat_spread" in merged:

@@ -222,8 +222,10 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     pol = {
         **ours,
         "sweep": [r for r in ours["sweep"] if r["mode"] == "policy"],
-        "policy_timeline": [{"mode": "policy", "rate": 2, "samples": [{"t": 0.0}]}],
-    }
+        "policy_timeline": [{"mode": "policy", "rate": 2, "acceptance_profile": "hetero",
+                             "temperature": 0.0,
+                             "samples": [{"t_s": 0.0, "mean_draft_len": 2.0}]}],
+    }  # fmt: skip
     paths = []
     for name, data in (("off", off), ("pol", pol), ("vllm", vllm), ("http", http)):
         paths.append(tmp_path / f"{name}.json")
@@ -256,6 +258,11 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     # one run alone: the report adds no rows, so no plots (the run has the same ones)
     report.main([str(paths[1]), "--out", str(tmp_path / "alone.json")])
     assert (tmp_path / "alone.json").is_file() and not list(tmp_path.glob("alone*.png"))
+    # one run with HTTP rows: the rate plots gain rows, the policy's timeline is the run's own
+    report.main([str(paths[1]), "--http", str(paths[3]), "--out", str(tmp_path / "one.json")])
+    assert (tmp_path / "one-hetero-t0.0.png").is_file()
+    assert not (tmp_path / "one-policy.png").exists()
+    assert (tmp_path / "merged-policy.png").is_file()  # two runs' timelines joined
     none = report.ahead_of_vllm(ours["sweep"], [])
     assert none["verdict"] == "N/A"
     with pytest.raises(ValueError, match="different sweep plans"):
