@@ -105,12 +105,25 @@ async def hang_up_partway(engine: Any, prompts: list[list[int]], params: Any, ev
 
 
 async def generate_all(
-    engine: Any, prompts: list[list[int]], params: Any, timeout: float = 120.0
+    engine: Any,
+    prompts: list[list[int]],
+    params: Any,
+    timeout: float = 120.0,
+    delays: list[float] | None = None,
 ) -> list[list[int]]:
-    """The prompts' token ids, run at once on an ``AsyncEngine`` (requests ``r0``, ``r1``...);
-    then the engine must be clean (``assert_engine_clean``), and it is stopped."""
+    """The prompts' token ids, run on an ``AsyncEngine`` (requests ``r0``, ``r1``...): at once,
+    or request i sent ``delays[i]`` seconds after the start; ``params`` one for all, or a list
+    (one per prompt). Then the engine must be clean (``assert_engine_clean``), and it is
+    stopped."""
+    each = params if isinstance(params, list) else [params] * len(prompts)
+
+    async def one(i: int, prompt: list[int]) -> list[int]:
+        if delays is not None:
+            await asyncio.sleep(delays[i])
+        return await collect(engine, f"r{i}", prompt, each[i])
+
     try:
-        jobs = [collect(engine, f"r{i}", p, params) for i, p in enumerate(prompts)]
+        jobs = [one(i, p) for i, p in enumerate(prompts)]
         return await asyncio.wait_for(asyncio.gather(*jobs), timeout)
     finally:
         assert_engine_clean(engine)

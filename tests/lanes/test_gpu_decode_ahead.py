@@ -10,10 +10,9 @@ steps ahead."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
+from helpers import generate_all
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -29,21 +28,12 @@ async def _run(ahead: bool) -> tuple[list[list[int]], int]:
         model="dummy:qwen2.5-0.5b", device="cuda", decode_ahead=ahead,
         cache=CacheConfig(num_blocks=4096), scheduler=SchedulerConfig(prefill_pack_tokens=None),
     ))  # fmt: skip
-
-    async def one(i: int) -> list[int]:
-        params = SamplingParams(max_tokens=40 + 7 * (i % 5), ignore_eos=True,
-                                temperature=0.0 if i % 2 == 0 else 0.8, seed=i)  # fmt: skip
-        prompt = [100 + (i * 13 + j) % 5000 for j in range(64)]
-        return [t async for out in engine.generate(f"r{i}", prompt, params)
-                for t in out.new_token_ids]  # fmt: skip
-
-    try:
-        out = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(32))), 120)
-        engine.check_integrity()
-        assert engine.kv_usage == 0
-        return out, engine.dispatcher.num_ahead_steps
-    finally:
-        await engine.stop()
+    params = [SamplingParams(max_tokens=40 + 7 * (i % 5), ignore_eos=True,
+                             temperature=0.0 if i % 2 == 0 else 0.8, seed=i)
+              for i in range(32)]  # fmt: skip
+    prompts = [[100 + (i * 13 + j) % 5000 for j in range(64)] for i in range(32)]
+    out = await generate_all(engine, prompts, params)
+    return out, engine.dispatcher.num_ahead_steps
 
 
 async def test_decode_ahead_on_the_gpu_is_token_identical():

@@ -41,14 +41,14 @@ def _config(follow: bool | None) -> EngineConfig:
 
 
 async def _run(follow: bool | None) -> tuple[list[list[int]], AsyncEngine]:
+    from helpers import generate_all, pin_costs  # tests/ (on the path under pytest, or by __main__)
+
     engine = AsyncEngine(_config(follow))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 500, int(rng.integers(8, 300))).tolist() for _ in range(16)]
     fed: list[int] = []
     drafter = engine.core.spec.drafter
     if drafter is not None:
-        from helpers import pin_costs  # tests/ (on the path under pytest, or by __main__ below)
-
         # The drafter is the target itself: on its calibrated costs a round never pays and the
         # policy speculates for nobody. On a memory-bound shape (drafter steps cheap) it does.
         pin_costs(engine.core.costs)
@@ -59,23 +59,12 @@ async def _run(follow: bool | None) -> tuple[list[list[int]], AsyncEngine]:
 
         drafter.follow_iter = follow_iter
 
-    async def one(i: int) -> list[int]:
-        await asyncio.sleep(0.01 * i)  # arrivals spread: prompt steps beside running rounds
-        params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0)
-        return [t async for out in engine.generate(f"r{i}", prompts[i], params)
-                for t in out.new_token_ids]  # fmt: skip
-
-    try:
-        out = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(16))), 300)
-        engine.check_integrity()
-        assert engine.kv_usage == 0
-        if drafter is not None:
-            drafter.release_held(wait=True)  # the follow stream may still write to them
-            assert drafter.kv.usage == 0
-        engine.fed = sum(fed)  # type: ignore[attr-defined]
-        return out, engine
-    finally:
-        await engine.stop()
+    params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0)
+    # arrivals spread: prompt steps beside running rounds
+    out = await generate_all(engine, prompts, params, timeout=300,
+                             delays=[0.01 * i for i in range(16)])  # fmt: skip
+    engine.fed = sum(fed)  # type: ignore[attr-defined]
+    return out, engine
 
 
 def test_the_drafter_following_prompt_steps_on_the_gpu_drafts_from_the_right_kv():

@@ -11,6 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from helpers import generate_all
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -58,22 +59,12 @@ async def _run(carveout: int) -> tuple[list[list[int]], int]:
     rng = np.random.default_rng(1)
     lengths = [32] * 4 + [int(n) for n in rng.integers(200, 600, 8)]
     prompts = [rng.integers(0, 500, n).tolist() for n in lengths]
-
-    async def one(i: int) -> list[int]:
-        # four long generations first; the long prompts arrive while they decode
-        await asyncio.sleep(0.0 if i < 4 else 0.02 + 0.005 * i)
-        params = SamplingParams(max_tokens=400 if i < 4 else 32, ignore_eos=True,
-                                temperature=0.0)  # fmt: skip
-        return [t async for out in engine.generate(f"r{i}", prompts[i], params)
-                for t in out.new_token_ids]  # fmt: skip
-
-    try:
-        out = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(12))), 300)
-        engine.check_integrity()
-        assert engine.kv_usage == 0
-        return out, engine.executor.num_carved
-    finally:
-        await engine.stop()
+    # four long generations first; the long prompts arrive while they decode
+    params = [SamplingParams(max_tokens=400 if i < 4 else 32, ignore_eos=True, temperature=0.0)
+              for i in range(12)]  # fmt: skip
+    delays = [0.0 if i < 4 else 0.02 + 0.005 * i for i in range(12)]
+    out = await generate_all(engine, prompts, params, timeout=300, delays=delays)
+    return out, engine.executor.num_carved
 
 
 def test_prompts_beside_decode_rows_run_carved_to_the_plain_tokens() -> None:
