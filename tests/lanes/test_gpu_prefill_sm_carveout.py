@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from helpers import generate_all
+from helpers import assert_engine_clean
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -59,11 +59,25 @@ async def _run(carveout: int) -> tuple[list[list[int]], int]:
     rng = np.random.default_rng(1)
     lengths = [32] * 4 + [int(n) for n in rng.integers(200, 600, 8)]
     prompts = [rng.integers(0, 500, n).tolist() for n in lengths]
-    # four long generations first; the long prompts arrive while they decode
     params = [SamplingParams(max_tokens=400 if i < 4 else 32, ignore_eos=True, temperature=0.0)
               for i in range(12)]  # fmt: skip
-    delays = [0.0 if i < 4 else 0.02 + 0.005 * i for i in range(12)]
-    out = await generate_all(engine, prompts, params, timeout=300, delays=delays)
+    decoding = asyncio.Event()  # the four long generations have tokens: rows are decoding
+
+    async def one(i: int) -> list[int]:
+        if i >= 4:
+            await decoding.wait()  # the long prompts arrive while the four rows decode
+        out: list[int] = []
+        async for delta in engine.generate(f"r{i}", prompts[i], params[i]):
+            out += delta.new_token_ids
+            if i < 4 and len(out) >= 8:
+                decoding.set()
+        return out
+
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(12))), 300)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
     return out, engine.executor.num_carved
 
 
