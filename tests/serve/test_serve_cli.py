@@ -71,6 +71,14 @@ def test_all_options_reach_the_config() -> None:
         config_from_args(parse("--draft-model", "dummy:tiny", "--synthetic-acceptance", "2"))
 
 
+def test_the_carveout_flag_takes_precedence_over_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VERIFYPD_PREFILL_SM_CARVEOUT", "8")
+    assert config_from_args(parse()).prefill_sm_carveout == 8
+    assert config_from_args(parse("--prefill-sm-carveout", "0")).prefill_sm_carveout == 0
+
+
 def test_limit_flags_reach_the_limits_and_the_config() -> None:
     args = parse(
         "--max-request-bytes", "1000", "--request-read-timeout", "2.5", "--max-prompt-chars",

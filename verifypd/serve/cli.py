@@ -72,9 +72,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag, name, kind, text in SCHEDULER_FLAGS:
         add(flag, type=kind, default=getattr(SchedulerConfig, name), help=text,
             metavar="N|none" if kind is int_or_none else None)  # fmt: skip
-    add("--prefill-sm-carveout", type=int, default=EngineConfig.prefill_sm_carveout,
+    add("--prefill-sm-carveout", type=int, default=None, metavar="N",
         help="SMs a prompt step's GEMMs leave to the decode lanes while decode rows run "
-             "(GPU; 0: all SMs; lower ITL beside prompt steps, slower prompt steps)")  # fmt: skip
+             "(GPU; default 0: all SMs; lower ITL beside prompt steps, slower prompt steps; "
+             "overrides VERIFYPD_PREFILL_SM_CARVEOUT)")  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -204,8 +205,17 @@ def config_from_args(
         ),
         spec=spec,
         max_logprobs=args.max_logprobs,
-        **{"prefill_sm_carveout": args.prefill_sm_carveout, **env_overrides(os.environ)},
+        **engine_overrides(args),
     )
+
+
+def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """EngineConfig fields from the environment (``config.env_overrides``), a flag given on the
+    command line taking precedence over its variable."""
+    out: dict[str, object] = env_overrides(os.environ)
+    if args.prefill_sm_carveout is not None:
+        out["prefill_sm_carveout"] = args.prefill_sm_carveout
+    return out
 
 
 def cors_from_args(args: argparse.Namespace) -> CorsConfig:
