@@ -115,6 +115,10 @@ def test_the_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
                            scheduler=SimpleNamespace(running=[]))  # fmt: skip
     with pytest.raises(ValueError, match="no SMs of 100"):
         ex.StreamExecutor(core, None, ex.LaneStreams(torch.device("cpu")))
+    monkeypatch.delattr(torch._C, "_set_sm_carveout_experimental")  # a torch without it
+    with pytest.raises(ValueError, match="has no SM carve-out"):
+        _executor(monkeypatch, 16, [])
+    assert _executor(monkeypatch, 0, [])[0].carveout == 0  # off: not needed
     assert env_overrides({"VERIFYPD_PREFILL_SM_CARVEOUT": "16"}) == {"prefill_sm_carveout": 16}
     with pytest.raises(ValueError, match="VERIFYPD_PREFILL_SM_CARVEOUT"):
         env_overrides({"VERIFYPD_PREFILL_SM_CARVEOUT": "-4"})

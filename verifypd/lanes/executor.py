@@ -125,6 +125,9 @@ class StreamExecutor:
         self.slice_layers = core.config.prefill_slice_layers
         self.carveout = core.config.prefill_sm_carveout
         if self.carveout:
+            if not hasattr(torch._C, "_set_sm_carveout_experimental"):  # an experimental API
+                raise ValueError(f"prefill_sm_carveout: torch {torch.__version__} has no SM "
+                                 "carve-out for cuBLAS (set it to 0)")  # fmt: skip
             sms = torch.cuda.get_device_properties(core.device).multi_processor_count
             if self.carveout >= sms:
                 raise ValueError(
