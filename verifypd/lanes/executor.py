@@ -174,14 +174,19 @@ class StreamExecutor:
         finally:
             self._behind_task = None
 
-    @contextlib.contextmanager
-    def _context(self, lane: str) -> Generator[None, None, None]:
+    def _context(self, lane: str) -> contextlib.AbstractContextManager:
         """The lane's stream and, for a prompt lane while decode rows are running, the GEMMs'
         SM carve-out (EngineConfig.prefill_sm_carveout): decode then keeps SMs the prompt's
-        GEMMs do not take; with nothing decoding the prompt step has them all."""
-        carve = self.carveout if lane in PROMPT_LANES and self._decoding() else 0
-        self.num_carved += bool(carve)
-        with self.streams.context(lane), gemm_sm_carveout(carve):
+        GEMMs do not take; with nothing decoding the prompt step has them all. With the
+        carve-out off (the default) the stream alone: nothing more on any launch."""
+        if self.carveout and lane in PROMPT_LANES and self._decoding():
+            self.num_carved += 1
+            return self._carved(lane)
+        return self.streams.context(lane)
+
+    @contextlib.contextmanager
+    def _carved(self, lane: str) -> Generator[None, None, None]:
+        with self.streams.context(lane), gemm_sm_carveout(self.carveout):
             yield
 
     def _decoding(self) -> bool:
