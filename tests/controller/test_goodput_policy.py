@@ -737,3 +737,78 @@ def test_waiting_rider_max_steps_is_validated(bad):
 def test_catch_up_every_steps_is_validated(bad):
     with pytest.raises(ValueError, match="catch_up_every_steps"):
         SpecConfig(catch_up_every_steps=bad)
+
+
+def _slot_batch(**goodput):
+    """Four requests that accept 0.9 beside four that may not speculate, on a GPU where a
+    drafted round costs a plain rider ~20 % more than its own plain step."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.4e-3)
+    policy = _policy(shape, rider_slack=0.05, padded_fused=True, **goodput)
+    spec = _add(policy, 4)
+    plain = _add(policy, 4, start=4, speculate=False)
+    for i in spec:
+        _teach(policy, i, 0.9)
+    return policy, spec, plain
+
+
+@pytest.mark.parametrize("slack", [None, 0.5])
+@pytest.mark.parametrize("full", [False, True])
+def test_under_slot_pressure_plain_riders_may_wait_up_to_the_slot_slack(slack, full):
+    """With the running batch full and requests waiting for a slot, the batch's tokens per
+    second is the rate slots free up: riders may wait (1 + slot_rider_slack) plain steps. Not
+    without slot pressure, and not without the setting."""
+    policy, spec, plain = _slot_batch(slot_rider_slack=slack)
+    d = policy.decide(_views(spec + plain), LoadSignals(slots_full=full))
+    if slack is None or not full:
+        assert d.reason == "no_gain" and not any(d.draft_lens.values())
+        return
+    assert d.reason == "slot_pressure" and policy.decisions["slot_pressure"] == 1
+    assert all(d.draft_lens[i] == d.draft_len > 0 for i in spec)
+    assert all(d.draft_lens[i] == 0 for i in plain)
+    # the plain rows wait for the whole step: more than the usual bound, within the slot one
+    assert 1.05 * d.plain_step_s < d.predicted_step_s <= 1.5 * d.plain_step_s * (1 + 1e-9)
+    # the speculators' own guard is unchanged: no slower per token than plain decoding
+    assert d.predicted_step_s / expected_tokens(0.9, d.draft_len) < d.plain_step_s
+
+
+def test_a_slot_pressure_plan_still_needs_to_beat_plain_decoding():
+    """Slot pressure relaxes the riders' bound only: requests that accept little still do not
+    speculate (no plan beats plain tokens per second)."""
+    policy, spec, plain = _slot_batch(slot_rider_slack=4.0)
+    for i in spec:
+        _teach(policy, i, 0.05, seed=i)
+    d = policy.decide(_views(spec + plain), LoadSignals(slots_full=True))
+    assert d.reason == "no_gain" and d.draft_len == 0
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_prompt_waiting_for_a_slot_does_not_stop_speculation(full):
+    """The prefill-pressure rule is for prompts waiting for prefill compute; under slot
+    pressure the waiting prompt waits for a slot, which speculation frees sooner."""
+    policy = _policy(prefill_wait_guard_s=0.25, slot_rider_slack=0.25)
+    ids = _add(policy, 3)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    d = policy.decide(_views(ids), LoadSignals(prefill_wait_s=0.4, slots_full=full))
+    assert d.reason == ("slot_pressure" if full else "prefill_pressure")
+    assert (d.draft_len > 0) is full
+
+
+def test_a_held_no_gain_verdict_ends_when_slot_pressure_begins():
+    """A "no gain" verdict is held for a few steps while the candidates stay the same; the
+    slot state is part of what it was reached under."""
+    policy, spec, plain = _slot_batch(slot_rider_slack=0.5, no_gain_hold_steps=8)
+    views = _views(spec + plain)
+    assert policy.decide(views, LoadSignals(slots_full=False)).reason == "no_gain"
+    searches = policy.num_searches
+    assert policy.decide(views, LoadSignals(slots_full=False)).reason == "no_gain"
+    assert policy.num_searches == searches  # held
+    assert policy.decide(views, LoadSignals(slots_full=True)).reason == "slot_pressure"
+
+
+def test_slot_rider_slack_is_validated():
+    with pytest.raises(ValueError, match="slot_rider_slack"):
+        GoodputConfig(slot_rider_slack=-0.1)
+    for bad in (-0.1, 5.0, True):
+        with pytest.raises(ValueError, match="slot_rider_slack"):
+            SpecConfig(slot_rider_slack=bad)
