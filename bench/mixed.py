@@ -316,9 +316,6 @@ MODES = {
     "policy-slots25": _policy_with(spec=(("slot_rider_slack", 0.25),)),
     "policy-slots50": _policy_with(spec=(("slot_rider_slack", 0.5),)),
     "policy-noslots": _policy_with(spec=(("slot_rider_slack", None),)),
-    "policy-slots50-follow": _policy_with(
-        spec=(("slot_rider_slack", 0.5), ("follow_prefill", True))
-    ),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]
