@@ -310,12 +310,6 @@ MODES = {
     "policy-riders-eager": _policy_with(
         spec=(("waiting_riders_exempt", True), ("catch_up_chunk", 0))
     ),
-    # Slot pressure (SpecConfig.slot_rider_slack): while requests wait for a sequence slot,
-    # plain riders may wait 1.25 / 1.5 plain steps and a long-waiting prompt does not stop
-    # speculation (the rates past the knee, where goodput separates modes).
-    "policy-slots25": _policy_with(spec=(("slot_rider_slack", 0.25),)),
-    "policy-slots50": _policy_with(spec=(("slot_rider_slack", 0.5),)),
-    "policy-noslots": _policy_with(spec=(("slot_rider_slack", None),)),
 }
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

@@ -381,12 +381,6 @@ class SpecConfig:
     # the best other mode in 50 of 80 checks against 60 without; with follow_prefill it cut
     # the speculative tokens beside prompt steps from 48 % to 0.7 % (ITL p99 1.15x `off`).
     contention_costs: bool = False
-    # Slot pressure: while requests wait for a sequence slot (the running batch at
-    # max_num_seqs), the goodput policy lets plain rows ride in a speculating step up to
-    # (1 + this) plain steps, and a prompt's long wait (a wait for a slot) does not stop
-    # speculation: the batch's tokens per second is then the rate slots free up
-    # (GoodputConfig.slot_rider_slack). None: slot pressure changes nothing.
-    slot_rider_slack: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -423,9 +417,6 @@ class SpecConfig:
             )
         if not (0.0 <= self.guard_slack <= 1.0 and 0.0 <= self.rider_slack <= 1.0):
             raise ValueError("guard_slack and rider_slack must be in [0, 1]")
-        slot = self.slot_rider_slack
-        if slot is not None and (isinstance(slot, bool) or not 0.0 <= slot <= 4.0):
-            raise ValueError(f"slot_rider_slack must be in [0, 4] (or None), got {slot!r}")
         if self.max_step_ratio is not None and self.max_step_ratio < 1.0:
             raise ValueError(f"max_step_ratio must be >= 1 (or None), got {self.max_step_ratio!r}")
         if self.catch_up_round_tokens is not None and self.catch_up_round_tokens < 1:

@@ -126,34 +126,6 @@ async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(re
     assert engine.core.spec.num_drafted <= 3 * len(PROMPTS)  # probes at most
 
 
-@pytest.mark.parametrize("budget", [32, 64], ids=["slot-free", "slots-full"])
-async def test_the_policy_sees_slot_pressure_while_requests_wait_for_a_slot(reference, budget):
-    """Three slots for four requests. Prompts admitted 64 tokens a step fill the three slots
-    while the fourth waits: the policy's load says so (``slots_full``) and its plans count as
-    slot-pressure decisions. Admitted 32 tokens a step, requests wait for their prefill with
-    a slot free: no slot pressure. Lossless either way."""
-    sched = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=budget)
-    engine = _engine(scheduler=sched)
-    engine.core.controller.goodput = type(engine.core.controller.goodput)(slot_rider_slack=0.5)
-    policy, core = engine.core.controller, engine.core
-    seen = []
-    decide = policy.decide
-
-    def decide_spy(batch, load=None):
-        seen.append((len(core.running), len(core.waiting), load.slots_full))
-        return decide(batch, load)
-
-    policy.decide = decide_spy
-    assert await _run(engine) == reference
-    assert all(full == (waiting > 0 and running >= 3) for running, waiting, full in seen)
-    assert not seen[-1][2]
-    if budget == 64:
-        assert any(full for *_, full in seen) and policy.decisions["slot_pressure"] > 0
-    else:
-        assert any(waiting for _, waiting, _ in seen)  # waiting, with a slot free
-        assert policy.decisions["slot_pressure"] == 0
-
-
 def test_prefill_budget_follows_the_step_target():
     target = tiny_config(scheduler=SchedulerConfig(prefill_step_target_s=0.01005,
                                                    min_prefill_budget=16))  # fmt: skip

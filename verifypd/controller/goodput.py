@@ -25,14 +25,6 @@ No speculation at all when the measured p95 decode step is above its target, whe
 waited for its prefill past ``prefill_wait_guard_s``, or when the batch is larger than the
 verify graphs (``max_spec_rows``).
 
-**Slot pressure** (``slot_rider_slack``; ``LoadSignals.slots_full``): when requests wait for a
-sequence slot because the running batch is full, the time a request holds its slot is what each
-of them waits for, and the batch's tokens per second is the rate at which slots free up. Then
-plain riders may wait up to (1 + ``slot_rider_slack``) plain steps, and a prompt that has waited
-past ``prefill_wait_guard_s`` does not stop speculation: it waits for a slot, which speculation
-frees sooner, not for prefill compute. The guard on each speculating request's time per token
-is unchanged.
-
 **Zero cost when speculation does not pay.** Every verify updates the population's acceptance
 (an EWMA over all requests whose prior counts as ``population_prior_count`` verifies; a new
 request's α̂ starts there). When it falls below
@@ -80,7 +72,6 @@ REASONS = (
     "batch_too_large",  # more rows than the verify graphs hold
     "probe",  # a probe of parked requests was drafted
     "catch_up",  # a catch-up round: drafters far behind fed their context
-    "slot_pressure",  # a plan beat plain decoding while requests waited for a sequence slot
 )
 
 
@@ -190,11 +181,6 @@ class GoodputConfig:
     # verify, mixed and draft steps measured beside prompt steps. A round beside a prompt chunk
     # is judged on what it costs there, not on the GPU to itself.
     contention_costs: bool = False
-    # Slot pressure (``LoadSignals.slots_full``: requests wait for a sequence slot): plain rows
-    # may ride in a speculating step up to (1 + this) plain steps, and the prefill-pressure
-    # rule does not apply (the waiting prompts wait for a slot, not for prefill compute).
-    # None: slot pressure changes nothing.
-    slot_rider_slack: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -214,10 +200,6 @@ class GoodputConfig:
             (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
             (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
-            (
-                self.slot_rider_slack is None or self.slot_rider_slack >= 0.0,
-                "slot_rider_slack >= 0 (or None)",
-            ),  # fmt: skip
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
             (
@@ -250,7 +232,6 @@ class SeqView:
 class LoadSignals:
     prefill_wait_s: float | None = None  # the oldest waiting prompt's wait; None: none waits
     prefill_running: bool = False  # a prefill step in flight, or prompts waiting for one
-    slots_full: bool = False  # requests wait for a sequence slot: the running batch is full
 
 
 @dataclass
@@ -383,8 +364,7 @@ class GoodputPolicy(DraftController):
     ) -> BatchDecision:
         off = {v.seq_id: 0 for v in batch}
         g = self.goodput
-        slots = g.slot_rider_slack is not None and load.slots_full
-        rule = self._blocking_rule(len(batch), load, slots)
+        rule = self._blocking_rule(len(batch), load)
         if rule is not None:
             return BatchDecision(off, False, rule)
         cands = self._candidates(batch, load)
@@ -393,19 +373,14 @@ class GoodputPolicy(DraftController):
         no_gain = BatchDecision(off, False, "no_gain", predicted_step_s=t0,
                                 predicted_tokens=float(len(batch)))  # fmt: skip
         held = self._no_gain
-        key = None
-        if held is not None and self.num_steps < held[1]:
-            key = self._key(batch, cands, slots)
-            if held[0] == key:
-                return no_gain
+        if held is not None and self.num_steps < held[1] and held[0] == self._key(batch, cands):
+            return no_gain
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
-        slack = g.slot_rider_slack if slots else g.rider_slack
-        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0, contended, slack)
+        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0, contended)
         if best is None:
-            key = key or self._key(batch, cands, slots)
-            self._no_gain = (key, self.num_steps + g.no_gain_hold_steps)
+            self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
         self._no_gain = None
         chosen = cands[: best.k]
@@ -417,30 +392,25 @@ class GoodputPolicy(DraftController):
             self._probed |= probes
             self._next_probe = self.num_steps + self._probe_interval
         reason = "probe" if probes and len(probes) == len(chosen) else "speculate"
-        if slots and reason == "speculate":
-            reason = "slot_pressure"
         if any(c.far for c in chosen):
             self._next_catch_up = self.num_steps + g.catch_up_every_steps
             reason = "catch_up"
         return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
 
-    def _key(self, batch: list[SeqView], cands: list[_Candidate], slots: bool) -> tuple:
+    def _key(self, batch: list[SeqView], cands: list[_Candidate]) -> tuple:
         """What a "no gain" verdict depends on besides the costs' levels (built only while a
         verdict is held or being stored, not on the steps that speculate)."""
         bucket = self.goodput.alpha_bucket
         rows = ((c.seq_id, int(c.alpha / bucket), c.far, c.last, c.probe) for c in cands)
-        return (len(batch), self._waiting, slots, *rows)
+        return (len(batch), self._waiting, *rows)
 
-    def _blocking_rule(self, rows: int, load: LoadSignals, slots: bool) -> str | None:
-        """The rule that keeps this step plain, if any. Under slot pressure (``slots``) a
-        prompt's long wait is for a slot, so it does not block speculation."""
+    def _blocking_rule(self, rows: int, load: LoadSignals) -> str | None:
         g = self.goodput
         p95 = self.decode_latency.percentile(95.0)
         if p95 is not None and p95 > self.config.p95_decode_target_s:
             return "latency_guard"
         guard = g.prefill_wait_guard_s
-        waited = load.prefill_wait_s
-        if guard is not None and waited is not None and waited > guard and not slots:
+        if guard is not None and load.prefill_wait_s is not None and load.prefill_wait_s > guard:
             return "prefill_pressure"
         if g.yield_to_prefill and load.prefill_running:
             return "prefill_running"
@@ -518,20 +488,14 @@ class GoodputPolicy(DraftController):
         return out
 
     def _best_plan(
-        self,
-        rows: int,
-        cands: list[_Candidate],
-        t0: float,
-        floor: float,
-        contended: bool,
-        rider_slack: float,
+        self, rows: int, cands: list[_Candidate], t0: float, floor: float, contended: bool
     ) -> _Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
-        tokens per second (None: none does), every step priced ``contended`` or not, plain
-        riders waiting at most (1 + ``rider_slack``) plain steps. Work per step is
-        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step."""
+        tokens per second (None: none does), every step priced ``contended`` or not. Work per
+        step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
+        step."""
         g, c = self.goodput, contended
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
@@ -561,7 +525,7 @@ class GoodputPolicy(DraftController):
                 bound = min(limit * least, cap)
                 # plain rows wait for their one token: the whole step, or (drafts beside the
                 # decode step) their own decode step
-                riders = (1.0 + rider_slack) * t0 if k + exempt < rows else math.inf
+                riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
                 for fused, step_s in self._step_times(rows, k, L, draft_s, c):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + one_off / g.amortize_steps)

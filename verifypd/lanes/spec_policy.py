@@ -60,7 +60,6 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
         drafts_beside_decode=spec.drafts_beside_decode,
         contention_costs=spec.contention_costs,
-        slot_rider_slack=spec.slot_rider_slack,
     )
 
 
@@ -142,8 +141,7 @@ class SpeculationPolicy(SpecListener):
         ]
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
-        full = bool(waiting) and len(self.core.running) >= self.core.scheduler.max_num_seqs
-        load = LoadSignals(prefill_wait_s=wait, prefill_running=prefill_running, slots_full=full)
+        load = LoadSignals(prefill_wait_s=wait, prefill_running=prefill_running)
         decision = self.controller.decide(views, load)
         self.core.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
         return decision.draft_lens, decision.fused
