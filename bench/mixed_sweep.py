@@ -39,7 +39,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sweep (issue 14): --sweep, see bench/sweep.py")
     g.add_argument("--sweep", action="store_true", help="rates x profiles x temperatures")
     # Light load to just below the knee of the default mix on an H100 (7B + 0.5B, 64 slots):
-    # `off` and the policy meet the SLO for 91-98 % of requests at 26 req/s and 28-38 % at 32
+    # `off` and the policy meet the SLO for 91-98 % of requests at 26 req/s and 28-33 % at 32
     # (docs/performance.md, 75ebe42 / e5932b9). Before 2026-11-27: 2,5,8,11,14.
     g.add_argument("--rates", type=csv_floats, default=[2.0, 8.0, 14.0, 20.0, 26.0], help="req/s")
     g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
