@@ -116,7 +116,8 @@ class Attention(nn.Module):
         q = self.ops.rope_store_kv(
             q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping
         )
-        out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        # k now holds the rotated keys (rope_store_kv rotates it in place)
+        out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale, k, v)  # [T, Hq, D]
         out = out.reshape(num_tokens, self.num_heads * self.head_dim)
         return self.ops.linear(out, self.o_proj.weight, None, residual)
 

@@ -35,11 +35,20 @@ def _flat_slots(cache: Tensor) -> Tensor:
 
 
 def paged_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, scale: float
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    k_new: Tensor | None = None,
+    v_new: Tensor | None = None,
 ) -> Tensor:
     """Causal attention of the packed query tokens over each sequence's paged KV (GQA).
 
     q: [T, Hq, D]; caches [num_blocks, block_size, Hkv, D], Hq a multiple of Hkv -> [T, Hq, D].
+    ``k_new``, ``v_new`` [T, Hkv, D]: the same tokens' rotated keys and values, equal to what
+    ``rope_store_kv`` stored for them; a kernel may read them instead of those cache slots
+    (this reference reads the cache).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
@@ -180,13 +189,15 @@ def rope_store_kv(
     v_cache: Tensor,
     slot_mapping: Tensor,
 ) -> Tensor:
-    """``rope`` then ``store_kv``: write the rotated k and v into the cache, return rotated q.
+    """``rope`` then ``store_kv``: write the rotated k and v into the cache and the rotated k
+    back into k (as the fused kernel does), return rotated q.
 
     q: [T, Hq, D]; k, v: [T, Hkv, D]; positions, slot_mapping: [T] int64 (slots < 0 are
     padding); cos_sin_cache: [max_pos, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]
-    -> q rotated [T, Hq, D] (a new tensor; q and k themselves are left as they are).
+    -> q rotated [T, Hq, D] (a new tensor; q itself is left as it is).
     """
-    q, k = rope(q, k, positions, cos_sin_cache)
+    q, k_rot = rope(q, k, positions, cos_sin_cache)
+    k.copy_(k_rot)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return q
 

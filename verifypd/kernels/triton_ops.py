@@ -80,11 +80,14 @@ class TritonOps:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        k_new: torch.Tensor | None = None,
+        v_new: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal GQA attention of the packed query tokens q [T, Hq, D] over the paged cache."""
+        """Causal GQA attention of the packed query tokens q [T, Hq, D] over the paged cache;
+        ``k_new``, ``v_new``: the same tokens' rotated keys and values (see ``reference``)."""
         if is_short_query(meta.max_query_len, q.shape[1], k_cache.shape[2]):
             return decode_attention(q, k_cache, v_cache, meta, scale, use_pdl=self.use_pdl)
-        return prefill_attention(q, k_cache, v_cache, meta, scale)
+        return prefill_attention(q, k_cache, v_cache, meta, scale, k_new=k_new, v_new=v_new)
 
     def linear(
         self,

@@ -2,9 +2,10 @@
 
 One launch instead of ``rope`` then ``store_kv``: one program per token reads its cos/sin row
 once, rotates all query heads in place (rotate-half, NeoX / HF style), writes the rotated key
-heads straight into the paged cache at the token's slot and copies the value heads there too.
-The rotated keys are not written back to the input buffer. A negative slot marks a padding
-token (CUDA-graph batches are padded): its query is still rotated, the caches are not touched.
+heads straight into the paged cache at the token's slot and back into the input buffer (where
+the prompt-attention kernel reads the step's own keys), and copies the value heads to the cache.
+A negative slot marks a padding token (CUDA-graph batches are padded): its query and key are
+still rotated, the caches are not touched.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from verifypd.kernels.triton_rope import load_cos_sin, rotate_in_place, rotated_
 @triton.jit
 def _rope_store_kv_kernel(
     q_ptr,  # [T, Hq, D], rotated in place
-    k_ptr,  # [T, Hkv, D], read only
+    k_ptr,  # [T, Hkv, D], rotated in place
     v_ptr,  # [T, Hkv, D], read only
     positions_ptr,  # [T] int64
     cos_sin_ptr,  # [max_pos, D] = [cos(D/2) | sin(D/2)]
@@ -67,13 +68,19 @@ def _rope_store_kv_kernel(
     num_heads_written = tl.where(slot >= 0, num_kv_heads, 0)
     is_head_written = offs_hk[:, None] < num_heads_written  # [Hkv_pad, 1]
 
-    # k: rotated in registers, stored only into the cache. Rounded to k's dtype first so that
-    # the cache holds what rope-then-store_kv would have written.
+    # k: rotated in registers, written back in place (padding tokens included) and into the
+    # cache, rounded to k's dtype first so that the cache holds what rope-then-store_kv would
+    # have written.
+    k_heads = (offs_hk[:, None] < num_kv_heads) & (offs_d[None, :] < HALF_DIM)  # [Hkv_pad, D/2]
     k_mask = is_head_written & (offs_d[None, :] < HALF_DIM)  # [Hkv_pad, D/2]
     k1_ptrs = k_ptr + t * stride_k_t + offs_hk[:, None] * stride_k_h + offs_d[None, :]
-    k1, k2 = rotated_halves(k1_ptrs, k_mask, cos, sin, HALF_DIM)
-    k1_rot = k1.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-    k2_rot = k2.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+    k1, k2 = rotated_halves(k1_ptrs, k_heads, cos, sin, HALF_DIM)
+    k1_rot = k1.to(k_ptr.dtype.element_ty)
+    k2_rot = k2.to(k_ptr.dtype.element_ty)
+    tl.store(k1_ptrs, k1_rot, mask=k_heads)
+    tl.store(k1_ptrs + HALF_DIM, k2_rot, mask=k_heads)
+    k1_rot = k1_rot.to(k_cache_ptr.dtype.element_ty)
+    k2_rot = k2_rot.to(k_cache_ptr.dtype.element_ty)
     dst_k = block_id * stride_kc_b + offset * stride_kc_s + offs_hk[:, None] * stride_kc_h
     kc1_ptrs = k_cache_ptr + dst_k + offs_d[None, :]
     tl.store(kc1_ptrs, k1_rot, mask=k_mask)
@@ -102,11 +109,12 @@ def rope_store_kv(
     *,
     use_pdl: bool = True,
 ) -> torch.Tensor:
-    """Rotate q [T, Hq, D] in place, store rotated k and v [T, Hkv, D] at ``slot_mapping``.
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place, store the rotated k and v [T, Hkv, D] at
+    ``slot_mapping``.
 
     positions, slot_mapping: [T] int64 (slot < 0: padding, caches untouched); cos_sin_cache:
     [max_pos, D]; caches: [num_blocks, block_size, Hkv, D]. q, k, v may be strided views (e.g.
-    slices of a fused qkv projection); k and v are not modified. Returns q. No host sync.
+    slices of a fused qkv projection); v is not modified. Returns q. No host sync.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
