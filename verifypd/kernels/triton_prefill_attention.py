@@ -2,7 +2,8 @@
 
 Sequence b has q_len = query_start_loc[b+1] - query_start_loc[b] new tokens at positions
 seq_len - q_len .. seq_len - 1; each attends causally to every earlier position. store_kv has
-already written the new tokens' K/V, so all keys come from the paged cache via the block table.
+already written the new tokens' K/V, so every key can come from the paged cache via the block
+table (the new tokens' own keys may come from their qkv rows instead, below).
 
 Grid (query tiles, B, Hkv). GQA head packing: a tile's BLOCK_M rows are (token, head) pairs,
 TOKENS_PER_TILE = BLOCK_M // G consecutive query tokens times the G query heads of one KV head,
@@ -16,10 +17,12 @@ The new tokens' own keys and values can be read from where the projection left t
 of through the block table: plain strided rows, which Triton's pipeliner prefetches (with three
 stages), where the paged gather waits on each tile's block ids. The cached prefix still comes
 from the pages. Query tiles run last-first: under the causal mask a later tile has more keys,
-and starting the longest first leaves no long tile alone in the last wave. On an H100 (7B heads,
-``.gpu``-scratch A/B in docs/performance.md) the two took a 2,048-token prompt's attention
-from 0.205 to 0.133 ms a layer (torch's flash SDPA: 0.094), a 4,096-token one from 0.469 to
-0.345.
+and starting the longest first leaves no long tile alone in the last wave. On an H100 (7B heads)
+the three took one layer's attention over a 2,048-token prompt from 0.205 to 0.133 ms and over
+4,096 tokens from 0.469 to 0.345 (torch's flash SDPA: 0.094 / 0.254), and a 7B prompt step's
+attention from 3.6 to 2.6 ms (2,048 tokens) and 12.6 to 9.9 ms (4,096):
+bench/results/kernels/prefill-attention-variants-nvidia-h100-32502ff.json and
+bench/results/profile/profile_prefill-nvidia-h100-80gb-hbm3-{base-32502ff,new-ef86447}-*.json.
 """
 
 from __future__ import annotations
