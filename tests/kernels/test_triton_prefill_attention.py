@@ -107,3 +107,11 @@ def test_prefill_k_new_and_v_new_come_together(target, paged_case):
     k_new, _ = _new_token_kv(case, 4)
     with pytest.raises(AssertionError, match="together"):
         prefill_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2, k_new=k_new)
+
+
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_prefill_new_tokens_after_long_prefixes(target, paged_case, block_size):
+    # Prefixes of 300 (two whole 128-key prefix tiles and a partial one), 129 (one and one key)
+    # and 256 tokens (two, no partial tile): the prefix loop's block ids loaded a tile ahead.
+    case = paged_case(target, [20, 3, 70], [320, 132, 326], 14, 2, 32, block_size, seed=5)
+    _check_reads_new_tokens_from_k_new(target, case, 14, 0.2)

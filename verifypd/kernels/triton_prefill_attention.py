@@ -136,6 +136,51 @@ def attend_range(
 
 
 @triton.jit
+def attend_prefix(
+    q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr,
+    prefix_end,  # keys [0, prefix_end) are the cached prefix, visible to every row
+    q_pos, kv_head, qk_scale,
+    stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over a sequence's cached prefix: whole tiles with each tile's block ids
+    loaded one tile ahead (so the keys' loads do not wait on them and the pipeliner can run
+    ahead), then the partial last tile masked."""
+    full = prefix_end // BLOCK_N * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_block = offs_n % BLOCK_SIZE  # tiles start at multiples of BLOCK_N, of BLOCK_SIZE too
+    block_ids = tl.load(table_row_ptr + offs_n // BLOCK_SIZE, mask=offs_n < full, other=0)
+    for tile_start in range(0, full, BLOCK_N):
+        following = tile_start + BLOCK_N + offs_n
+        next_ids = tl.load(table_row_ptr + following // BLOCK_SIZE, mask=following < full, other=0)
+        ids = block_ids.to(tl.int64)
+        k_off = ids * stride_kc_b + in_block * stride_kc_s + kv_head * stride_kc_h
+        v_off = ids * stride_vc_b + in_block * stride_vc_s + kv_head * stride_vc_h
+        k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :])  # [BLOCK_N, D]
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+        block_ids = next_ids
+    for tile_start in range(full, prefix_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, tile_start, q_pos,
+            prefix_end, kv_head, qk_scale, stride_kc_b, stride_kc_s, stride_kc_h,
+            stride_vc_b, stride_vc_s, stride_vc_h, HEAD_DIM, BLOCK_SIZE, BLOCK_N, True,
+            DOT_PRECISION,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
 def attend_new_tile(
     q, acc, m_i, l_i,
     k_new_ptr,  # [T, Hkv, D] rows of this step's tokens (keys already rotated)
@@ -240,13 +285,13 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = block_tables_ptr + b * stride_bt_b
     if NEW_CONTIG:
-        # The cached prefix from the pages (every key visible to every row) ...
+        # The cached prefix from the pages (every key visible to every row), in tiles twice
+        # as long ...
         prefix_end = tl.where(num_tok > 0, ctx_len, 0)
-        acc, m_i, l_i = attend_range(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, 0,
-            prefix_end // BLOCK_N * BLOCK_N, prefix_end, q_pos, kv_head, qk_scale,
-            stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s, stride_vc_h,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        acc, m_i, l_i = attend_prefix(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, prefix_end, q_pos, kv_head,
+            qk_scale, stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s,
+            stride_vc_h, HEAD_DIM, BLOCK_SIZE, 2 * BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         # ... then the new tokens' own rows: whole tiles before the tile's first token
         # unmasked, the diagonal masked.
