@@ -23,6 +23,9 @@ the three took one layer's attention over a 2,048-token prompt from 0.205 to 0.1
 attention from 3.6 to 2.6 ms (2,048 tokens) and 12.6 to 9.9 ms (4,096):
 bench/results/kernels/prefill-attention-variants-nvidia-h100-32502ff.json and
 bench/results/profile/profile_prefill-nvidia-h100-80gb-hbm3-{base-32502ff,new-ef86447}-*.json.
+With the new tokens' rows, the cached prefix runs in tiles of twice BLOCK_N keys with each
+tile's block ids loaded one tile ahead (``attend_prefix``): 1.0-1.4x over long prefixes on an
+H200 (bench/results/kernels/prefill-attention-prefix-variants-nvidia-h200-79ddd05.json).
 """
 
 from __future__ import annotations
