@@ -96,6 +96,13 @@ def attend_tile(
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] < kv_end)
         s = tl.where(visible, s, float("-inf"))
+    return fold_scores(s, v, acc, m_i, l_i, DOT_PRECISION)
+
+
+@triton.jit
+def fold_scores(s, v, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
+    """Folds one key tile's scores s [BLOCK_M, BLOCK_N] (scaled, log2 units, -inf where a row
+    does not see the key) and values v [BLOCK_N, D] into the rows' running online softmax."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # -inf only for a row that has seen no visible key yet (possible in a split-K chunk).
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -166,12 +173,7 @@ def attend_prefix(
         k = tl.load(k_cache_ptr + k_off[:, None] + offs_d[None, :])  # [BLOCK_N, D]
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :])
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = fold_scores(s, v, acc, m_i, l_i, DOT_PRECISION)
         block_ids = next_ids
     for tile_start in range(full, prefix_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(
@@ -215,13 +217,7 @@ def attend_new_tile(
     if MASKED:
         visible = (offs_j[None, :] <= tok[:, None]) & (offs_j[None, :] < num_new)
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_ref[:, None])
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    return fold_scores(s, v, acc, m_i, l_i, DOT_PRECISION)
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
