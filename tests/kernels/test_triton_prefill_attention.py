@@ -109,9 +109,27 @@ def test_prefill_k_new_and_v_new_come_together(target, paged_case):
         prefill_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2, k_new=k_new)
 
 
-@pytest.mark.parametrize("block_size", [16, 8])
+@pytest.mark.parametrize("block_size", [16, 8, 128])
 def test_prefill_new_tokens_after_long_prefixes(target, paged_case, block_size):
     # Prefixes of 300 (two whole 128-key prefix tiles and a partial one), 129 (one and one key)
     # and 256 tokens (two, no partial tile): the prefix loop's block ids loaded a tile ahead.
     case = paged_case(target, [20, 3, 70], [320, 132, 326], 14, 2, 32, block_size, seed=5)
     _check_reads_new_tokens_from_k_new(target, case, 14, 0.2)
+
+
+def test_launch_tiles_keep_shared_memory_bounded():
+    from verifypd.kernels.triton_prefill_attention import (
+        LONG_QUERY,
+        PrefillTiles,
+        default_prefill_tiles,
+        launch_tiles,
+    )
+
+    long, short = default_prefill_tiles(LONG_QUERY, 7, 128), default_prefill_tiles(512, 7, 128)
+    assert (long.num_stages, short.num_stages) == (3, 2)
+    assert launch_tiles(long, 16) == (64, 128, 3)  # the prefix in tiles of twice the keys
+    assert launch_tiles(short, 16) == (64, 128, 2)
+    # KV blocks of 128 tokens: the tiles follow them, no longer prefix tiles, two stages
+    assert launch_tiles(long, 128) == (128, 128, 2)
+    assert launch_tiles(default_prefill_tiles(LONG_QUERY, 2, 256), 16) == (32, 64, 3)
+    assert launch_tiles(PrefillTiles(128, 128, 8, 4), 16) == (128, 128, 2)

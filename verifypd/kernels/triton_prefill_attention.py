@@ -256,6 +256,7 @@ def _prefill_attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile, a multiple of BLOCK_SIZE
     DOT_PRECISION: tl.constexpr,
     NEW_CONTIG: tl.constexpr,  # the new tokens' keys from k_new / v_new, not the pages
+    PREFIX_N: tl.constexpr,  # keys per tile of the cached prefix (NEW_CONTIG)
 ):
     TOKENS_PER_TILE: tl.constexpr = BLOCK_M // GROUP_SIZE
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (last) query tiles first
@@ -284,13 +285,13 @@ def _prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = block_tables_ptr + b * stride_bt_b
     if NEW_CONTIG:
-        # The cached prefix from the pages (every key visible to every row), in tiles twice
-        # as long ...
+        # The cached prefix from the pages (every key visible to every row), in tiles of
+        # PREFIX_N keys ...
         prefix_end = tl.where(num_tok > 0, ctx_len, 0)
         acc, m_i, l_i = attend_prefix(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, prefix_end, q_pos, kv_head,
             qk_scale, stride_kc_b, stride_kc_s, stride_kc_h, stride_vc_b, stride_vc_s,
-            stride_vc_h, HEAD_DIM, BLOCK_SIZE, 2 * BLOCK_N, DOT_PRECISION,
+            stride_vc_h, HEAD_DIM, BLOCK_SIZE, PREFIX_N, DOT_PRECISION,
         )  # fmt: skip
         # ... then the new tokens' own rows: whole tiles before the tile's first token
         # unmasked, the diagonal masked.
@@ -344,6 +345,16 @@ def default_prefill_tiles(max_query_len: int, group_size: int, head_dim: int) ->
     return PrefillTiles(block_m, block_n, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
 
 
+def launch_tiles(tiles: PrefillTiles, block_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, PREFIX_N, stages) of a launch: BLOCK_N raised to the KV block size; the cached
+    prefix in tiles of twice that up to 128 keys; three stages only with tiles of at most 64
+    keys (three of 128-key K and V tiles and a 128-row Q tile fill an H100's shared memory)."""
+    block_n = max(tiles.block_n, block_size)
+    prefix_n = 2 * block_n if block_n <= 64 else block_n
+    stages = tiles.num_stages if block_n <= 64 else min(tiles.num_stages, 2)
+    return block_n, prefix_n, stages
+
+
 def prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -387,6 +398,7 @@ def prefill_attention(
     tiles = tiles or default_prefill_tiles(meta.max_query_len, group_size, head_dim)
     assert tiles.block_m >= group_size, "a row tile must hold a whole GQA group"
     grid = (triton.cdiv(meta.max_query_len, tiles.block_m // group_size), num_seqs, num_kv_heads)
+    block_n, prefix_n, stages = launch_tiles(tiles, block_size)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, k_new, v_new, out, meta.block_tables, meta.seq_lens,
         meta.query_start_loc, scale * LOG2E, q.stride(0), q.stride(1),
@@ -395,9 +407,8 @@ def prefill_attention(
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), meta.block_tables.stride(0),
         GROUP_SIZE=group_size, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=tiles.block_m, BLOCK_N=max(tiles.block_n, block_size),
-        DOT_PRECISION=dot_precision(q.dtype), NEW_CONTIG=contig,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_M=tiles.block_m, BLOCK_N=block_n, DOT_PRECISION=dot_precision(q.dtype),
+        NEW_CONTIG=contig, PREFIX_N=prefix_n, num_warps=tiles.num_warps, num_stages=stages,
     )  # fmt: skip
     return out
 
