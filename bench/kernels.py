@@ -219,12 +219,29 @@ def bench_split_kv(b: Bench, s: Shapes, batch: int, query_len: int, context: int
     return b.add(name, shape, timing, nbytes=nbytes, **extra, **check)
 
 
-def bench_prefill(b: Bench, s: Shapes, name: str, batch: int, query_len: int, context: int, **kw):
+def own_rows(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor):
+    """The new tokens' keys and values as the model hands them to the prompt attention: [T,
+    Hkv, D] views of one [T, 2 Hkv D] buffer (row stride as in a fused qkv projection), holding
+    what the cache holds at their slots."""
+    num_tokens, (num_kv_heads, head_dim) = q.shape[0], kc.shape[2:]
+    buf = q.new_empty(num_tokens, 2, num_kv_heads, head_dim)
+    buf[:, 0] = kc.flatten(0, 1)[slots]
+    buf[:, 1] = vc.flatten(0, 1)[slots]
+    return buf[:, 0], buf[:, 1]
+
+
+def bench_prefill(
+    b: Bench, s: Shapes, name: str, batch: int, query_len: int, context: int, pages=False, **kw
+):
+    """The prompt attention as the engine runs it: the step's own keys and values from their
+    rows (``pages``: every key through the block table, the path before ef86447)."""
     from verifypd.kernels import reference
     from verifypd.kernels.triton_prefill_attention import prefill_attention
 
     q, pool, meta = paged_batch(b, s, batch, query_len, context)
     kc, vc, scale = pool[0, 0], pool[0, 1], s.head_dim**-0.5
+    if not pages:
+        kw["k_new"], kw["v_new"] = own_rows(q, kc, vc, meta.slot_mapping)
     check = b.check(
         prefill_attention(q, kc, vc, meta, scale, **kw),
         reference.paged_attention(q, kc, vc, meta, scale),
@@ -232,6 +249,7 @@ def bench_prefill(b: Bench, s: Shapes, name: str, batch: int, query_len: int, co
     timing = b.measure(lambda: prefill_attention(q, kc, vc, meta, scale, **kw))
     tiles = kw.get("tiles")
     extra = {"tiles": None if tiles is None else vars(tiles).copy()}
+    extra["keys"] = "pages" if pages else "own rows"
     if name.startswith("verify"):  # memory-bound: a few query rows per K/V byte
         elem = torch.finfo(b.dtype).bits // 8
         extra["nbytes"] = attention_bytes(s, batch, query_len, context, elem)
@@ -314,6 +332,7 @@ def run_all(b: Bench, s: Shapes) -> dict[str, Any]:
         bench_split_kv(b, s, *case)
     for case in s.prefill_cases:
         bench_prefill(b, s, *case)
+    bench_prefill(b, s, *s.prefill_cases[0], pages=True)  # the gather it replaced
     for tiles in PREFILL_TILE_SWEEP[: 1 if b.dry_run else None]:
         bench_prefill(b, s, *s.prefill_cases[0], tiles=PrefillTiles(*tiles))
     for num_tokens in s.token_counts:
@@ -326,11 +345,12 @@ def run_all(b: Bench, s: Shapes) -> dict[str, Any]:
 def print_table(rows: list[dict[str, Any]]) -> None:
     from common import format_table
 
-    headers = ["kernel", "shape", "splits", "tiles", "ms", "eager ms", "cpu us", "GB/s"]
+    headers = ["kernel", "shape", "keys", "splits", "tiles", "ms", "eager ms", "cpu us", "GB/s"]
     headers += ["TFLOP/s", "% ceil", "ok"]
     body = [
         [
-            r["kernel"], r["shape"], r.get("splits"), _tiles_str(r.get("tiles")), r["ms"],
+            r["kernel"], r["shape"], r.get("keys"), r.get("splits"), _tiles_str(r.get("tiles")),
+            r["ms"],
             r["eager_ms"], r["cpu_us"], r["gbps"], r["tflops"],
             None if r["frac_ceiling"] is None else 100 * r["frac_ceiling"], r["ok"],
         ]

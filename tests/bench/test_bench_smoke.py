@@ -267,3 +267,16 @@ def test_profile_kernel_kinds() -> None:
     assert kind_of("_split_kv_merge_kernel") == "attention"
     assert kind_of("aten::linear") == "matmul"  # CPU smoke runs
     assert kind_of("_rms_norm_kernel") == "other"
+
+
+def test_kernels_dry_run_times_the_prompt_attention_the_engine_runs(tmp_path: Path, monkeypatch):
+    """bench/kernels.py on the interpreter: every row checked against the torch reference; the
+    prompt-attention rows read the step's own keys as the engine does, plus one row through the
+    block table (the path it replaced) to compare."""
+    monkeypatch.delitem(sys.modules, "kernels", raising=False)  # tests/kernels shadows it
+    assert load_bench("kernels").main(["--dry-run", "--out", str(tmp_path)]) == 0
+    rows = read_json(tmp_path, "kernels")["rows"]
+    assert rows and all(r["ok"] for r in rows)
+    prompt = [r for r in rows if r["kernel"].endswith("_attn") and "keys" in r]
+    assert {r["keys"] for r in prompt} == {"own rows", "pages"}
+    assert sum(r["keys"] == "pages" for r in prompt) == 1
