@@ -215,6 +215,13 @@ MODES = {
         "three", False, engine_options=(("decode_ahead_beside_prefill", False),)
     ),
     "policy-ahead-yields": _policy_with(engine=(("decode_ahead_beside_prefill", False),)),
+    # ... and a step launched ahead even when a prompt step that ends prompts is predicted to
+    # land before the decode step in flight (EngineConfig.decode_ahead_waits_for_prompts =
+    # False, as before 2026-11-27): the prompt's rows then wait for the step ahead too.
+    "off-ahead-nowait": Mode(
+        "three", False, engine_options=(("decode_ahead_waits_for_prompts", False),)
+    ),
+    "policy-ahead-nowait": _policy_with(engine=(("decode_ahead_waits_for_prompts", False),)),
     # Prompt steps enqueued whole (EngineConfig.prefill_slice_layers = 0, as before it; the
     # default enqueues them 4 layers at a time, the event loop free in between), and 1 layer
     # at a time, for A/Bs in the same run.

@@ -453,3 +453,45 @@ def test_the_decode_gap_is_validated():
     for bad in (-0.01, 1.0, True, "0.01"):
         with pytest.raises(ValueError, match="decode_gap_beside_prefill_s"):
             tiny_config(decode_gap_beside_prefill_s=bad)
+
+
+@pytest.mark.parametrize(
+    "case,held",
+    [("lands-first", True), ("lands-after", False), ("middle-chunk", False), ("told-not", False)],
+)
+async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight(case, held):
+    """``EngineConfig.decode_ahead_waits_for_prompts``: A's decode step is in flight beside B's
+    prompt step. If the cost model has B's step land first, nothing goes ahead (a step ahead
+    could not take B, whose second token would wait behind it) and B joins A's next step; if
+    B's step lands after A's, or only computes a middle chunk of B's prompt, or the setting is
+    off, the step goes ahead without B."""
+    from verifypd.lanes.dispatcher import InFlight
+
+    waits = case != "told-not"
+    engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_waits_for_prompts=waits))
+    d, core = engine.dispatcher, engine.core
+    await _a_in_flight(engine)
+    head = d.in_flight["decode"]
+    core.add_request("B", list(range(20, 60)), QUIET)
+    budget = 8 if case == "middle-chunk" else 1 << 12
+    prompt = StepPlan("prefill", core.scheduler.plan_prefill(budget, 8))
+    core.scheduler.begin_step(prompt)
+    d.in_flight["prefill"] = InFlight(prompt, _Never(), head.start)
+    prefill_s = 0.010 if case == "lands-after" else 0.001
+    core.costs.prefill = lambda tokens: prefill_s  # A's step: 5 ms beside it
+    core.costs.decode = lambda rows, contended=False: 0.005 if contended else 0.004
+
+    launched = await d._launch_ahead()
+
+    assert launched is not held and d.num_ahead_held == int(held)
+    assert await d._launch_ahead() is False  # asked once per step in flight
+    del d.in_flight["prefill"]  # B's prompt step lands
+    core.apply_step(prompt, core.launch(prompt).result())
+    if launched:
+        assert [e.seq.request_id for e in d._ahead.plan.seqs] == ["A"]
+    else:
+        await _land_decode(d)
+        plan = d._plan_decode()
+        assert sorted(e.seq.request_id for e in plan.seqs) == ["A", "B"]
+        core.scheduler.abandon(plan)
+    await engine.stop()

@@ -57,6 +57,7 @@ class AsyncEngine:
             policy=self.policy,
             decode_ahead=self.core.decode_ahead,
             ahead_beside_prefill=config.decode_ahead_beside_prefill,
+            ahead_waits_for_prompts=config.decode_ahead_waits_for_prompts,
             background_lanes=self.executor.background_lanes,
             decode_gap_beside_prefill_s=config.decode_gap_beside_prefill_s,
         )

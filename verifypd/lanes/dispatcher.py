@@ -102,6 +102,7 @@ class LaneDispatcher:
         policy: SpeculationPolicy | None = None,
         decode_ahead: bool = False,
         ahead_beside_prefill: bool = True,
+        ahead_waits_for_prompts: bool = True,
         background_lanes: frozenset[str] = frozenset(),
         decode_gap_beside_prefill_s: float = 0.0,
     ) -> None:
@@ -133,6 +134,10 @@ class LaneDispatcher:
         self.decode_ahead = decode_ahead and not single_lane
         # ... also while a prompt step is in flight (EngineConfig.decode_ahead_beside_prefill).
         self.ahead_beside_prefill = ahead_beside_prefill
+        # ... but not when a prompt step in flight that ends prompts is predicted to land
+        # before the decode step in flight (EngineConfig.decode_ahead_waits_for_prompts): its
+        # rows then join the next step instead of waiting behind the one ahead.
+        self.ahead_waits_for_prompts = ahead_waits_for_prompts
         # While a long prompt step is in flight, a decode step is launched no sooner than this
         # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
         # none ahead: the prompt step has the GPU in between.
@@ -144,6 +149,7 @@ class LaneDispatcher:
         # ahead (it speculated, so nothing ran ahead); _plan_decode takes it.
         self._decided: SpecDecision | None = None
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
+        self.num_ahead_held = 0  # steps not launched ahead for a landing prompt (the same)
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -317,6 +323,9 @@ class LaneDispatcher:
         if head.pending is None or head.pending.device_ids is None or head is self._declined:
             return False  # asked once per step in flight: the loop polls many times a step
         self._declined = head
+        if self._prompt_lands_first(head):
+            self.num_ahead_held += 1
+            return False
         if self.policy.enabled:
             if self.verify_queue or "verify" in self.in_flight:
                 return False  # a speculative round is under way
@@ -352,6 +361,22 @@ class LaneDispatcher:
             self._fail(plan)
             return False
         return True
+
+    def _prompt_lands_first(self, head: InFlight) -> bool:
+        """A prompt step in flight ends a prompt and is predicted (the cost model) to land
+        before ``head``, the decode step in flight. A step launched ahead now could not take
+        the prompt's rows: their second token would wait for ``head``, the step ahead and then
+        their own step; without it, for ``head`` and their own (as in vLLM, the step after the
+        prompt's). Wrong the other way, the decode stream loses one host turnaround."""
+        f = self.in_flight.get("prefill")
+        if not self.ahead_waits_for_prompts or f is None:
+            return False
+        seqs = f.plan.seqs
+        if not any(e.seq.num_computed_tokens + e.num_new_tokens >= e.seq.num_tokens for e in seqs):
+            return False  # only middle chunks: no row starts decoding when it lands
+        costs = self.core.costs
+        lands = f.start + costs.prefill(f.plan.num_tokens)
+        return lands <= head.start + costs.decode(len(head.plan.seqs), contended=True)
 
     def _log_launch(self, lane: str) -> None:
         self.launch_log.append(lane)
