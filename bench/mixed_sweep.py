@@ -173,6 +173,8 @@ def engine_sweep(
             if steps is not None:
                 steps.reset()
             preemptions = core.scheduler.num_preemptions
+            disp = llm.engine.dispatcher
+            ahead = (disp.num_ahead_steps, disp.num_ahead_held)
             snapshot = None
             if MODES[name].controller:  # counters of this run only (the engine serves them all)
                 snapshot = partial(since, partial(policy_snapshot, core), policy_snapshot(core))
@@ -191,6 +193,8 @@ def engine_sweep(
                     **spec_columns(recorder),
                     engine_error=engine_error(llm.engine),
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
+                    num_ahead_steps=disp.num_ahead_steps - ahead[0],
+                    num_ahead_held=disp.num_ahead_held - ahead[1],  # for a landing prompt
                 )
                 if args.ttft_anatomy:
                     row["ttft_anatomy"] = anatomy(steps, res["traces"])
