@@ -457,21 +457,27 @@ def test_the_decode_gap_is_validated():
 
 @pytest.mark.parametrize(
     "case,held",
-    [("lands-first", True), ("lands-after", False), ("middle-chunk", False), ("told-not", False)],
-)
+    [("lands-first", True), ("lands-after", False), ("middle-chunk", False), ("told-not", False),
+     ("crowded", False)],
+)  # fmt: skip
 async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight(case, held):
     """``EngineConfig.decode_ahead_waits_for_prompts``: A's decode step is in flight beside B's
     prompt step. If the cost model has B's step land first, nothing goes ahead (a step ahead
     could not take B, whose second token would wait behind it) and B joins A's next step; if
     B's step lands after A's, or only computes a middle chunk of B's prompt, or the setting is
-    off, the step goes ahead without B."""
+    off, or A's step holds more rows than B's one is worth (``HOLD_ROWS_PER_NEW_ROW``: four
+    others beside A here), the step goes ahead without B."""
     from verifypd.lanes.dispatcher import InFlight
 
     waits = case != "told-not"
     engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_waits_for_prompts=waits))
     d, core = engine.dispatcher, engine.core
+    others = [f"A{i}" for i in range(4 if case == "crowded" else 0)]
+    for rid in others:  # decoding beside A, in the same steps
+        core.add_request(rid, [1, 2, 3], QUIET)
     await _a_in_flight(engine)
     head = d.in_flight["decode"]
+    assert len(head.plan.seqs) == 1 + len(others)
     core.add_request("B", list(range(20, 60)), QUIET)
     budget = 8 if case == "middle-chunk" else 1 << 12
     prompt = StepPlan("prefill", core.scheduler.plan_prefill(budget, 8))
@@ -488,7 +494,7 @@ async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight
     del d.in_flight["prefill"]  # B's prompt step lands
     core.apply_step(prompt, core.launch(prompt).result())
     if launched:
-        assert [e.seq.request_id for e in d._ahead.plan.seqs] == ["A"]
+        assert sorted(e.seq.request_id for e in d._ahead.plan.seqs) == ["A", *others]
     else:
         await _land_decode(d)
         plan = d._plan_decode()
