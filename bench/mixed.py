@@ -198,10 +198,19 @@ MODES = {
         "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
     ),
     "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
-    # While decode rows run, prompt steps' GEMMs leave 8 / 16 / 32 SMs to the decode and
-    # verify streams (EngineConfig.prefill_sm_carveout; 0, all SMs, by default).
+    # While decode rows run and no prompt waits behind the step, prompt steps' GEMMs leave 8 /
+    # 16 / 32 SMs to the decode and verify streams (EngineConfig.prefill_sm_carveout; 0, all
+    # SMs, by default); "-always": with prompts waiting too (prefill_sm_carveout_in_backlog),
+    # as every carve-out ran before 2026-11-27.
     **{
         f"{base}-carve{n}": _with_engine(base, (("prefill_sm_carveout", n),))
+        for n in (8, 16, 32)
+        for base in ("off", "policy")
+    },
+    **{
+        f"{base}-carve{n}-always": _with_engine(
+            base, (("prefill_sm_carveout", n), ("prefill_sm_carveout_in_backlog", True))
+        )
         for n in (8, 16, 32)
         for base in ("off", "policy")
     },

@@ -572,6 +572,11 @@ class EngineConfig:
     # on an H200 (dummy 7B, a 16-row decode graph beside a 2,048-token prompt step) 4.4 ms
     # alone, 22 beside; leaving 16 SMs: 11 ms, for 15 % on the prompt step.
     prefill_sm_carveout: int = 0
+    # ... also while other prompts wait behind the prompt step (a backlog). False (the
+    # default): a prompt step with prompts queued behind it takes every SM, since the first
+    # token's tail is made in bursts (on an H200 a fixed carve-out cost TTFT p99 2-45 % at
+    # 5-14 req/s); the carve-out is decided again for each piece of a step (prefill_slice_layers).
+    prefill_sm_carveout_in_backlog: bool = False
     # An eager prompt step's token count is padded up to a multiple of this (GPU; 0 = never;
     # the pad rows store no KV and are never read): cuBLAS chooses a kernel for every GEMM
     # shape it has not seen, and on an H200 the first GEMM of a new row count took 0.1-2 ms

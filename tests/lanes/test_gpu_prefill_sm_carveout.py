@@ -48,6 +48,7 @@ def _config(carveout: int) -> EngineConfig:
     return EngineConfig(
         model="dummy:tiny", device="cuda", dtype="float32", prefill_slice_layers=1,
         prefill_sm_carveout=carveout, prompt_graph_tokens=0,
+        prefill_sm_carveout_in_backlog=True,  # carved with the eight prompts queued too
         scheduler=SchedulerConfig(max_num_seqs=16, max_model_len=1024, max_prefill_chunk=128,
                                   max_num_batched_tokens=256),
         cache=CacheConfig(num_blocks=1024, enable_prefix_caching=False),

@@ -53,12 +53,15 @@ def test_the_carveout_holds_inside_and_is_restored(blas: dict) -> None:
     assert blas["changes"] == []  # 0: nothing touched
 
 
-def _executor(monkeypatch: pytest.MonkeyPatch, carveout: int, statuses: list[SeqStatus]):
+def _executor(monkeypatch: pytest.MonkeyPatch, carveout: int, statuses: list[SeqStatus], **config):
+    """A running sequence per status, each in flight (a prompt step computes the prefilling
+    ones: nothing waits behind it) and nothing queued."""
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=132))  # fmt: skip
-    running = [SimpleNamespace(status=s) for s in statuses]
-    core = SimpleNamespace(config=EngineConfig(prefill_sm_carveout=carveout),
-                           scheduler=SimpleNamespace(running=running), device="cuda")  # fmt: skip
+    running = [SimpleNamespace(status=s, in_flight=1) for s in statuses]
+    core = SimpleNamespace(config=EngineConfig(prefill_sm_carveout=carveout, **config),
+                           scheduler=SimpleNamespace(running=running, waiting=[]),
+                           device="cuda")  # fmt: skip
     streams = ex.LaneStreams(torch.device("cpu"))  # no streams: the carve-out alone is tested
     return ex.StreamExecutor(core, policy=None, streams=streams), running
 
@@ -105,6 +108,35 @@ def test_a_prompt_step_with_nothing_decoding_has_every_sm(
     off, _ = _executor(monkeypatch, 0, [SeqStatus.DECODING])  # the default: never
     with off._context("prefill"):
         assert blas["changes"] == []
+
+
+@pytest.mark.parametrize("in_backlog", [False, True])
+def test_a_prompt_step_with_prompts_waiting_behind_it_has_every_sm(
+    blas: dict, monkeypatch: pytest.MonkeyPatch, in_backlog: bool
+) -> None:
+    """``prefill_sm_carveout_in_backlog`` False (the default): the carve-out is decided for
+    each piece, and once a prompt waits behind the step (queued, or part-prefilled and not in
+    flight) the pieces after take every SM; True: carved regardless, as before."""
+    executor, running = _executor(monkeypatch, 16, [SeqStatus.DECODING, SeqStatus.PREFILLING],
+                                  prefill_sm_carveout_in_backlog=in_backlog)  # fmt: skip
+    waiting = executor.core.scheduler.waiting
+    seen: list = []
+
+    def pieces():
+        for i in range(4):
+            seen.append((blas["library"], blas["carveout"]))
+            if i == 0:
+                waiting.append(SimpleNamespace())  # a prompt arrives during the step
+            if i == 1:
+                waiting.clear()  # ... is admitted; its next chunk waits, not in flight
+                running.append(SimpleNamespace(status=SeqStatus.PREFILLING, in_flight=0))
+            if i == 2:
+                running[-1].in_flight = 1  # ... and is in flight: no backlog
+            yield
+
+    asyncio.run(executor._in_pieces("prefill", pieces()))
+    carved, whole = ("cublaslt", 16), ("cublas", None)
+    assert seen == ([carved] * 4 if in_backlog else [carved, whole, whole, carved])
 
 
 def test_the_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,6 +60,9 @@ def test_all_options_reach_the_config() -> None:
     assert config_from_args(parse("--prefill-pack-tokens", "0")).scheduler.prefill_pack_tokens == 0
     assert config.prefill_sm_carveout == 0
     assert config_from_args(parse("--prefill-sm-carveout", "16")).prefill_sm_carveout == 16
+    assert config.prefill_sm_carveout_in_backlog is False
+    backlog = parse("--prefill-sm-carveout", "16", "--prefill-sm-carveout-in-backlog")
+    assert config_from_args(backlog).prefill_sm_carveout_in_backlog is True
     assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
     assert config_from_args(parse("--spec", "ngram")).spec.controller
     fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec

@@ -124,6 +124,7 @@ class StreamExecutor:
         self.core, self.policy, self.streams = core, policy, streams
         self.slice_layers = core.config.prefill_slice_layers
         self.carveout = core.config.prefill_sm_carveout
+        self.carve_in_backlog = core.config.prefill_sm_carveout_in_backlog
         if self.carveout:
             if not hasattr(torch._C, "_set_sm_carveout_experimental"):  # an experimental API
                 raise ValueError(f"prefill_sm_carveout: torch {torch.__version__} has no SM "
@@ -177,9 +178,11 @@ class StreamExecutor:
     def _context(self, lane: str) -> contextlib.AbstractContextManager:
         """The lane's stream and, for a prompt lane while decode rows are running, the GEMMs'
         SM carve-out (EngineConfig.prefill_sm_carveout): decode then keeps SMs the prompt's
-        GEMMs do not take; with nothing decoding the prompt step has them all. With the
-        carve-out off (the default) the stream alone: nothing more on any launch."""
-        if self.carveout and lane in PROMPT_LANES and self._decoding():
+        GEMMs do not take; with nothing decoding, or other prompts waiting behind it (unless
+        ``prefill_sm_carveout_in_backlog``), the prompt step has them all. With the carve-out
+        off (the default) the stream alone: nothing more on any launch."""
+        carve = self.carveout and lane in PROMPT_LANES and self._decoding()
+        if carve and (self.carve_in_backlog or not self._backlog()):
             self.num_carved += 1
             return self._carved(lane)
         return self.streams.context(lane)
@@ -191,6 +194,13 @@ class StreamExecutor:
 
     def _decoding(self) -> bool:
         return any(s.status in _DECODE_STATES for s in self.core.scheduler.running)
+
+    def _backlog(self) -> bool:
+        """Prompts wait for a prompt step: queued, or part-prefilled and not in flight."""
+        sched = self.core.scheduler
+        return bool(sched.waiting) or any(
+            s.status is SeqStatus.PREFILLING and not s.in_flight for s in sched.running
+        )
 
     @property
     def busy(self) -> bool:

@@ -76,6 +76,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="SMs a prompt step's GEMMs leave to the decode lanes while decode rows run "
              "(GPU; default 0: all SMs; lower ITL beside prompt steps, slower prompt steps; "
              "overrides VERIFYPD_PREFILL_SM_CARVEOUT)")  # fmt: skip
+    add("--prefill-sm-carveout-in-backlog", action="store_true",
+        help="keep the carve-out while other prompts wait behind the prompt step too (by "
+             "default a prompt step with prompts queued behind it takes every SM)")  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -215,6 +218,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = env_overrides(os.environ)
     if args.prefill_sm_carveout is not None:
         out["prefill_sm_carveout"] = args.prefill_sm_carveout
+    if args.prefill_sm_carveout_in_backlog:
+        out["prefill_sm_carveout_in_backlog"] = True
     return out
 
 
