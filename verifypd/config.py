@@ -547,8 +547,9 @@ class EngineConfig:
     # ... except while a prompt step that ends prompts is predicted (step cost model) to land
     # before the decode step in flight, and that step has at most 4 rows per new row
     # (``lanes.dispatcher.HOLD_ROWS_PER_NEW_ROW``): a step ahead could not take the new rows,
-    # whose second token would wait one decode step more. On an H200 (d50ce25, hetero, 2
-    # req/s, 32 s) ITL p99 -3 % (`off`) / -4 % (policy). False: launch ahead anyway.
+    # whose second token would wait one decode step more. On an H200 (f4f5e3d, hetero, 2 and
+    # 5 req/s, 24 s) ITL p99 -3..-7 % in 3 of 4 cells (+1 % in the fourth), TPOT p99 level or
+    # lower (docs/performance.md). False: launch ahead anyway.
     decode_ahead_waits_for_prompts: bool = True
     # While a prompt step of 1,024 tokens or more is in flight, a decode step is launched no
     # sooner than this many seconds after the last one, and none ahead (0 = back to back): the

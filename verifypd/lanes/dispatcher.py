@@ -56,7 +56,7 @@ PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_b
 # of its new rows' second token a decode step sooner (5-7 ms of a 7B on an H100/H200) and costs
 # every row of the step in flight one host turnaround (0.5-1.5 ms): worth it while the step in
 # flight has at most this many rows per new row. On an H200 (d50ce25) holding at any batch cost
-# `off` 1-2 % of TPOT p50 at 14-26 req/s, where 30-50 rows decode beside prompts of one row.
+# 1.6-4 % of TPOT p50 at 20-26 req/s, where 30-50 rows decode beside prompts of one row.
 HOLD_ROWS_PER_NEW_ROW = 4
 
 
