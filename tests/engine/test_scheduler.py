@@ -211,3 +211,41 @@ def test_the_pack_limit_is_validated():
     for bad in (-1, 1.5, "512"):
         with pytest.raises(ValueError, match="prefill_pack_tokens"):
             SchedulerConfig(prefill_pack_tokens=bad)
+
+
+def test_a_backlog_lifts_the_pack_limit():
+    """``prefill_pack_backlog_tokens``: while more prompt tokens wait than it (queued, and the
+    rest of part-prefilled prompts with no step in flight), the prefill lane packs FCFS to the
+    budget; at or below it, and with the setting off, the pack limit holds."""
+    kv = KVCacheManager(64, 4, enable_prefix_caching=True)
+    s = Scheduler(kv, max_num_seqs=8, max_num_batched_tokens=64, max_prefill_chunk=8,
+                  max_model_len=1024, prefill_pack_tokens=4,
+                  prefill_pack_backlog_tokens=20)  # fmt: skip
+    a, b = _seq(12, "a", t=0), _seq(10, "b", t=1, start=100)
+    s.add(a)
+    assert (s.pending_prompt_tokens(), s.prefill_pack()) == (12, 4)
+    first = s.plan_prefill(64, 8, s.prefill_pack())
+    assert _chunks(first) == [("a", 8)]
+    s.begin_step(StepPlan("prefill", first))
+    s.add(b)
+    assert (s.pending_prompt_tokens(), s.prefill_pack()) == (10, 4)  # a's step is in flight
+    s.update(StepPlan("prefill", first), [[] for _ in first])
+    assert (s.pending_prompt_tokens(), s.prefill_pack()) == (14, 4)  # a's 4 left + b's 10
+    s.add(_seq(8, "c", t=2, start=200))
+    assert (s.pending_prompt_tokens(), s.prefill_pack()) == (22, None)  # a backlog: FCFS
+    assert _chunks(s.plan_prefill(64, 8, s.prefill_pack())) == [("a", 4), ("b", 8), ("c", 8)]
+    off = _sched(num_blocks=64, budget=64, chunk=8)
+    off.prefill_pack_tokens = 4
+    for i in range(4):
+        off.add(_seq(8, f"r{i}", t=i, start=10 * i + 1))
+    assert off.prefill_pack() == 4  # no backlog setting: never lifted
+
+
+def test_the_backlog_setting_is_validated():
+    from verifypd.config import SchedulerConfig
+
+    assert SchedulerConfig().prefill_pack_backlog_tokens is None  # off by default
+    assert SchedulerConfig(prefill_pack_backlog_tokens=4096).prefill_pack_backlog_tokens == 4096
+    for bad in (-1, 1.5, "4096"):
+        with pytest.raises(ValueError, match="prefill_pack_backlog_tokens"):
+            SchedulerConfig(prefill_pack_backlog_tokens=bad)
