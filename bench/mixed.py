@@ -182,16 +182,6 @@ MODES = {
     # they replay a CUDA graph of 256 tokens a row).
     "off-nopgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 0),)),
     "policy-nopgraph": _policy_with(engine=(("prompt_graph_tokens", 0),)),
-    # Prompt steps packed FCFS to the token budget while more than 2,048 / 4,096 prompt tokens
-    # wait (SchedulerConfig.prefill_pack_backlog_tokens; off by default).
-    **{
-        f"{base}-packbl{k}k": (
-            Mode("three", False, sched_options=opts) if base == "off" else _policy_with(sched=opts)
-        )
-        for k in (2, 4)
-        for opts in [(("prefill_pack_backlog_tokens", k * 1024),)]
-        for base in ("off", "policy")
-    },  # fmt: skip
     # pack512: 2,048-token chunks; beside a prompt step's first chunk only chunks that end
     # their prompt, up to 512 tokens (SchedulerConfig.prefill_pack_tokens).
     "off-pack512": Mode("three", False, sched_options=_CHUNK2K_PACK512),

@@ -195,10 +195,6 @@ class SchedulerConfig:
     # lost (H100, 390e365: TTFT p99 +11 % at 8-14 req/s, a long prompt's two chunks each
     # beside decode steps); with 4,096 it is the default (above).
     prefill_pack_tokens: int | None = 512
-    # ... lifted (FCFS to max_num_batched_tokens) while more than this many prompt tokens wait
-    # for prompt steps (queued, or the rest of part-prefilled prompts; None: never): a burst of
-    # long prompts then computes in fewer, larger steps, as vLLM's fused steps do.
-    prefill_pack_backlog_tokens: int | None = None
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
     max_request_kv_share: float = 0.5
@@ -219,11 +215,6 @@ class SchedulerConfig:
         pack = self.prefill_pack_tokens
         if pack is not None and (type(pack) is not int or pack < 0):
             raise ValueError(f"prefill_pack_tokens must be an int >= 0 or None, got {pack!r}")
-        backlog = self.prefill_pack_backlog_tokens
-        if backlog is not None and (type(backlog) is not int or backlog < 0):
-            raise ValueError(
-                f"prefill_pack_backlog_tokens must be an int >= 0 or None, got {backlog!r}"
-            )
 
 
 @dataclass(frozen=True)

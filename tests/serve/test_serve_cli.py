@@ -58,9 +58,6 @@ def test_all_options_reach_the_config() -> None:
     assert (chunking.max_num_batched_tokens, chunking.max_prefill_chunk) == (4096, 2048)
     assert chunking.prefill_pack_tokens is None  # FCFS packing
     assert config_from_args(parse("--prefill-pack-tokens", "0")).scheduler.prefill_pack_tokens == 0
-    assert config.scheduler.prefill_pack_backlog_tokens is None
-    backlog = config_from_args(parse("--prefill-pack-backlog-tokens", "4096")).scheduler
-    assert backlog.prefill_pack_backlog_tokens == 4096
     assert config.prefill_sm_carveout == 0
     assert config_from_args(parse("--prefill-sm-carveout", "16")).prefill_sm_carveout == 16
     assert config.prefill_sm_carveout_in_backlog is False

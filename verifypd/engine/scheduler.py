@@ -46,14 +46,12 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         observer: Observer | None = None,
         prefill_pack_tokens: int | None = None,
-        prefill_pack_backlog_tokens: int | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
         self.prefill_pack_tokens = prefill_pack_tokens  # the prefill lane's ``pack``
-        self.prefill_pack_backlog_tokens = prefill_pack_backlog_tokens  # ... lifted above it
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.observer = observer or Observer()
@@ -160,25 +158,6 @@ class Scheduler:
         if not candidates:
             return None
         return max(candidates, key=lambda s: (-s.params.priority, s.arrival_time, s.seq_id))
-
-    def prefill_pack(self) -> int | None:
-        """The prefill lane's ``pack`` for its next step: ``prefill_pack_tokens``, or None (FCFS
-        to the token budget) while more prompt tokens wait than ``prefill_pack_backlog_tokens``
-        (SchedulerConfig)."""
-        pack, backlog = self.prefill_pack_tokens, self.prefill_pack_backlog_tokens
-        if pack is None or backlog is None:
-            return pack
-        return None if self.pending_prompt_tokens() > backlog else pack
-
-    def pending_prompt_tokens(self) -> int:
-        """Prompt tokens waiting for a prompt step: queued, and the rest of part-prefilled
-        prompts with no step in flight."""
-        queued = sum(s.num_tokens for s in self.waiting)
-        return queued + sum(
-            s.num_tokens - s.num_computed_tokens
-            for s in self.running
-            if s.status is SeqStatus.PREFILLING and not s.in_flight
-        )
 
     def plan_prefill(
         self, token_budget: int, num_running_budget: int, pack: int | None = None

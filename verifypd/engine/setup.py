@@ -102,7 +102,6 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         eos_token_ids=eos,
         observer=observer,
         prefill_pack_tokens=config.scheduler.prefill_pack_tokens,
-        prefill_pack_backlog_tokens=config.scheduler.prefill_pack_backlog_tokens,
     )
     runner = ModelRunner(
         loaded.model,

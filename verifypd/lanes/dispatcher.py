@@ -294,7 +294,7 @@ class LaneDispatcher:
         if lane == "mixed":
             return self.sched.schedule_mixed(self.policy.decide())
         budget, sched = self.core.prefill_budget(), self.sched
-        entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack())
+        entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack_tokens)
         return StepPlan("prefill", entries) if entries else None
 
     def _plan_decode(self) -> StepPlan | None:

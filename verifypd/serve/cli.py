@@ -121,9 +121,6 @@ SCHEDULER_FLAGS = (
      "beside a prompt step's first chunk, only chunks that end their prompt, up to N tokens; "
      "none: every waiting chunk, first come first served, up to the step's budget (with "
      "--max-prefill-chunk 2048: lower ITL p99, higher TTFT p99 under load)"),
-    ("--prefill-pack-backlog-tokens", "prefill_pack_backlog_tokens", int_or_none,
-     "while more than N prompt tokens wait, pack prompt steps first come first served up to "
-     "the step's budget (default none: never)"),
 )  # fmt: skip
 
 
@@ -206,7 +203,6 @@ def config_from_args(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_prefill_chunk=args.max_prefill_chunk,
             prefill_pack_tokens=args.prefill_pack_tokens,
-            prefill_pack_backlog_tokens=args.prefill_pack_backlog_tokens,
             max_model_len=args.max_model_len,
             max_request_kv_share=args.max_request_kv_share,
         ),
