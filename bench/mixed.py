@@ -246,6 +246,9 @@ MODES = {
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
     "policy-overhead": _policy_with(spec=(("round_overhead_s", 1.2e-3),)),
+    # ... and 2.5 ms: a speculating launch's host time at 2 req/s on an H200 (2.5-3.8 ms,
+    # itl_anatomy's "launch decode N/k speculate" events at f4f5e3d).
+    "policy-overhead25": _policy_with(spec=(("round_overhead_s", 2.5e-3),)),
     # The goodput policy yielding to prompt work (SpecConfig.yield_to_prefill), and without
     # the chunked catch-up graphs (SpecConfig.catch_up_chunk = 0: a long prompt's drafter then
     # catches up eagerly in a catch-up round instead of never drafting and keeping the batch
