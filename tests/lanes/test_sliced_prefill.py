@@ -215,9 +215,9 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
     fed_metric = _FedTokens()
     core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1), fed_metric)
-    pin_costs(core.costs)
     outputs: list = []
-    d = _dispatcher(core, outputs)
+    d = _dispatcher(core, outputs)  # its speculation policy attaches the controller
+    pin_costs(core.costs, core.controller)
     drafter = core.spec.drafter
     inner, pieces, fed, drafted = drafter.follow_iter, [], {}, []
 
