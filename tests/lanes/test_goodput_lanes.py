@@ -32,7 +32,7 @@ def _engine(
                            always_pad_verify=pad)  # fmt: skip
     engine = AsyncEngine(tiny_config(spec=spec, **cfg))
     costs = engine.core.costs
-    pin_costs(costs)  # levels frozen: decisions independent of timing
+    pin_costs(costs, engine.core.controller)  # levels frozen, no latency guard: no timing
     costs.level["mixed"] = mixed_level
     assert isinstance(engine.core.controller, GoodputPolicy)
     if useless_drafter:
