@@ -458,21 +458,23 @@ def test_the_decode_gap_is_validated():
 @pytest.mark.parametrize(
     "case,held",
     [("lands-first", True), ("lands-after", False), ("middle-chunk", False), ("told-not", False),
-     ("crowded", False)],
+     ("crowded", False), ("crowded-burst", True)],
 )  # fmt: skip
 async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight(case, held):
     """``EngineConfig.decode_ahead_waits_for_prompts``: A's decode step is in flight beside B's
-    prompt step. If the cost model has B's step land first, nothing goes ahead (a step ahead
-    could not take B, whose second token would wait behind it) and B joins A's next step; if
-    B's step lands after A's, or only computes a middle chunk of B's prompt, or the setting is
-    off, or A's step holds more rows than B's one is worth (``HOLD_ROWS_PER_NEW_ROW``: four
-    others beside A here), the step goes ahead without B."""
+    prompt step. If the cost model has B's step land first, nothing goes ahead until it has
+    landed, and then the step ahead takes A and B (a step ahead launched before could not take
+    B, whose second token would wait behind it). If B's step lands after A's, or only computes
+    a middle chunk of B's prompt, or the setting is off, or B's saved step is worth less than
+    a host turnaround to each row in flight (``HOLD_TURNAROUND_S``: four others beside A and
+    an idle 4 ms step), the step goes ahead without B; with another prompt waiting (a burst),
+    the step B would skip runs beside that prompt (20 ms here), and it holds for B again."""
     from verifypd.lanes.dispatcher import InFlight
 
     waits = case != "told-not"
     engine = AsyncEngine(tiny_config(decode_ahead=True, decode_ahead_waits_for_prompts=waits))
     d, core = engine.dispatcher, engine.core
-    others = [f"A{i}" for i in range(4 if case == "crowded" else 0)]
+    others = [f"A{i}" for i in range(4 if case.startswith("crowded") else 0)]
     for rid in others:  # decoding beside A, in the same steps
         core.add_request(rid, [1, 2, 3], QUIET)
     await _a_in_flight(engine)
@@ -482,22 +484,23 @@ async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight
     budget = 8 if case == "middle-chunk" else 1 << 12
     prompt = StepPlan("prefill", core.scheduler.plan_prefill(budget, 8))
     core.scheduler.begin_step(prompt)
+    if case == "crowded-burst":
+        core.add_request("C", list(range(70, 90)), QUIET)  # the next prompt, waiting
     d.in_flight["prefill"] = InFlight(prompt, _Never(), head.start)
-    prefill_s = 0.010 if case == "lands-after" else 0.001
-    core.costs.prefill = lambda tokens: prefill_s  # A's step: 5 ms beside it
-    core.costs.decode = lambda rows, contended=False: 0.005 if contended else 0.004
+    prefill_s = 0.030 if case == "lands-after" else 0.001
+    core.costs.prefill = lambda tokens: prefill_s  # A's step: 20 ms beside it
+    core.costs.decode = lambda rows, contended=False: 0.020 if contended else 0.004
 
     launched = await d._launch_ahead()
 
     assert launched is not held and d.num_ahead_held == int(held)
-    assert await d._launch_ahead() is False  # asked once per step in flight
+    assert await d._launch_ahead() is False  # asked once per step in flight (held: polled)
+    assert d.num_ahead_held == int(held)
     del d.in_flight["prefill"]  # B's prompt step lands
     core.apply_step(prompt, core.launch(prompt).result())
-    if launched:
-        assert sorted(e.seq.request_id for e in d._ahead.plan.seqs) == ["A", *others]
-    else:
-        await _land_decode(d)
-        plan = d._plan_decode()
-        assert sorted(e.seq.request_id for e in plan.seqs) == ["A", "B"]
-        core.scheduler.abandon(plan)
+    if held:
+        assert await d._launch_ahead() is True  # now, behind A's step: nobody waited for B
+        assert d._ahead.plan.prev_ids is not None and d.in_flight["decode"] is head
+    ahead = sorted(e.seq.request_id for e in d._ahead.plan.seqs)
+    assert ahead == sorted(["A", *others, *(["B"] if held else [])])
     await engine.stop()

@@ -53,11 +53,15 @@ LANES = ("decode", "verify", "prefill")  # priority order
 SINGLE_LANE = ("mixed",)  # baseline: decode, verify and prefill fused in one batch
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
 # A decode step held back for a landing prompt (``decode_ahead_waits_for_prompts``) brings each
-# of its new rows' second token a decode step sooner (5-7 ms of a 7B on an H100/H200) and costs
-# every row of the step in flight one host turnaround (0.5-1.5 ms): worth it while the step in
-# flight has at most this many rows per new row. On an H200 (d50ce25) holding at any batch cost
-# 1.6-4 % of TPOT p50 at 20-26 req/s, where 30-50 rows decode beside prompts of one row.
-HOLD_ROWS_PER_NEW_ROW = 4
+# of its new rows' second token one decode step sooner: the step ahead they would have waited
+# behind (5-7 ms of a 7B on an H100/H200 alone, 20-40 ms beside the next prompt step of a
+# burst). Where the prompt lands after all, every row of the step in flight pays one host
+# turnaround (0.5-1.5 ms): the hold is taken while the new rows' saving is at least this many
+# seconds per row in flight. With the flat rule it replaced (4 rows per new row, about this at
+# an idle 7B step) a burst's new rows waited behind a 20-40 ms step ahead beside the next
+# prompt (the slowest tokens of the H200 sweeps at 8-14 req/s, a20bc51); holding at any batch
+# cost 1.6-4 % of TPOT p50 at 20-26 req/s on an H200 (d50ce25).
+HOLD_TURNAROUND_S = 1.25e-3
 
 
 def choose_lane(
@@ -156,6 +160,7 @@ class LaneDispatcher:
         self._decided: SpecDecision | None = None
         self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
         self.num_ahead_held = 0  # steps not launched ahead for a landing prompt (the same)
+        self._held: tuple[InFlight, InFlight] | None = None  # (decode, prompt) steps it held for
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -328,10 +333,9 @@ class LaneDispatcher:
             return False  # decode steps are spaced out beside it
         if head.pending is None or head.pending.device_ids is None or head is self._declined:
             return False  # asked once per step in flight: the loop polls many times a step
+        if self._holds_for_prompt(head):
+            return False  # asked again as the loop polls: it goes ahead once the prompt landed
         self._declined = head
-        if self._prompt_lands_first(head):
-            self.num_ahead_held += 1
-            return False
         if self.policy.enabled:
             if self.verify_queue or "verify" in self.in_flight:
                 return False  # a speculative round is under way
@@ -368,23 +372,40 @@ class LaneDispatcher:
             return False
         return True
 
-    def _prompt_lands_first(self, head: InFlight) -> bool:
-        """A prompt step in flight ends a prompt and is predicted (the cost model) to land
-        before ``head``, the decode step in flight. A step launched ahead now could not take
-        the prompt's rows: their second token would wait for ``head``, the step ahead and then
-        their own step; without it, for ``head`` and their own (as in vLLM, the step after the
-        prompt's). Wrong the other way, the decode stream loses one host turnaround; so only
-        while the new rows are worth it to the rows in flight (``HOLD_ROWS_PER_NEW_ROW``)."""
+    def _holds_for_prompt(self, head: InFlight) -> bool:
+        """No step goes ahead of ``head`` yet: a prompt step in flight lands first with rows
+        worth waiting for (``_prompt_lands_first``). Once it has landed, the step ahead is
+        launched with its rows (behind ``head``, which the rows in flight then never wait
+        for); a verdict stands while the same two steps are in flight (the loop polls)."""
         f = self.in_flight.get("prefill")
-        if not self.ahead_waits_for_prompts or f is None:
+        if self._held is not None and self._held[0] is head and self._held[1] is f:
+            return True
+        if f is None or not self._prompt_lands_first(head, f):
+            return False
+        self._held = (head, f)
+        self.num_ahead_held += 1
+        return True
+
+    def _prompt_lands_first(self, head: InFlight, f: InFlight) -> bool:
+        """``f``, the prompt step in flight, ends prompts and is predicted (the cost model) to
+        land before ``head``, the decode step in flight. A step launched ahead now could not
+        take the prompt's rows: their second token would wait for ``head``, the step ahead and
+        then their own step; held, for ``head`` and their own (as in vLLM, the step after the
+        prompt's). Wrong the other way, the rows in flight lose one host turnaround; so only
+        while the new rows save more than that (``HOLD_TURNAROUND_S``): the step they skip is
+        priced beside a prompt step when more prompts wait (the next one starts as this lands)."""
+        if not self.ahead_waits_for_prompts:
             return False
         seqs = f.plan.seqs
         new = sum(e.seq.num_computed_tokens + e.num_new_tokens >= e.seq.num_tokens for e in seqs)
-        if new * HOLD_ROWS_PER_NEW_ROW < len(head.plan.seqs):
-            return False  # none (only middle chunks) or too few for the rows that would wait
-        costs = self.core.costs
+        if not new:
+            return False  # only middle chunks: no row joins
+        costs, rows = self.core.costs, len(head.plan.seqs)
+        waiting = bool(self.sched.waiting) or self._num_prefilling() > 0
+        if new * costs.decode(rows + new, contended=waiting) < rows * HOLD_TURNAROUND_S:
+            return False  # too few new rows for the rows that would wait
         lands = f.start + costs.prefill(f.plan.num_tokens)
-        return lands <= head.start + costs.decode(len(head.plan.seqs), contended=True)
+        return lands <= head.start + costs.decode(rows, contended=True)
 
     def _log_launch(self, lane: str) -> None:
         self.launch_log.append(lane)
