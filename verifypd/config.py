@@ -546,12 +546,12 @@ class EngineConfig:
     # without it, the decode tail unchanged, and the policy no change beyond noise.
     decode_ahead_beside_prefill: bool = True
     # ... except while a prompt step that ends prompts is predicted (step cost model) to land
-    # before the decode step in flight, and its new rows save more than the rows in flight
-    # would lose if it did not (``lanes.dispatcher.HOLD_TURNAROUND_S``): a step ahead could
-    # not take the new rows, whose second token would wait one decode step more. The step
-    # then goes ahead as the prompt lands, with them. On an H200 (f4f5e3d, hetero, 2 and 5
-    # req/s, 24 s) ITL p99 -3..-7 % in 3 of 4 cells (+1 % in the fourth), TPOT p99 level or
-    # lower (docs/performance.md). False: launch ahead anyway.
+    # before the decode step in flight: a step ahead could not take the new rows, whose second
+    # token would wait one decode step more (beside the next prompt of a burst, 20-40 ms). The
+    # step then goes ahead as the prompt lands, with them (the rows in flight lose nothing
+    # unless the prompt lands late). On an H200 (f4f5e3d, hetero, 2 and 5 req/s, 24 s) ITL p99
+    # -3..-7 % in 3 of 4 cells (+1 % in the fourth), TPOT p99 level or lower
+    # (docs/performance.md). False: launch ahead anyway.
     decode_ahead_waits_for_prompts: bool = True
     # While a prompt step of 1,024 tokens or more is in flight, a decode step is launched no
     # sooner than this many seconds after the last one, and none ahead (0 = back to back): the

@@ -52,16 +52,6 @@ LANES = ("decode", "verify", "prefill")  # priority order
 
 SINGLE_LANE = ("mixed",)  # baseline: decode, verify and prefill fused in one batch
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
-# A decode step held back for a landing prompt (``decode_ahead_waits_for_prompts``) brings each
-# of its new rows' second token one decode step sooner: the step ahead they would have waited
-# behind (5-7 ms of a 7B on an H100/H200 alone, 20-40 ms beside the next prompt step of a
-# burst). Where the prompt lands after all, every row of the step in flight pays one host
-# turnaround (0.5-1.5 ms): the hold is taken while the new rows' saving is at least this many
-# seconds per row in flight. With the flat rule it replaced (4 rows per new row, about this at
-# an idle 7B step) a burst's new rows waited behind a 20-40 ms step ahead beside the next
-# prompt (the slowest tokens of the H200 sweeps at 8-14 req/s, a20bc51); holding at any batch
-# cost 1.6-4 % of TPOT p50 at 20-26 req/s on an H200 (d50ce25).
-HOLD_TURNAROUND_S = 1.25e-3
 
 
 def choose_lane(
@@ -380,32 +370,25 @@ class LaneDispatcher:
         f = self.in_flight.get("prefill")
         if self._held is not None and self._held[0] is head and self._held[1] is f:
             return True
-        if f is None or not self._prompt_lands_first(head, f):
+        if not self.ahead_waits_for_prompts or f is None or not self._lands_first(f, head):
             return False
         self._held = (head, f)
         self.num_ahead_held += 1
         return True
 
-    def _prompt_lands_first(self, head: InFlight, f: InFlight) -> bool:
+    def _lands_first(self, f: InFlight, head: InFlight) -> bool:
         """``f``, the prompt step in flight, ends prompts and is predicted (the cost model) to
         land before ``head``, the decode step in flight. A step launched ahead now could not
-        take the prompt's rows: their second token would wait for ``head``, the step ahead and
-        then their own step; held, for ``head`` and their own (as in vLLM, the step after the
-        prompt's). Wrong the other way, the rows in flight lose one host turnaround; so only
-        while the new rows save more than that (``HOLD_TURNAROUND_S``): the step they skip is
-        priced beside a prompt step when more prompts wait (the next one starts as this lands)."""
-        if not self.ahead_waits_for_prompts:
-            return False
+        take the prompt's rows: their second token would wait for ``head``, the step ahead
+        (beside the next prompt step of a burst, 20-40 ms) and then their own step; held, for
+        ``head`` and their own (as in vLLM, the step after the prompt's). Wrong, the rows in
+        flight lose one host turnaround; right, nothing (the step goes ahead as it lands)."""
         seqs = f.plan.seqs
-        new = sum(e.seq.num_computed_tokens + e.num_new_tokens >= e.seq.num_tokens for e in seqs)
-        if not new:
+        if not any(e.seq.num_computed_tokens + e.num_new_tokens >= e.seq.num_tokens for e in seqs):
             return False  # only middle chunks: no row joins
-        costs, rows = self.core.costs, len(head.plan.seqs)
-        waiting = bool(self.sched.waiting) or self._num_prefilling() > 0
-        if new * costs.decode(rows + new, contended=waiting) < rows * HOLD_TURNAROUND_S:
-            return False  # too few new rows for the rows that would wait
+        costs = self.core.costs
         lands = f.start + costs.prefill(f.plan.num_tokens)
-        return lands <= head.start + costs.decode(rows, contended=True)
+        return lands <= head.start + costs.decode(len(head.plan.seqs), contended=True)
 
     def _log_launch(self, lane: str) -> None:
         self.launch_log.append(lane)
