@@ -154,6 +154,11 @@ MODES = {
     # replays of chunk graphs of its own since 2026-11-26 (eager before: 17-32 ms of host
     # time a forward), after the step's launch, instead of in a catch-up round.
     "policy-follow": _policy_with(spec=(("follow_prefill", True),)),
+    # ... only at light load (SpecConfig.follow_prefill_max_rows: no other prompt waiting, at
+    # most 4 sequences decoding).
+    "policy-follow-light": _policy_with(
+        spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4))
+    ),
     # The GPU's block scheduler serving the prefill stream first (what every build before
     # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).
     "policy-prefill-first": _policy_with(engine=(("lane_priorities", "prefill-first"),)),

@@ -288,6 +288,11 @@ class SpecConfig:
     # speculated on half the tokens at 9-14 req/s, beside prompt steps, and its ITL p99 was
     # 1.35-1.58x `off`'s, TTFT p50 +11-17 ms (bench/mixed.py mode policy-follow).
     follow_prefill: bool = False
+    # ... only while the GPU is lightly loaded: no other prompt waits (queued or part-prefilled)
+    # and at most this many sequences decode (None: at any load). At light load the catch-up
+    # rounds the follow replaces are most of the policy's slowest tokens; under load its
+    # forwards share the GPU with the next prompt steps (above).
+    follow_prefill_max_rows: int | None = None
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
@@ -433,6 +438,9 @@ class SpecConfig:
             )
         if self.catch_up_chunks < 0:
             raise ValueError(f"catch_up_chunks must be >= 0, got {self.catch_up_chunks!r}")
+        rows = self.follow_prefill_max_rows
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+            raise ValueError(f"follow_prefill_max_rows must be an int >= 0 or None, got {rows!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
