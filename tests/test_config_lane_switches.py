@@ -39,6 +39,11 @@ def test_spec_env_overrides_map_the_policy_knobs() -> None:
     assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "1"}) == {"follow_prefill": True}
     assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "0"}) == {"follow_prefill": False}
     assert spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": " 0.1"}) == {"tail_tolerance": 0.1}
+    rows = {"VERIFYPD_FOLLOW_PREFILL_MAX_ROWS": " 4"}
+    assert spec_env_overrides(rows) == {"follow_prefill_max_rows": 4}
+    for bad in ("-1", "1.5", "four", ""):
+        with pytest.raises(ValueError, match="VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"):
+            spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL_MAX_ROWS": bad})
     with pytest.raises(ValueError, match="VERIFYPD_TAIL_TOLERANCE"):
         spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": "ten percent"})
     with pytest.raises(ValueError, match="tail_tolerance"):  # SpecConfig checks the range

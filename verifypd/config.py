@@ -291,7 +291,10 @@ class SpecConfig:
     # ... only while the GPU is lightly loaded: no other prompt waits (queued or part-prefilled)
     # and at most this many sequences decode (None: at any load). At light load the catch-up
     # rounds the follow replaces are most of the policy's slowest tokens; under load its
-    # forwards share the GPU with the next prompt steps (above).
+    # forwards share the GPU with the next prompt steps (above). On an H200 (6d65630, hetero,
+    # 10-second runs) 4 rows took the catch-up rounds at 2 req/s from 18 to 2 and the policy's
+    # ITL p99 there from 7.96 to 7.58 ms (`off` 6.90), level at 5-8 req/s: one run, so unset
+    # (mode policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
     follow_prefill_max_rows: int | None = None
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
@@ -468,6 +471,7 @@ ENV_PREFILL_SM_CARVEOUT = "VERIFYPD_PREFILL_SM_CARVEOUT"
 # runs our kernels (an H100 SXM has 132); the device's own count is checked at start-up.
 MAX_SM_CARVEOUT = 128
 ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
+ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 
 
@@ -502,11 +506,17 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on) and
-    ``VERIFYPD_TAIL_TOLERANCE`` (a float), for A/Bs against a server (the knobs have no flag)."""
+    """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on),
+    ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS`` (an int >= 0) and ``VERIFYPD_TAIL_TOLERANCE`` (a
+    float), for A/Bs against a server (the knobs have no flag)."""
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
+    if ENV_FOLLOW_PREFILL_MAX_ROWS in environ:
+        text = environ[ENV_FOLLOW_PREFILL_MAX_ROWS].strip()
+        if not text.isdigit():
+            raise ValueError(f"{ENV_FOLLOW_PREFILL_MAX_ROWS} must be an int >= 0, got {text!r}")
+        out["follow_prefill_max_rows"] = int(text)
     if ENV_TAIL_TOLERANCE in environ:
         text = environ[ENV_TAIL_TOLERANCE].strip()
         try:
