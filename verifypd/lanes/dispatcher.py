@@ -325,7 +325,7 @@ class LaneDispatcher:
             return False  # asked once per step in flight: the loop polls many times a step
         if self._holds_for_prompt(head):
             return False  # asked again as the loop polls: it goes ahead once the prompt landed
-        self._declined = head
+        self._declined, self._held = head, None  # (the steps held for are not kept alive)
         if self.policy.enabled:
             if self.verify_queue or "verify" in self.in_flight:
                 return False  # a speculative round is under way
