@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from intervals import clear_miss, row_intervals
 from loadgen import Mix, Request, latency_stats, load_stats, make_requests, run_load
 
 from verifypd.types import SamplingParams
@@ -195,6 +196,7 @@ def summary_row(
     for key in LATENCY_KEYS:
         for p in PERCENTILES:
             row[f"{key}_{p}_ms"] = lat[f"{key}_ms"][p]
+    row |= row_intervals(traces)  # the p99s' bootstrap intervals (bench/intervals.py)
     good, num_met = goodput(traces, load["span_s"], plan)
     n = load["num_requests"]
     row |= {
@@ -252,11 +254,18 @@ def _groups(rows: list[dict[str, Any]]) -> dict[tuple, dict[str, dict[str, Any]]
 
 
 def _verdict(checks: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
+    """PASS only without a miss; where misses were weighed against the rows' bootstrap
+    intervals (``clear_miss``), also how many are clear of them."""
     if not checks:
         return {"verdict": "N/A", "reason": reason or "no rows to judge", "checks": []}
     misses = [c for c in checks if not c["ok"]]
-    return {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
-            "num_misses": len(misses), "checks": checks}  # fmt: skip
+    out = {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
+           "num_misses": len(misses), "checks": checks}  # fmt: skip
+    weighed = [c["clear_miss"] for c in misses if c.get("clear_miss") is not None]
+    if weighed:
+        out["num_clear_misses"] = sum(weighed)
+        out["num_misses_weighed"] = len(weighed)
+    return out
 
 
 def within_best(rows: list[dict[str, Any]], policy: str = "policy", tol: float = 0.05):
@@ -281,9 +290,12 @@ def within_best(rows: list[dict[str, Any]], policy: str = "policy", tol: float =
                 ok, ratio = mine >= (1 - tol) * best, (mine / best if best else None)
             else:
                 ok, ratio = mine <= (1 + tol) * best, (mine / best if best else None)
-            checks.append({"acceptance_profile": profile, "temperature": temp, "rate": rate,
-                           "metric": metric, "policy": mine, "best_other": best,
-                           "best_mode": best_mode, "ratio": ratio, "ok": bool(ok)})  # fmt: skip
+            check = {"acceptance_profile": profile, "temperature": temp, "rate": rate,
+                     "metric": metric, "policy": mine, "best_other": best,
+                     "best_mode": best_mode, "ratio": ratio, "ok": bool(ok)}  # fmt: skip
+            if not ok and not higher:  # is the miss clear of both rows' intervals?
+                check["clear_miss"] = clear_miss(ours, others[best_mode], metric, tol)
+            checks.append(check)
     return _verdict(checks, f"needs mode {policy!r} and another mode")
 
 
@@ -429,7 +441,13 @@ def criteria_lines(block: dict[str, Any]) -> list[str]:
         if c["verdict"] == "N/A":
             lines.append(f"{head}: {c['reason']}")
             continue
-        lines.append(f"{head}: {c['num_checks'] - c['num_misses']}/{c['num_checks']} checks ok")
+        clear = ""
+        if "num_clear_misses" in c:
+            clear = (f" ({c['num_clear_misses']} of {c['num_misses_weighed']} misses clear of"
+                     " the bootstrap intervals)")  # fmt: skip
+        lines.append(
+            f"{head}: {c['num_checks'] - c['num_misses']}/{c['num_checks']} checks ok{clear}"
+        )
         for chk in c["checks"]:
             if not chk["ok"] or name != "policy_within_5pct_of_best":
                 shown = {k: v for k, v in chk.items() if k not in ("per_rate", "ok", "judged")}

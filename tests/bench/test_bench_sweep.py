@@ -19,7 +19,8 @@ from verifypd.types import SamplingParams
 ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", "itl_p99_ms",
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
             "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint",
-            "num_preemptions", "num_ahead_steps", "num_ahead_held"}  # fmt: skip
+            "num_preemptions", "num_ahead_steps", "num_ahead_held", "ttft_p99_ci_ms",
+            "itl_p99_ci_ms", "tpot_p99_ci_ms"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
               "uniform-0.8,hetero", "--temperatures", "0", "--modes", "off,three-fixed,policy",
@@ -190,6 +191,7 @@ def test_criteria_on_constructed_rows() -> None:
     assert sum(line.startswith("MISS") for line in lines) == 3
     assert any("metric=itl_p99_ms" in line and "MISS" in line for line in lines)
     assert sweep.criteria([_row("off", 2)])["hetero_goodput_gain_15pct"]["verdict"] == "N/A"
+    assert "num_clear_misses" not in crit["policy_within_5pct_of_best"]  # rows without intervals
     # A policy variant is judged on its own against the non-policy modes, and does not count
     # as a rival of ``policy``.
     tight = [_row("policy-tight", 2, itl=10.0, good=5.0, p50=6.0)]
