@@ -363,10 +363,10 @@ class LaneDispatcher:
         return True
 
     def _holds_for_prompt(self, head: InFlight) -> bool:
-        """No step goes ahead of ``head`` yet: a prompt step in flight lands first with rows
-        worth waiting for (``_prompt_lands_first``). Once it has landed, the step ahead is
-        launched with its rows (behind ``head``, which the rows in flight then never wait
-        for); a verdict stands while the same two steps are in flight (the loop polls)."""
+        """No step goes ahead of ``head`` yet: a prompt step in flight lands first with new
+        rows (``_lands_first``). Once it has landed, the step ahead is launched with them
+        (behind ``head``: the rows in flight wait for nothing); a verdict stands while the
+        same two steps are in flight (the loop polls)."""
         f = self.in_flight.get("prefill")
         if self._held is not None and self._held[0] is head and self._held[1] is f:
             return True
