@@ -12,7 +12,13 @@ The merged JSON holds every row, the criteria of bench/sweep.py over the in-proc
 "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file. With
 ``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also holds
 ``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 % sits in,
-and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too.
+and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too. With
+``--ab OLD.json ...`` (the same plan run by other code, e.g. the commit before a change, in the
+same call) it holds ``ab``: the new / old ratio of every cell per metric (bench/sweep_ab.py),
+and ``ab_sweep``: the old rows as ``MODE@COMMIT``, which its plot draws beside the new ones
+(the criteria judge the new rows only).
+
+    python bench/sweep_report.py NEW.json --ab OLD.json --out AB.json
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from sweep import (  # noqa: E402
     replicated_misses,
     spread_lines,
 )
+from sweep_ab import ab_compare, ab_lines  # noqa: E402
 
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
           ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
@@ -260,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--vllm", nargs="*", default=[], help="peer_vllm.py sweep JSONs")
     p.add_argument("--http", nargs="*", default=[], help="mixed.py --sweep --http JSONs")
     p.add_argument("--repeat", nargs="*", default=[], help="another run of the same plan")
+    p.add_argument("--ab", nargs="*", default=[], help="the same plan run by other code")
     p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
     args = p.parse_args(argv)
     ours = join_ours([load_result(f) for f in args.ours])
@@ -271,24 +279,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merged["repeat_spread"] = repeat_spread(ours["sweep"], again["sweep"])
         merged["repeat_misses"] = replicated_misses(ours["sweep"], again["sweep"])
         merged["sources"]["repeat"] = again.get("command")
+    if args.ab:
+        before = join_ours([load_result(f) for f in args.ab])
+        if before.get("sweep_config") != ours.get("sweep_config"):
+            p.error("--ab: a different sweep plan")
+        merged["ab"] = {"new": ours.get("git_commit"), "old": before.get("git_commit"),
+                        **ab_compare(ours["sweep"], before["sweep"])}  # fmt: skip
+        merged["sources"]["ab"] = before.get("command")
+        label = before.get("git_commit") or "old"  # drawn beside the new rows, not judged
+        merged["ab_sweep"] = [dict(r, mode=f"{r['mode']}@{label}") for r in before["sweep"]]
     first = Path(args.ours[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
     # the policy timelines (hundreds of KB each) and the rows' diagnostics (ROW_DETAIL) stay in
     # the runs' own files (their sidecars, result_files.py): the report keeps the numbers the
     # criteria read and names the runs that hold the timelines
     timeline_in = [Path(f).name for f in args.ours] if merged["policy_timeline"] else []
-    written = {k: v for k, v in merged.items() if k not in ("policy_timeline", "sweep")}
+    written = {k: v for k, v in merged.items() if k not in ("policy_timeline", "sweep", "ab_sweep")}
+    if "ab_sweep" in merged:
+        written["ab_sweep"] = [slim_row(r) for r in merged["ab_sweep"]]
     write_json(out, {**written, "sweep": [slim_row(r) for r in merged["sweep"]],
                      "policy_timeline_in": timeline_in})  # fmt: skip
-    if args.vllm or args.http or len(args.ours) > 1:  # else the run's own plots, byte for byte
+    if args.vllm or args.http or args.ab or len(args.ours) > 1:  # else the run's own plots
         # the policy's timeline only when joined from several runs (one run's is its own plot)
         timeline = merged["policy_timeline"] if len(args.ours) > 1 else []
-        plot_all(out.with_suffix(".png"), merged["sweep"], timeline)
+        plot_all(out.with_suffix(".png"), merged["sweep"] + merged.get("ab_sweep", []), timeline)
     print(table(merged["sweep"]))
     print("\n".join(report_lines(merged)))
     if "repeat_spread" in merged:
         print("\n".join(spread_lines(merged["repeat_spread"])))
         print("\n".join(replicated_lines(merged["repeat_misses"])))
+    if "ab" in merged:
+        print("\n".join(ab_lines(merged["ab"], str(merged["ab"]["new"]), str(merged["ab"]["old"]))))
     print(f"wrote {out}")
     return merged
 
