@@ -14,11 +14,11 @@ is drawn from a truncated geometric with alpha = --acceptance for every request;
 each request carries its profile's alpha (``SamplingParams.synthetic_acceptance``). The draft
 and verify forwards are real.
 
---sweep (issue 14; bench/mixed_sweep.py, bench/sweep.py, bench/sweep_report.py, told in
-docs/performance.md "The rate sweep"): --rates x --profiles x --temperatures against each of
---modes (default off, single-fixed, three-fixed, policy), each engine built once, the same KV
-pool (--num-kv-blocks) and traces in every mode; --http URL replays the same traces against a
-running OpenAI server instead.
+--sweep (issue 14; bench/mixed_sweep.py, bench/sweep.py, bench/sweep_criteria.py,
+bench/sweep_report.py, told in docs/performance.md "The rate sweep"): --rates x --profiles x
+--temperatures against each of --modes (default off, single-fixed, three-fixed, policy), each
+engine built once, the same KV pool (--num-kv-blocks) and traces in every mode; --http URL
+replays the same traces against a running OpenAI server instead.
 
 Modes (--modes): three-ctrl (three lanes + controller, L_max = --draft-len), three-fixed (three
 lanes, fixed L), single-fixed (fused single lane, fixed L), three-off (three lanes, no

@@ -21,14 +21,8 @@ from http_load import HttpEngine, served_model, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from result_files import SidecarRun
-from sweep import (
-    SweepPlan,
-    criteria,
-    criteria_lines,
-    policy_variants,
-    run_trace,
-    summary_row,
-)
+from sweep import SweepPlan, run_trace, summary_row
+from sweep_criteria import criteria, criteria_lines, policy_variants
 from sweep_report import columnar, plot_all, table
 from ttft_anatomy import StepLog, anatomy
 

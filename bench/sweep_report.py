@@ -8,15 +8,15 @@ the same traces over HTTP (mixed.py --sweep --http) and through vLLM (peer_vllm.
 
 Several OURS files of one plan (one mode per run, to fit a device time limit) are joined.
 
-The merged JSON holds every row, the criteria of bench/sweep.py over the in-process rows, and
-"policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file. With
-``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also holds
-``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 % sits in,
-and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too. With
-``--ab OLD.json ...`` (the same plan run by other code, e.g. the commit before a change, in the
-same call) it holds ``ab``: the new / old ratio of every cell per metric (bench/sweep_ab.py),
-and ``ab_sweep``: the old rows as ``MODE@COMMIT``, which its plot draws beside the new ones
-(the criteria judge the new rows only).
+The merged JSON holds every row, the criteria of bench/sweep_criteria.py over the in-process
+rows, and "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file.
+With ``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also
+holds ``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 %
+sits in, and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too.
+With ``--ab OLD.json ...`` (the same plan run by other code, e.g. the commit before a change, in
+the same call) it holds ``ab``: the new / old ratio of every cell per metric
+(bench/sweep_ab.py), and ``ab_sweep``: the old rows as ``MODE@COMMIT``, which its plot draws
+beside the new ones (the criteria judge the new rows only).
 
     python bench/sweep_report.py NEW.json --ab OLD.json --out AB.json
 """
@@ -32,7 +32,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from common import format_table, save_figure, write_json  # noqa: E402
 from result_files import load_result, slim_row  # noqa: E402
-from sweep import (  # noqa: E402
+from sweep_ab import ab_compare, ab_lines  # noqa: E402
+from sweep_criteria import (  # noqa: E402
     criteria,
     criteria_lines,
     repeat_spread,
@@ -40,7 +41,6 @@ from sweep import (  # noqa: E402
     replicated_misses,
     spread_lines,
 )
-from sweep_ab import ab_compare, ab_lines  # noqa: E402
 
 PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
           ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip

@@ -1,6 +1,7 @@
-"""The rate sweep of issue 14 (bench/mixed.py --sweep, bench/sweep.py, bench/sweep_report.py):
-a tiny sweep end to end on CPU (schema, identical traces in every mode, criteria), the plan's
-traces and profiles, and the criteria / vLLM merge on constructed rows (a miss shows MISS)."""
+"""The rate sweep of issue 14 (bench/mixed.py --sweep, bench/sweep.py, bench/sweep_criteria.py,
+bench/sweep_report.py): a tiny sweep end to end on CPU (schema, identical traces in every mode,
+criteria), the plan's traces and profiles, and the criteria / vLLM merge on constructed rows (a
+miss shows MISS)."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def _row(mode, rate, profile="hetero", ttft=100.0, itl=20.0, tpot=10.0, good=5.0
 
 
 def test_criteria_on_constructed_rows() -> None:
-    sweep = load_bench("sweep")
+    sweep = load_bench("sweep_criteria")
     rows = [_row("off", 2, p50=12.0), _row("three-fixed", 2, itl=18.0),
             _row("policy", 2, itl=18.5, good=5.9, p50=7.0),
             _row("off", 8, good=4.0), _row("three-fixed", 8, good=4.2),
@@ -274,7 +275,7 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
 def test_repeat_spread_of_two_runs_of_one_plan(tmp_path: Path) -> None:
     """Two runs of the same plan: the relative spread per metric over the cells both have,
     and the share of cells beyond the criteria's 5 %; a repeat of another plan is refused."""
-    sweep, report = load_bench("sweep"), load_bench("sweep_report")
+    sweep, report = load_bench("sweep_criteria"), load_bench("sweep_report")
     a = [_row("off", 2, itl=10.0, ttft=100.0), _row("policy", 2, itl=10.0, ttft=100.0),
          _row("off", 8, itl=20.0, ttft=100.0)]  # fmt: skip
     b = [_row("off", 2, itl=10.4, ttft=100.0), _row("policy", 2, itl=13.0, ttft=100.0),
@@ -325,7 +326,7 @@ def test_slowest_requests_are_the_p99s_company() -> None:
 def test_misses_replicated_in_a_repeat() -> None:
     """A within-5 % miss counts as replicated only where the repeat misses the same check; a
     policy variant's rows are not among the modes the policy is judged against."""
-    sweep = load_bench("sweep")
+    sweep = load_bench("sweep_criteria")
     a = [_row("off", 2, itl=10.0), _row("policy", 2, itl=12.0),  # ITL miss in both runs
          _row("off", 8, tpot=10.0), _row("policy", 8, tpot=11.0),  # TPOT miss in a only
          _row("policy-yield", 8, tpot=5.0)]  # fmt: skip

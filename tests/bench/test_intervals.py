@@ -80,7 +80,7 @@ def test_a_clear_miss_needs_intervals_apart_beyond_the_tolerance(iv) -> None:
 
 
 def test_the_criteria_count_the_clear_misses() -> None:
-    sweep = load_bench("sweep")
+    sweep = load_bench("sweep_criteria")
 
     def row(mode, itl, ci):
         return {"mode": mode, "rate": 2, "acceptance_profile": "hetero", "temperature": 0.0,
