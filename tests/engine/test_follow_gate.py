@@ -74,6 +74,7 @@ def test_a_part_prefilled_prompt_not_in_the_step_counts_as_waiting():
     both = core.scheduler.plan_prefill(1 << 12, 8)  # the long one's next chunk, the short one
     assert [e.seq.request_id for e in both] == ["long", "short"]
     short = StepPlan("prefill", [e for e in both if e.seq.request_id == "short"])
+    core.scheduler.begin_step(short)  # the short one's step in flight, read as it launches
     assert core.follow_items(short, lambda seq_id: True) == []
     core.scheduler.begin_step(StepPlan("prefill", [both[0]]))  # the long chunk in flight
     assert [s.request_id for s, _ in core.follow_items(short, lambda seq_id: True)] == ["short"]

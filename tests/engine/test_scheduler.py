@@ -211,3 +211,17 @@ def test_the_pack_limit_is_validated():
     for bad in (-1, 1.5, "512"):
         with pytest.raises(ValueError, match="prefill_pack_tokens"):
             SchedulerConfig(prefill_pack_tokens=bad)
+
+
+def test_prompts_waiting_counts_queued_and_part_prefilled_prompts_not_in_flight():
+    s = _sched(chunk=4)
+    assert not s.prompts_waiting() and s.num_prefilling == 0
+    a = _seq(10, "a")
+    s.add(a)
+    assert s.prompts_waiting() and s.num_prefilling == 0  # queued
+    plan = StepPlan("prefill", s.plan_prefill(64, 8))  # admitted: its first chunk of 4
+    assert s.num_prefilling == 1 and s.prompts_waiting()  # planned, not yet in flight
+    s.begin_step(plan)
+    assert s.num_prefilling == 0 and not s.prompts_waiting()  # in flight: nothing waits
+    s.update(plan, [[] for _ in plan.seqs])
+    assert a.status is SeqStatus.PREFILLING and s.num_prefilling == 1 and s.prompts_waiting()

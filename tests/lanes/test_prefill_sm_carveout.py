@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from verifypd.config import EngineConfig, env_overrides
+from verifypd.engine.scheduler import Scheduler
 from verifypd.lanes import executor as ex
 from verifypd.types import SeqStatus
 
@@ -59,9 +60,10 @@ def _executor(monkeypatch: pytest.MonkeyPatch, carveout: int, statuses: list[Seq
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=132))  # fmt: skip
     running = [SimpleNamespace(status=s, in_flight=1) for s in statuses]
+    sched = SimpleNamespace(running=running, waiting=[])
+    sched.prompts_waiting = lambda: Scheduler.prompts_waiting(sched)  # the scheduler's own rule
     core = SimpleNamespace(config=EngineConfig(prefill_sm_carveout=carveout, **config),
-                           scheduler=SimpleNamespace(running=running, waiting=[]),
-                           device="cuda")  # fmt: skip
+                           scheduler=sched, device="cuda")  # fmt: skip
     streams = ex.LaneStreams(torch.device("cpu"))  # no streams: the carve-out alone is tested
     return ex.StreamExecutor(core, policy=None, streams=streams), running
 

@@ -244,7 +244,7 @@ class EngineCore:
         """(sequence, its prompt tokens once ``plan`` has run) for each prompt chunk of
         ``plan`` the drafter follows (``SpecConfig.follow_prefill``, only at light load with
         ``follow_prefill_max_rows``); read at launch."""
-        if self.spec.drafter is None or not self.config.spec.follow_prefill or self._loaded(plan):
+        if self.spec.drafter is None or not self.config.spec.follow_prefill or self._loaded():
             return []
         return [
             (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
@@ -252,23 +252,14 @@ class EngineCore:
             if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
         ]
 
-    def _loaded(self, plan: StepPlan) -> bool:
-        """Beyond ``SpecConfig.follow_prefill_max_rows``: more sequences decode, or a prompt
-        not in ``plan`` waits (queued, or part-prefilled and not in flight)."""
-        most = self.config.spec.follow_prefill_max_rows
+    def _loaded(self) -> bool:
+        """Beyond ``SpecConfig.follow_prefill_max_rows`` (read once the prompt step is in
+        flight): another prompt waits, or more sequences decode."""
+        most, sched = self.config.spec.follow_prefill_max_rows, self.scheduler
         if most is None:
             return False
-        sched, mine = self.scheduler, {e.seq.seq_id for e in plan.seqs}
-        if sched.waiting:
-            return True
-        decoding = 0
-        for s in sched.running:
-            if s.status is SeqStatus.PREFILLING:
-                if s.seq_id not in mine and not s.in_flight:
-                    return True
-            elif s.status in (SeqStatus.DECODING, SeqStatus.VERIFYING):
-                decoding += 1
-        return decoding > most
+        decoding = (SeqStatus.DECODING, SeqStatus.VERIFYING)
+        return sched.prompts_waiting() or sum(s.status in decoding for s in sched.running) > most
 
     def follow_iter(
         self, items: list[tuple[Sequence, int]], every: int = 0

@@ -81,6 +81,17 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def num_prefilling(self) -> int:
+        """Part-prefilled sequences whose next chunk is not in flight."""
+        return sum(1 for s in self.running if s.status is SeqStatus.PREFILLING and not s.in_flight)
+
+    def prompts_waiting(self) -> bool:
+        """A prompt waits for a prompt step: queued, or part-prefilled and not in flight."""
+        return bool(self.waiting) or any(
+            s.status is SeqStatus.PREFILLING and not s.in_flight for s in self.running
+        )
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

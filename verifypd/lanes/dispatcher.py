@@ -162,13 +162,8 @@ class LaneDispatcher:
         return {
             "decode": len(self.core.decodable()),
             "verify": len(self.verify_queue),
-            "prefill": self.sched.num_waiting + self._num_prefilling(),
+            "prefill": self.sched.num_waiting + self.sched.num_prefilling,
         }
-
-    def _num_prefilling(self) -> int:
-        return sum(
-            1 for s in self.sched.running if s.status is SeqStatus.PREFILLING and not s.in_flight
-        )
 
     def _has_work(self) -> dict[str, bool]:
         depths = self.queue_depths()
@@ -403,7 +398,7 @@ class LaneDispatcher:
         """Prompt work in flight or queued; only read by a policy that reads it (yields to it,
         or prices plans beside it: no scan of the running set otherwise)."""
         return self.policy.reads_prompt_work and (
-            "prefill" in self.in_flight or bool(self.sched.waiting) or self._num_prefilling() > 0
+            "prefill" in self.in_flight or self.sched.prompts_waiting()
         )
 
     def _plan_verify(self) -> StepPlan | None:

@@ -182,7 +182,7 @@ class StreamExecutor:
         ``prefill_sm_carveout_in_backlog``), the prompt step has them all. With the carve-out
         off (the default) the stream alone: nothing more on any launch."""
         carve = self.carveout and lane in PROMPT_LANES and self._decoding()
-        if carve and (self.carve_in_backlog or not self._backlog()):
+        if carve and (self.carve_in_backlog or not self.core.scheduler.prompts_waiting()):
             self.num_carved += 1
             return self._carved(lane)
         return self.streams.context(lane)
@@ -194,13 +194,6 @@ class StreamExecutor:
 
     def _decoding(self) -> bool:
         return any(s.status in _DECODE_STATES for s in self.core.scheduler.running)
-
-    def _backlog(self) -> bool:
-        """Prompts wait for a prompt step: queued, or part-prefilled and not in flight."""
-        sched = self.core.scheduler
-        return bool(sched.waiting) or any(
-            s.status is SeqStatus.PREFILLING and not s.in_flight for s in sched.running
-        )
 
     @property
     def busy(self) -> bool:
