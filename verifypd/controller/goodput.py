@@ -46,7 +46,6 @@ Deterministic given its inputs and the injected clock; every decision carries it
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +58,8 @@ from verifypd.controller.draft_controller import (
     DraftController,
     build_controller,
 )
-from verifypd.controller.policy import expected_tokens
+from verifypd.controller.goodput_config import GoodputConfig
+from verifypd.controller.plan_search import Candidate, PlanSearch, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
 
 REASONS = (
@@ -73,147 +73,6 @@ REASONS = (
     "probe",  # a probe of parked requests was drafted
     "catch_up",  # a catch-up round: drafters far behind fed their context
 )
-
-
-@dataclass(frozen=True)
-class GoodputConfig:
-    latency_slack: float = 0.10  # ε of the latency guard
-    gain_margin: float = 0.02  # a plan must beat plain tokens/s by this fraction
-    accept_floor: float = 0.15  # population α below this: parked (drafted only in probes)
-    max_catch_up: int = 64  # most tokens a drafter catches up on for one request per step
-    probe_min_steps: int = 64  # first probe interval; doubles while probes find nothing
-    probe_max_steps: int = 4096
-    probe_alpha: float = 0.5  # α a probed request is planned with
-    population_weight: float = 0.02  # EWMA weight of one verify in the population's α
-    # The population's prior α (ControllerConfig.initial_acceptance) counts as this many
-    # verifies, not as the EWMA's whole memory: a drafter that does not predict the traffic
-    # parks the policy after a round or two of verifies instead of ~80 (each speculative step
-    # of a drafter that accepts nothing is a slow step for its whole batch).
-    population_prior_count: float = 4.0
-    request_weight: float = 0.15  # EWMA weight of one verify in a request's α̂
-    prefill_wait_guard_s: float | None = None  # None: no prefill-pressure rule
-    max_spec_rows: int | None = None  # None: no row limit (no verify graphs, e.g. CPU)
-    alpha_bucket: float = 0.05  # α̂ within one bucket enter the speculating set together
-    # Plain rows of a fused step are padded to the verify width (one graph replay, the
-    # engine's runner with CUDA graphs); False: a fused step with plain rows runs eager.
-    padded_fused: bool = False
-    # A drafter further behind than max_catch_up (a request fresh from its prefill) catches
-    # up in a catch-up round: at most one every this many steps (arrivals batch into one
-    # eager drafter forward), its one-off cost left out of the latency guard.
-    catch_up_every_steps: int = 8
-    # A first draft step that cannot replay a graph (some drafter more than
-    # ``graph_catch_up`` tokens behind: after plain steps, or a catch-up) runs eager: mostly
-    # host time.
-    eager_draft_s: float = 4e-3
-    # Most tokens a drafter may be behind and still start with a graph replay (the drafter's
-    # largest catch-up graph, ``SpecConfig.catch_up_graphs``; 2 without them).
-    graph_catch_up: int = 2
-    # Most tokens a drafter may be behind and still catch up in chunk-graph replays
-    # (``SpecConfig.catch_up_chunk``); 0 without them. Neither kind pays the eager one-off.
-    # With chunk graphs, a drafter further behind (a long prompt) is not drafted for at all:
-    # its eager catch-up is ~10 ms of host time that stalls every lane.
-    chunk_catch_up: int = 0
-    # No speculating step may take longer than this many plain steps (None: no cap). The
-    # guard above bounds the expected time per token; this bounds the step itself, which is
-    # the inter-token gap a request sees when its first draft is rejected (the ITL tail).
-    max_step_ratio: float | None = None
-    # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
-    # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
-    # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
-    # steps, and the policy stopped speculating for good.)
-    amortize_steps: int = 32
-    # Plain rows riding in a speculating step (a request waiting for its catch-up round, or
-    # one that may not speculate) may wait up to (1 + rider_slack) plain steps.
-    rider_slack: float = 0.25
-    # Hysteresis: after a speculating step, keep speculating unless the plan falls below
-    # plain decoding's tokens/s by this fraction (stopping makes the next resume eager).
-    keep_margin: float = 0.02
-    # A "no gain" verdict of the full plan search stands for up to this many steps while the
-    # batch's candidates stay the same (rows, who, α̂ bucket, far/last/probe): the search reads
-    # nothing else that changes in between but the costs' online levels. The search took
-    # ~0.5 ms of host time per step at 24 rows on an H100 host (measured at c78e11c), which
-    # a drafter that never paid cost every decode step. 1: search every step.
-    no_gain_hold_steps: int = 8
-    # No speculation while prompt work is in flight or queued: a prefill chunk on its own
-    # stream shares the GPU with the decode round, and a round with drafts then stretches the
-    # decode tail most (the ITL p99 where `off` won the sweep). ``SpecConfig.yield_to_prefill``
-    # sets it for the engine (off by default: not measurably better yet).
-    yield_to_prefill: bool = False
-    # Rows waiting for their drafter's catch-up round (far behind, within reach of the catch-up
-    # graphs) ride in a speculating step outside the rider bound: they speculate themselves
-    # within ``catch_up_every_steps``. Without it, one fresh request keeps the whole batch
-    # plain until its round (the uniform-0.8 sweeps: "no_gain" on most steps at 8+ req/s).
-    waiting_riders_exempt: bool = False
-    # Host time a speculative round pays and a plain decode step does not: with decode-ahead a
-    # plain step is launched while the one before runs, while a drafting step needs its
-    # tokens landed first (fold-back, planning, upload between GPU steps). Added to every
-    # speculative plan's step time (value and guard). 0: not charged.
-    round_overhead_s: float = 0.0
-    # The ITL tail: a round whose first draft is rejected hands each of its requests one token
-    # after the whole step, so the step itself is the inter-token gap in the tail. Among the
-    # plans within this fraction of the best tokens/s, the one with the shortest step wins
-    # (a shorter L, or fewer speculators); 0: the best tokens/s always.
-    tail_tolerance: float = 0.0
-    # Most context tokens one catch-up round feeds the drafters (the first far request is
-    # always taken, so a long prompt is not starved): a round's catch-up runs on the decode
-    # stream ahead of its drafts, and with chunk graphs it holds no host time but all of it is
-    # GPU time every row of the step waits for (at 14 req/s on an H100, rounds that fed 15
-    # prompts at once took 90-150 ms). The rest wait for the next round (counted as waiting
-    # riders). None: no limit.
-    catch_up_round_tokens: int | None = None
-    # No catch-up round while prompt work is in flight or queued (``LoadSignals``): its
-    # context feed then shares the GPU with a prompt step, and every row of the step waits
-    # for both (the slowest tokens at 5 req/s on an H100 with chunk graphs: 90 ms steps).
-    # The far requests wait, as riders, for a round with the GPU to itself.
-    catch_up_yields_to_prefill: bool = False
-    # A separate round's drafts run beside the plain rows' decode step (on the verify lane's
-    # stream, ``SpecConfig.drafts_beside_decode``): its plain rows wait for decode(B - |S|)
-    # only, and the rider bound reads that; the round's time is still charged in full.
-    drafts_beside_decode: bool = False
-    # With ``waiting_riders_exempt``: a row rides outside the rider bound for at most this many
-    # decisions from when it began waiting for its drafter (None: as long as it waits). Then it
-    # is a plain rider again, so others' rounds may not stretch its gaps past the bound until
-    # its catch-up round: with uniform 0.8 at 11-14 req/s on an H100 the slowest TPOTs were
-    # long prompts riding others' rounds at 15-21 ms a token while they waited.
-    waiting_rider_max_steps: int | None = None
-    # While prompt work is in flight or queued (``LoadSignals.prefill_running``), plans are
-    # priced with the cost model's contended levels (``BatchCostModel.level_of``): what decode,
-    # verify, mixed and draft steps measured beside prompt steps. A round beside a prompt chunk
-    # is judged on what it costs there, not on the GPU to itself.
-    contention_costs: bool = False
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.latency_slack >= 0.0 and self.gain_margin >= 0.0, "slack, margin >= 0"),
-            (0.0 <= self.accept_floor < 1.0, "accept_floor in [0, 1)"),
-            (self.max_catch_up >= 2, "max_catch_up >= 2"),
-            (1 <= self.probe_min_steps <= self.probe_max_steps, "1 <= probe min <= max"),
-            (0.0 < self.probe_alpha < 1.0, "probe_alpha in (0, 1)"),
-            (0.0 < self.population_weight <= 1.0, "population_weight in (0, 1]"),
-            (self.population_prior_count > 0.0, "population_prior_count > 0"),
-            (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
-            (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
-            (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
-            (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),
-            (0.0 <= self.keep_margin < 1.0, "keep_margin in [0, 1)"),
-            (self.no_gain_hold_steps >= 1, "no_gain_hold_steps >= 1"),
-            (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
-            (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
-            (self.rider_slack >= 0.0, "rider_slack >= 0"),
-            (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
-            (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
-            (
-                self.catch_up_round_tokens is None or self.catch_up_round_tokens >= 1,
-                "catch_up_round_tokens >= 1",
-            ),  # fmt: skip
-            (
-                self.waiting_rider_max_steps is None or self.waiting_rider_max_steps >= 1,
-                "waiting_rider_max_steps >= 1",
-            ),  # fmt: skip
-        ]
-        for ok, rule in checks:
-            if not ok:
-                raise ValueError(f"GoodputConfig: need {rule}")
 
 
 @dataclass(frozen=True)
@@ -243,27 +102,6 @@ class BatchDecision:
     predicted_step_s: float = 0.0
     predicted_tokens: float = 0.0
     plain_step_s: float = 0.0
-
-
-@dataclass
-class _Plan:
-    value: float  # tokens per second
-    step_s: float
-    tokens: float
-    k: int
-    draft_len: int
-    fused: bool
-
-
-@dataclass
-class _Candidate:
-    seq_id: int
-    alpha: float
-    behind: int
-    tokens_left: int
-    probe: bool = False
-    far: bool = False  # its drafter catches up beyond max_catch_up (a catch-up round)
-    last: bool = False  # its last token: drafts are cut, and the guard does not apply
 
 
 class GoodputPolicy(DraftController):
@@ -378,7 +216,8 @@ class GoodputPolicy(DraftController):
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
-        best = self._best_plan(len(batch), cands, t0, bar * len(batch) / t0, contended)
+        search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
+        best = search.best(len(batch), cands, t0, bar * len(batch) / t0, self._waiting)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -397,7 +236,7 @@ class GoodputPolicy(DraftController):
             reason = "catch_up"
         return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
 
-    def _key(self, batch: list[SeqView], cands: list[_Candidate]) -> tuple:
+    def _key(self, batch: list[SeqView], cands: list[Candidate]) -> tuple:
         """What a "no gain" verdict depends on besides the costs' levels (built only while a
         verdict is held or being stored, not on the steps that speculate)."""
         bucket = self.goodput.alpha_bucket
@@ -418,7 +257,7 @@ class GoodputPolicy(DraftController):
             return "batch_too_large"
         return None
 
-    def _candidates(self, batch: list[SeqView], load: LoadSignals) -> list[_Candidate]:
+    def _candidates(self, batch: list[SeqView], load: LoadSignals) -> list[Candidate]:
         """Requests that may speculate now, highest α̂ first (ties by seq id: deterministic).
         While the population is parked (its α below ``accept_floor``: the drafter does not
         predict this traffic) a request whose own α̂ is below the floor too only on a probe
@@ -447,16 +286,16 @@ class GoodputPolicy(DraftController):
             if beyond:
                 continue  # only an eager catch-up reaches it: not worth its host time
             if v.tokens_left < 2:  # its last token: it rides along, outside the guard
-                out.append(_Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
+                out.append(Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
                 continue
             alpha = st.acceptance.value
             if parked and alpha < g.accept_floor:  # only its own evidence, or a probe
                 if not probing:
                     continue
-                out.append(_Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
+                out.append(Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
                                       probe=True))  # fmt: skip
                 continue
-            out.append(_Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left, far=far))
+            out.append(Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left, far=far))
         if all(c.last for c in out):
             return []
         out.sort(key=lambda c: (c.last, -c.alpha, c.seq_id))
@@ -471,90 +310,14 @@ class GoodputPolicy(DraftController):
         self._waiting += int(limit is None or self.num_steps - start < limit)
 
     def _within_round_budget(
-        self, cands: list[_Candidate], since: dict[int, int]
-    ) -> list[_Candidate]:
+        self, cands: list[Candidate], since: dict[int, int]
+    ) -> list[Candidate]:
         """Far candidates past ``catch_up_round_tokens`` (in α̂ order, the first always in)
         wait for the next catch-up round, as waiting riders."""
-        budget = self.goodput.catch_up_round_tokens
-        if budget is None:
-            return cands
-        out, fed = [], 0
-        for c in cands:
-            if c.far and fed and fed + c.behind > budget:
-                self._wait(c.seq_id, since)
-                continue
-            fed += c.behind if c.far else 0
-            out.append(c)
-        return out
-
-    def _best_plan(
-        self, rows: int, cands: list[_Candidate], t0: float, floor: float, contended: bool
-    ) -> _Plan | None:
-        """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
-        the ends of the α̂ buckets, with the most tokens per second (or, with
-        ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
-        tokens per second (None: none does), every step priced ``contended`` or not. Work per
-        step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
-        step."""
-        g, c = self.goodput, contended
-        limit = (1.0 + g.latency_slack) * t0
-        cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
-        exempt = self._waiting if g.waiting_riders_exempt else 0
-        groups = _groups(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
-        best: _Plan | None = None
-        # With a tail tolerance every plan is kept (the shortest close one wins); without, only
-        # the best so far (the search runs on the host before decode steps).
-        plans: list[_Plan] | None = [] if g.tail_tolerance else None
-        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up),
-        # priced once, not at every L.
-        fixed = [
-            (
-                self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0),
-                self.costs.draft(grp.end, c),
-                self.costs.catch_up(grp.steady, c),
-            )
-            for grp in groups
-        ]
-        for L in range(1, self.config.max_draft_len + 1):
-            tokens, least = float(rows), math.inf
-            for grp, (one_off, draft_step_s, steady_s) in zip(groups, fixed, strict=True):
-                k = grp.end
-                tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
-                least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
-                draft_s = L * draft_step_s + steady_s
-                bound = min(limit * least, cap)
-                # plain rows wait for their one token: the whole step, or (drafts beside the
-                # decode step) their own decode step
-                riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
-                for fused, step_s in self._step_times(rows, k, L, draft_s, c):
-                    step_s += g.round_overhead_s
-                    value = tokens / (step_s + one_off / g.amortize_steps)
-                    wait = step_s
-                    if g.drafts_beside_decode and not fused:
-                        wait = self.costs.decode(rows - k, c) + g.round_overhead_s
-                    if step_s > bound or wait > riders or value <= floor:
-                        continue
-                    if plans is None and best is not None and value <= best.value:
-                        continue  # the first of equals stays: deterministic
-                    plan = _Plan(value, step_s + one_off, tokens, k, L, fused)
-                    if best is None or value > best.value:
-                        best = plan
-                    if plans is not None:
-                        plans.append(plan)
-        if not plans or best is None:
-            return best
-        close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
-        return min(close, key=lambda p: (p.step_s, -p.value))
-
-    def _step_times(
-        self, rows: int, k: int, L: int, draft_s: float, contended: bool
-    ) -> list[tuple[bool, float]]:
-        """(fused, seconds) of one round: the fused step and the separate decode + verify."""
-        c, busy = self.costs, contended
-        uniform = k == rows or self.goodput.padded_fused
-        fwd = c.verify(rows, 1 + L, busy) if uniform else c.mixed(rows, rows + k * L, busy)
-        separate = draft_s + c.decode(rows - k, busy) + c.verify(k, 1 + L, busy)
-        return [(True, draft_s + fwd), (False, separate)]
+        taken, deferred = split_by_round_budget(cands, self.goodput.catch_up_round_tokens)
+        for c in deferred:
+            self._wait(c.seq_id, since)
+        return taken
 
     def _record(self, d: BatchDecision, batch: list[SeqView]) -> None:
         self.decisions[d.reason] += 1
@@ -597,47 +360,6 @@ class GoodputPolicy(DraftController):
             }
         )
         return snap
-
-
-@dataclass
-class _Group:
-    """Candidates [.., end) up to one α̂ bucket, with the totals of everything before it."""
-
-    end: int  # k: the set size when this group is the last one in
-    count: int = 0  # speculating rows of this group (not on their last token)
-    mean_alpha: float = 0.0
-    min_alpha: float = 1.0
-    last_gain: float = 0.0  # rows on their last token yield nothing more
-    steady: int = 0  # cumulative: catch-up tokens of steady drafters (beyond two)
-    far: int = 0  # cumulative: context tokens of drafters in a catch-up round
-    eager: bool = False  # cumulative: some drafter further behind than its graphs reach
-
-
-def _groups(cands: list[_Candidate], bucket: float, graph_catch_up: int) -> list[_Group]:
-    """Runs of candidates in one α̂ bucket (they enter the speculating set together); a group
-    is ``eager`` once some drafter in or before it is more than ``graph_catch_up`` behind."""
-    out: list[_Group] = []
-    steady = far = 0
-    eager = False
-    alphas: list[float] = []
-    for i, c in enumerate(cands):
-        steady += 0 if c.far else max(0, c.behind - 2)
-        far += c.behind if c.far else 0
-        eager = eager or c.behind > graph_catch_up
-        if not c.last:
-            alphas.append(c.alpha)
-        nxt = cands[i + 1] if i + 1 < len(cands) else None
-        if nxt is not None and not nxt.last and not c.last:
-            if math.floor(c.alpha / bucket) == math.floor(nxt.alpha / bucket):
-                continue
-        if nxt is not None and nxt.last and c.last:
-            continue
-        grp = _Group(i + 1, len(alphas), steady=steady, far=far, eager=eager)
-        if alphas:
-            grp.mean_alpha, grp.min_alpha = sum(alphas) / len(alphas), min(alphas)
-        out.append(grp)
-        alphas = []
-    return out
 
 
 def build_policy(

@@ -1,0 +1,173 @@
+"""The goodput policy's plan search: over the requests that may speculate this step
+(``Candidate``, picked by ``GoodputPolicy``), in runs of one α̂ bucket (``CandidateGroup``), for
+the draft length L and speculating set S with the most tokens per second within the latency
+guard (``PlanSearch``; the rules are in ``verifypd.controller.goodput``'s docstring). Plain data
+in, a ``Plan`` or None out: it reads the policy's knobs and the cost model, and keeps no state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from verifypd.batch_costs import BatchCostModel
+from verifypd.controller.goodput_config import GoodputConfig
+from verifypd.controller.policy import expected_tokens
+
+
+@dataclass
+class Plan:
+    value: float  # tokens per second
+    step_s: float
+    tokens: float
+    k: int
+    draft_len: int
+    fused: bool
+
+
+@dataclass
+class Candidate:
+    seq_id: int
+    alpha: float
+    behind: int
+    tokens_left: int
+    probe: bool = False
+    far: bool = False  # its drafter catches up beyond max_catch_up (a catch-up round)
+    last: bool = False  # its last token: drafts are cut, and the guard does not apply
+
+
+@dataclass
+class CandidateGroup:
+    """Candidates [.., end) up to one α̂ bucket, with the totals of everything before it."""
+
+    end: int  # k: the set size when this group is the last one in
+    count: int = 0  # speculating rows of this group (not on their last token)
+    mean_alpha: float = 0.0
+    min_alpha: float = 1.0
+    last_gain: float = 0.0  # rows on their last token yield nothing more
+    steady: int = 0  # cumulative: catch-up tokens of steady drafters (beyond two)
+    far: int = 0  # cumulative: context tokens of drafters in a catch-up round
+    eager: bool = False  # cumulative: some drafter further behind than its graphs reach
+
+
+def group_candidates(
+    cands: list[Candidate], bucket: float, graph_catch_up: int
+) -> list[CandidateGroup]:
+    """Runs of candidates in one α̂ bucket (they enter the speculating set together); a group
+    is ``eager`` once some drafter in or before it is more than ``graph_catch_up`` behind."""
+    out: list[CandidateGroup] = []
+    steady = far = 0
+    eager = False
+    alphas: list[float] = []
+    for i, c in enumerate(cands):
+        steady += 0 if c.far else max(0, c.behind - 2)
+        far += c.behind if c.far else 0
+        eager = eager or c.behind > graph_catch_up
+        if not c.last:
+            alphas.append(c.alpha)
+        nxt = cands[i + 1] if i + 1 < len(cands) else None
+        if nxt is not None and not nxt.last and not c.last:
+            if math.floor(c.alpha / bucket) == math.floor(nxt.alpha / bucket):
+                continue
+        if nxt is not None and nxt.last and c.last:
+            continue
+        grp = CandidateGroup(i + 1, len(alphas), steady=steady, far=far, eager=eager)
+        if alphas:
+            grp.mean_alpha, grp.min_alpha = sum(alphas) / len(alphas), min(alphas)
+        out.append(grp)
+        alphas = []
+    return out
+
+
+def split_by_round_budget(
+    cands: list[Candidate], budget: int | None
+) -> tuple[list[Candidate], list[Candidate]]:
+    """(taken, deferred): far candidates past ``budget`` context tokens in one catch-up round
+    (in α̂ order, the first always in) are deferred to the next round. None: no limit."""
+    if budget is None:
+        return cands, []
+    out, deferred, fed = [], [], 0
+    for c in cands:
+        if c.far and fed and fed + c.behind > budget:
+            deferred.append(c)
+            continue
+        fed += c.behind if c.far else 0
+        out.append(c)
+    return out, deferred
+
+
+@dataclass(frozen=True)
+class PlanSearch:
+    """One step's plan search, every step priced by ``costs`` (``contended``: at the levels
+    measured beside prompt work). Built per search: it reads the policy's knobs as they are."""
+
+    goodput: GoodputConfig
+    costs: BatchCostModel
+    max_draft_len: int
+    contended: bool = False
+
+    def best(
+        self, rows: int, cands: list[Candidate], t0: float, floor: float, waiting: int
+    ) -> Plan | None:
+        """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
+        the ends of the α̂ buckets, with the most tokens per second (or, with
+        ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
+        tokens per second (None: none does); ``waiting`` rows wait for their drafter. Work per
+        step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
+        step."""
+        g, c = self.goodput, self.contended
+        limit = (1.0 + g.latency_slack) * t0
+        cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
+        exempt = waiting if g.waiting_riders_exempt else 0
+        groups = group_candidates(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
+        best: Plan | None = None
+        # With a tail tolerance every plan is kept (the shortest close one wins); without, only
+        # the best so far (the search runs on the host before decode steps).
+        plans: list[Plan] | None = [] if g.tail_tolerance else None
+        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up),
+        # priced once, not at every L.
+        fixed = [
+            (
+                self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0),
+                self.costs.draft(grp.end, c),
+                self.costs.catch_up(grp.steady, c),
+            )
+            for grp in groups
+        ]
+        for L in range(1, self.max_draft_len + 1):
+            tokens, least = float(rows), math.inf
+            for grp, (one_off, draft_step_s, steady_s) in zip(groups, fixed, strict=True):
+                k = grp.end
+                tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
+                least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
+                draft_s = L * draft_step_s + steady_s
+                bound = min(limit * least, cap)
+                # plain rows wait for their one token: the whole step, or (drafts beside the
+                # decode step) their own decode step
+                riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
+                for fused, step_s in self._step_times(rows, k, L, draft_s):
+                    step_s += g.round_overhead_s
+                    value = tokens / (step_s + one_off / g.amortize_steps)
+                    wait = step_s
+                    if g.drafts_beside_decode and not fused:
+                        wait = self.costs.decode(rows - k, c) + g.round_overhead_s
+                    if step_s > bound or wait > riders or value <= floor:
+                        continue
+                    if plans is None and best is not None and value <= best.value:
+                        continue  # the first of equals stays: deterministic
+                    plan = Plan(value, step_s + one_off, tokens, k, L, fused)
+                    if best is None or value > best.value:
+                        best = plan
+                    if plans is not None:
+                        plans.append(plan)
+        if not plans or best is None:
+            return best
+        close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
+        return min(close, key=lambda p: (p.step_s, -p.value))
+
+    def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
+        """(fused, seconds) of one round: the fused step and the separate decode + verify."""
+        c, busy = self.costs, self.contended
+        uniform = k == rows or self.goodput.padded_fused
+        fwd = c.verify(rows, 1 + L, busy) if uniform else c.mixed(rows, rows + k * L, busy)
+        separate = draft_s + c.decode(rows - k, busy) + c.verify(k, 1 + L, busy)
+        return [(True, draft_s + fwd), (False, separate)]
