@@ -316,7 +316,8 @@ def policy_snapshot(core) -> dict:
     if drafter is not None:
         snap["drafter_graph_steps"] = drafter.runner.num_graph_steps
         snap["drafter_eager_steps"] = drafter.runner.num_eager_steps
-        snap["drafter_followed_tokens"] = drafter.num_followed_tokens
-        snap["drafter_follows_stopped"] = drafter.num_follows_stopped
-        snap["drafter_follow_replays"] = drafter.num_follow_replays
+        follower = drafter.follower
+        snap["drafter_followed_tokens"] = follower.num_followed_tokens
+        snap["drafter_follows_stopped"] = follower.num_follows_stopped
+        snap["drafter_follow_replays"] = follower.num_follow_replays
     return snap

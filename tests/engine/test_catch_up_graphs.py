@@ -1,4 +1,4 @@
-"""The drafter's first draft step made uniform for a catch-up graph (``_uniform_catch_up``):
+"""The drafter's first draft step made uniform for a catch-up graph (``uniform_catch_up``):
 which query length it picks, and that it never rewinds into a graph that does not exist."""
 
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from verifypd.config import SpecConfig
-from verifypd.engine.speculative import _uniform_catch_up
+from verifypd.engine.draft_catch_up import uniform_catch_up
 
 
 def _views(*lags, tokens=100):
@@ -30,17 +30,17 @@ def _graphs(*qs, max_batch=64):
 )
 def test_every_view_feeds_the_smallest_covering_graph(lags, qs, want):
     views = _views(*lags)
-    _uniform_catch_up(views, _graphs(*qs))
+    uniform_catch_up(views, _graphs(*qs))
     fed = [v.num_tokens - v.num_computed_tokens for v in views]
     assert fed == ([want] * len(lags) if want else list(lags))
 
 
 def test_no_rewind_past_a_graphs_batch_or_a_short_context():
     views = _views(3, 1)
-    _uniform_catch_up(views, _graphs(1, 2, 4, max_batch=1))  # two rows, graphs hold one
+    uniform_catch_up(views, _graphs(1, 2, 4, max_batch=1))  # two rows, graphs hold one
     assert [v.num_tokens - v.num_computed_tokens for v in views] == [3, 1]
     views = _views(3, 1, tokens=3)  # a 3-token context cannot feed 4
-    _uniform_catch_up(views, _graphs(1, 2, 4))
+    uniform_catch_up(views, _graphs(1, 2, 4))
     assert [v.num_tokens - v.num_computed_tokens for v in views] == [3, 1]
 
 
@@ -48,10 +48,10 @@ def test_the_first_draft_step_never_replays_a_graph_without_logits():
     views = _views(12, 3)
     graphs = _graphs(1, 2, 4, 8, 16)
     graphs[16].with_logits = False  # a chunk graph: it writes KV and samples nothing
-    _uniform_catch_up(views, graphs)
+    uniform_catch_up(views, graphs)
     assert [v.num_tokens - v.num_computed_tokens for v in views] == [12, 3]  # eager
     graphs[16].with_logits = True
-    _uniform_catch_up(views, graphs)
+    uniform_catch_up(views, graphs)
     assert [v.num_tokens - v.num_computed_tokens for v in views] == [16, 16]
 
 
@@ -188,7 +188,7 @@ def _follow(prop, prompts, sizes):
     returns the tokens each forward fed per row, the count it reported, and the sequences."""
     from verifypd.engine.model import drain
 
-    prop.follow_graphs = _fake_table(*sizes)
+    prop.follower.follow_graphs = _fake_table(*sizes)
     real_prepare = prop.runner.prepare
     fed = _record_feeds(prop)
     seqs = _greedy_seqs(prompts)
@@ -216,7 +216,8 @@ def test_the_follow_feeds_prompts_in_chunk_replays_and_drafts_the_same():
     # 150: 64, 64, then 22 behind -> 16 (at 128) and 6 behind -> 16 re-feeding 10 stored;
     # 40: 16, 16, then 8 behind -> 16 re-feeding 8; the 10-token prompt in one eager forward
     assert fed == [[16], [64], [16], [64], [16, 16], [16], [10]]
-    assert count == 200 and prop.num_followed_tokens == 200 and prop.num_follow_replays == 6
+    follower = prop.follower
+    assert count == 200 and follower.num_followed_tokens == 200 and follower.num_follow_replays == 6
     assert [prop.views[s.seq_id].num_computed_tokens for s in seqs] == [150, 40, 10]
     eager = _proposer()
     fed_eager, _, eager_seqs = _follow(eager, prompts, ())
@@ -231,7 +232,7 @@ def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progre
     prop = _proposer()
     from verifypd.types import SamplingParams, Sequence
 
-    prop.follow_graphs = _fake_table(64)
+    prop.follower.follow_graphs = _fake_table(64)
     seqs = [Sequence(f"r{i}", p, SamplingParams(max_tokens=8)) for i, p in enumerate(prompts)]
     pieces = prop.follow_iter([(s, s.num_tokens) for s in seqs])
     next(pieces)  # claimed
@@ -241,6 +242,6 @@ def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progre
     prop.free(seqs[0].seq_id)  # the first request ends
     with pytest.raises(StopIteration) as stop:
         next(pieces)
-    assert stop.value.value == 0 and prop.num_follows_stopped == 1
+    assert stop.value.value == 0 and prop.follower.num_follows_stopped == 1
     assert views[1].num_computed_tokens == 64 and not views[1].following
     assert prop.views.get(seqs[0].seq_id) is None

@@ -72,7 +72,8 @@ def test_the_drafter_following_prompt_steps_on_the_gpu_drafts_from_the_right_kv(
     followed, engine = asyncio.run(_run(True))
     spec = engine.core.spec
     assert engine.fed > 0 and spec.num_verifies > 0  # followed, and speculated
-    assert spec.drafter.follow_graphs and spec.drafter.num_follow_replays > 0  # in chunk graphs
+    follower = spec.drafter.follower
+    assert follower.follow_graphs and follower.num_follow_replays > 0  # in chunk graphs
     acceptance = spec.num_accepted / max(spec.num_drafted, 1)
     assert acceptance > 0.9, f"drafts from a wrong drafter KV: acceptance {acceptance:.3f}"
     diverged = [i for i, (a, b) in enumerate(zip(plain, followed, strict=True)) if a != b]

@@ -248,7 +248,7 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     core.add_request("b", list(range(3, 103)), GREEDY)  # two prompt chunks
     await _run(d, core)
     assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
-    assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (104, 0)
+    assert (drafter.follower.num_followed_tokens, drafter.follower.num_follows_stopped) == (104, 0)
     assert fed_metric.tokens == [4, 64, 36]  # verifypd_spec_drafter_prompt_tokens_total
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
@@ -309,7 +309,7 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     assert fed == [(["b", "c"], 0)]  # one prompt step for both; its follow stopped
     (before, held), after = usage
     assert before == held > after > 0  # c keeps its blocks
-    assert (drafter.num_followed_tokens, drafter.num_follows_stopped) == (0, 1)
+    assert (drafter.follower.num_followed_tokens, drafter.follower.num_follows_stopped) == (0, 1)
     finish = {o.request_id: o.finish_reason for o in outputs if o.finished}
     assert finish == {"b": "abort", "c": "length"}
     assert _tokens(outputs)["c"] == (await _reference([("c", list(range(30, 50)), GREEDY)]))["c"]

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from verifypd.engine.device_drafts import DeviceDrafts
+from verifypd.engine.draft_follow import wait_for_follow
 from verifypd.engine.runner import VerifyOutputs
 from verifypd.engine.step_inputs import StepInputs
 from verifypd.kernels.metadata import AttentionMetadata
@@ -79,7 +80,7 @@ class DraftChainer:
         if not picks:
             return 0
         self.drafter._follow_last_work()
-        self.drafter._wait_for_follow([v for _, v, _, _ in picks])
+        wait_for_follow([v for _, v, _, _ in picks])
         host = np.array(
             [[k for k, *_ in picks], [verified.first_rows[k] for k, *_ in picks],
              [n - 1 for _, _, n, _ in picks]],

@@ -224,7 +224,7 @@ def capture_graphs(parts: EngineParts) -> None:
                 spec.catch_up_chunks,
             )
         if spec.follow_prefill and spec.chunk_sizes:  # the follow stream's own (follow_iter)
-            drafter.follow_graphs = {
+            drafter.follower.follow_graphs = {
                 q: drafter.runner.new_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False)
                 for q in spec.chunk_sizes
             }

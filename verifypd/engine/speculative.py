@@ -7,12 +7,15 @@ Draft model KV: the drafter has its own pool and allocator. Its view of a sequen
 for the last token and d_1..d_{L-1} while drafting; after verification accepted k drafts, the
 KV of positions < N + k is still valid, which is exactly ``min(computed, num_tokens - 1)``
 for the new token count, so the rollback is lazy and happens at the next proposal.
+
+The drafter's view of a sequence is ``draft_view.DraftView``; catching it up on a context before
+it drafts, ``draft_catch_up``; feeding it prompt chunks behind the target's prefill,
+``draft_follow``; drafting the next round behind a verify, ``chained_drafts``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +24,9 @@ import torch.nn.functional as F
 from verifypd.config import SpecConfig
 from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.device_drafts import DeviceDrafts
+from verifypd.engine.draft_catch_up import chunked_catch_up, uniform_catch_up
+from verifypd.engine.draft_follow import PromptFollower, wait_for_follow
+from verifypd.engine.draft_view import DraftView
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
@@ -28,54 +34,7 @@ from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
-if TYPE_CHECKING:
-    from verifypd.engine.cuda_graphs import StepGraphs
-
-_DRAFT_SEED_SALT = 0x5DEECE66D  # drafter noise must not reuse the target's sampling stream
-
-
-class DraftView:
-    """The drafter's copy of a target sequence: same tokens, its own KV progress and blocks."""
-
-    def __init__(self, seq: Sequence) -> None:
-        self.seq_id = seq.seq_id
-        self.token_ids: list[int] = []
-        self.num_computed_tokens = 0
-        self.block_table: list[int] = []
-        self.params = seq.params
-        self.seed = seq.seed ^ _DRAFT_SEED_SALT
-        self.ready = None  # CUDA event after a catch-up behind a prompt chunk (``follow_iter``)
-        # Forwards behind its prompt chunks queued or being enqueued in pieces (``follow_iter``),
-        # and the prompt length they feed it up to: while any is, nothing else drafts for it.
-        self.following = 0
-        self.follow_end = 0
-        # The first drafted position whose verify has not landed: the KV from there on is the
-        # drafts'. ``verified`` keeps the accepted ones; without it none is kept.
-        self.draft_start: int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    def following_now(self) -> bool:
-        """A forward behind its prompt chunks is being enqueued, or has not run yet on the
-        GPU: drafting for it now would make the decode stream wait behind the follow stream,
-        which runs below every lane. Once the GPU has passed it the event is dropped (nothing
-        need wait for it), so a request that never drafts is not asked about on every step."""
-        if self.following:
-            return True
-        if self.ready is not None and self.ready.query():
-            self.ready = None
-        return self.ready is not None
-
-
-def _recorded_event(is_cuda: bool):
-    """A CUDA event recorded on the current stream (None off the GPU)."""
-    if not is_cuda:
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
+_uniform_catch_up = uniform_catch_up  # its name here before it moved (kept importable)
 
 
 class DraftModelProposer:
@@ -95,24 +54,13 @@ class DraftModelProposer:
         self.views: dict[int, DraftView] = {}
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
-        # Prompt tokens fed behind prefill steps (``follow_iter``), and forwards it stopped
-        # part-way because a request ended (benchmarks read them).
-        self.num_followed_tokens = 0
-        self.num_follows_stopped = 0
-        self.num_follow_replays = 0  # of those, chunk-graph replays (``follow_graphs``)
-        # Views of ended requests whose forward behind a prompt step may still be enqueued or
-        # run on the GPU: their blocks go back once it has (``release_held``).
-        self._held: list[DraftView] = []
         # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graphs' q, and
         # the most replays a proposal's catch-up may take (0: none).
         self.catch_up_chunk: tuple[int, ...] = ()
         self.catch_up_chunks = 0
-        # Chunk graphs of the follow stream (``follow_iter``), q -> graphs: buffers and memory
-        # pools of their own, since proposals on the decode stream replay the runner's chunk
-        # graphs meanwhile. {}: the follow runs eager.
-        self.follow_graphs: dict[int, StepGraphs] = {}
         self.last_adopted: set[int] = set()  # id() of the last proposal's adopting entries
         self.chainer = DraftChainer(self)  # the next round drafted behind a verify
+        self.follower = PromptFollower(self)  # the drafter fed prompt chunks behind prefills
         # Drafting runs on the decode stream (proposals) or behind a verify (chains); the
         # graphs' static buffers, the views' blocks and the pool are shared, so each drafting
         # waits for the one before it on the GPU.
@@ -140,6 +88,20 @@ class DraftModelProposer:
     def warm_up_chain(self) -> None:
         self.chainer.warm_up_chain()
 
+    # ------------------------------------------------------------------ prompt following
+    def follow_iter(
+        self, items: list[tuple[Sequence, int]], every: int = 0
+    ) -> Generator[None, None, int]:
+        """Feeds the drafter the prompt chunks the target is prefilling, in pieces
+        (``PromptFollower.follow_iter``); returns the tokens fed."""
+        return self.follower.follow_iter(items, every)
+
+    def release_held(self, wait: bool = False) -> None:
+        """Frees ended requests' blocks that no follow can still write to
+        (``PromptFollower.release_held``)."""
+        self.follower.release_held(wait)
+
+    # ------------------------------------------------------------------ drafting
     def propose(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> None:
         """Attaches each entry's drafts, left on the device (``entry.drafts``: the ids, and
         the drafter's distributions for sampled requests).
@@ -158,11 +120,11 @@ class DraftModelProposer:
             self.last_catch_up = 0
             return
         self._follow_last_work()
-        self._wait_for_follow([v for _, v, _, _ in active])
+        wait_for_follow([v for _, v, _, _ in active])
         views = [v for _, v, _, _ in active]
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for v in views)
-        _chunked_catch_up(self.runner, views, self.catch_up_chunk, self.catch_up_chunks)
-        _uniform_catch_up(views, self.runner.graphs)
+        chunked_catch_up(self.runner, views, self.catch_up_chunk, self.catch_up_chunks)
+        uniform_catch_up(views, self.runner.graphs)
         for v in views:
             v.draft_start = v.num_tokens
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
@@ -234,130 +196,6 @@ class DraftModelProposer:
             return None
         return view
 
-    @torch.inference_mode()
-    def follow_iter(
-        self, items: list[tuple[Sequence, int]], every: int = 0
-    ) -> Generator[None, None, int]:
-        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
-        computes the drafter's KV of ``seq``'s tokens up to ``end`` without logits, so the
-        request's first speculative round starts steady instead of feeding its whole context
-        inside a decode step; returns the tokens fed. Its first ``next`` claims the views
-        (``following``: nothing drafts for them) and their blocks, and pauses, so the work can
-        be queued behind earlier ones; the next ones enqueue it: replays of the follow
-        stream's chunk graphs (``follow_graphs``, a pause after each) for contexts at least
-        as long as their smallest q, one eager forward for the rest (and for all without
-        those graphs), pausing after every ``every`` layers (0: in one piece), the event loop
-        free between.
-        A request that has ended by its turn is left out, and one that ends part-way stops it
-        (no further piece is enqueued, and its blocks go back once those enqueued have run,
-        ``release_held``; the others keep their progress and catch up later). The views
-        count the fed tokens once every piece is enqueued."""
-        self.release_held()
-        claimed = []
-        for seq, end in items:
-            if seq.status.is_finished:
-                continue
-            view = self.views.get(seq.seq_id)
-            if view is None:
-                view = self.views[seq.seq_id] = DraftView(seq)
-            if max(view.num_computed_tokens, view.follow_end) >= end:
-                continue
-            if not self.kv.allocate(view.block_table, end):
-                continue
-            view.following += 1
-            view.follow_end = end
-            claimed.append((seq, view, end))
-        if not claimed:
-            return 0
-        try:
-            yield  # claimed; the forward waits for its turn
-            live = [(seq, v, end) for seq, v, end in claimed
-                    if self.views.get(seq.seq_id) is v and v.num_computed_tokens < end]  # fmt: skip
-            if not live:
-                return 0
-            for seq, v, end in live:
-                v.token_ids = self._drafter_ids(seq.token_ids[:end])
-            views = [v for _, v, _ in live]
-            fed = sum(v.num_tokens - v.num_computed_tokens for v in views)
-            smallest = min(self.follow_graphs, default=None)
-            replayed = [v for v in views if smallest is not None and v.num_tokens >= smallest]
-            eager = [v for v in views if smallest is None or v.num_tokens < smallest]
-            pieces = self._follow_pieces(replayed, eager, every)
-            while True:
-                try:
-                    next(pieces)
-                except StopIteration:
-                    break
-                yield
-                if any(self.views.get(v.seq_id) is not v for v in views):
-                    pieces.close()
-                    self.num_follows_stopped += 1
-                    stopped = _recorded_event(self.runner.is_cuda)  # the pieces enqueued
-                    for v in views:
-                        v.ready = stopped
-                    return 0
-            # It runs on the follow stream, below every lane; the policy drafts for these
-            # views only once it has run (``following_now``), and the first drafting waits for
-            # it on the GPU anyway (``_wait_for_follow``), not every drafting.
-            ready = _recorded_event(self.runner.is_cuda)
-            for v in views:
-                v.num_computed_tokens = v.num_tokens
-                v.ready = ready
-            self.num_followed_tokens += fed
-            return fed
-        finally:
-            for _, v, _ in claimed:
-                v.following -= 1
-                if not v.following:
-                    v.follow_end = v.num_computed_tokens
-            self.release_held()
-
-    def _follow_pieces(
-        self, replayed: list[DraftView], eager: list[DraftView], every: int
-    ) -> Generator[None, None, None]:
-        yield from self._follow_replays(replayed)
-        yield from self._follow_eager(eager, every)
-
-    def _follow_replays(self, views: list[DraftView]) -> Generator[None, None, None]:
-        """Feeds each view its context up to its last token in replays of the follow stream's
-        own chunk graphs (``follow_graphs``), pausing after each: a few hundred microseconds of
-        host time a replay where one eager forward over a prompt held the event loop for
-        17-32 ms (a 0.5B drafter on an H100). Each view replays the largest q it is at least
-        q behind, or, less than the smallest q behind, the smallest q re-feeding stored tokens
-        (every view's context is at least that long); views of one q replay together, as many
-        as the graph holds."""
-        graphs = self.follow_graphs
-        sizes = sorted(graphs)
-        todo = [v for v in views if v.num_computed_tokens < v.num_tokens]
-        while todo:
-            groups: dict[int, list[DraftView]] = {}
-            for v in todo:
-                behind = v.num_tokens - v.num_computed_tokens
-                q = max((s for s in sizes if s <= behind), default=sizes[0])
-                groups.setdefault(q, []).append(v)
-            for q, group in sorted(groups.items()):
-                rows = graphs[q].max_batch
-                for i in range(0, len(group), rows):
-                    _replay(self.runner, group[i : i + rows], q, 0, graphs)
-                    self.num_follow_replays += 1
-                    yield
-            todo = [v for v in todo if v.num_computed_tokens < v.num_tokens]
-
-    def _follow_eager(self, views: list[DraftView], every: int) -> Generator[None, None, None]:
-        """One eager forward over the views' contexts, pausing after every ``every`` layers."""
-        if not views:
-            return
-        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
-        yield from self.runner.forward_iter(
-            self.runner.prepare(StepPlan("draft", entries)), [], every
-        )
-
-    def _wait_for_follow(self, views: list[DraftView]) -> None:
-        for v in views:
-            if v.ready is not None:
-                torch.cuda.current_stream().wait_event(v.ready)
-                v.ready = None
-
     def _drafter_ids(self, token_ids: list[int]) -> list[int]:
         """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""
         v = self.vocab_size
@@ -415,26 +253,7 @@ class DraftModelProposer:
     def free(self, seq_id: int) -> None:
         if self.chained is not None:
             self.chained.confirmed.pop(seq_id, None)
-        view = self.views.pop(seq_id, None)
-        if view is not None:
-            self._held.append(view)
-        self.release_held()
-
-    def release_held(self, wait: bool = False) -> None:
-        """Frees the blocks of ended requests' views once no forward behind a prompt step of
-        theirs is being enqueued or can still write to them: the follow stream runs below
-        every lane, so such a forward may run long after it was enqueued, and blocks handed
-        out again before it has would be overwritten. ``wait``: wait on the GPU for those
-        already enqueued (tests)."""
-        keep = []
-        for v in self._held:
-            if v.ready is not None and wait and not v.following:
-                v.ready.synchronize()
-            if v.following or (v.ready is not None and not v.ready.query()):
-                keep.append(v)
-            else:
-                self.kv.free(v.block_table)
-        self._held = keep
+        self.follower.retire(self.views.pop(seq_id, None))
 
 
 class SpecDecoder:
@@ -518,83 +337,6 @@ class SpecDecoder:
             self.ngram.forget(seq.seq_id)
         if self.drafter is not None:
             self.drafter.free(seq.seq_id)
-
-
-def _chunked_catch_up(
-    runner: ModelRunner, views: list[DraftView], sizes: tuple[int, ...], max_chunks: int
-) -> None:
-    """Views further behind than the catch-up graphs reach (a request fresh from its prefill,
-    or one that decoded plainly for a while) feed their context in replays of a chunk graph
-    (``sizes``: the captured chunk lengths q, ascending): each view the largest q that
-    its context is longer than and that covers it in at most ``max_chunks`` replays; views of
-    one q replay together (as many as its graph holds), each replay feeding every one of them
-    the same q tokens, ending at least one token short of its last (the first draft step
-    feeds that), so each replay is uniform; a view less than q behind re-feeds stored tokens
-    to match. If some far view fits no chunk graph (a context no longer than the smallest q,
-    or longer than the replays reach), nothing is chunked: the eager first step feeds them
-    all (its host time is the same for one view or many)."""
-    graphs = runner.graphs
-    sizes = [q for q in sizes if q in graphs]
-    if max_chunks <= 0 or not sizes:
-        return
-    reach = max((k for k in graphs if k < sizes[0]), default=1)
-    far = [v for v in views if v.num_tokens - v.num_computed_tokens > reach]
-    groups: dict[int, list[DraftView]] = {}
-    for v in far:
-        behind = v.num_tokens - 1 - v.num_computed_tokens
-        fits = [q for q in sizes if v.num_tokens > q and behind <= max_chunks * q]
-        if not fits:
-            return
-        groups.setdefault(fits[-1], []).append(v)
-    for q, group in sorted(groups.items()):
-        rows = graphs[q].max_batch
-        for i in range(0, len(group), rows):
-            _replay_chunks(runner, group[i : i + rows], q, reach)
-
-
-def _replay_chunks(runner: ModelRunner, far: list[DraftView], q: int, reach: int) -> None:
-    while far:
-        _replay(runner, far, q, 1)
-        far = [v for v in far if v.num_tokens - v.num_computed_tokens > reach]
-
-
-def _replay(
-    runner: ModelRunner,
-    views: list[DraftView],
-    q: int,
-    short: int,
-    graphs: dict[int, StepGraphs] | None = None,
-) -> None:
-    """One uniform step of q tokens for each view, ending at least ``short`` tokens before its
-    last (a view less than q behind re-feeds stored tokens to match), in a graph of ``graphs``
-    (default the runner's) when one holds it; the views' progress moves on by q."""
-    for v in views:
-        v.num_computed_tokens = min(v.num_computed_tokens, v.num_tokens - short - q)
-    runner.logits(runner.prepare(StepPlan("draft", [ScheduledSeq(v, q) for v in views])), [],
-                  graphs=graphs)  # fmt: skip
-    for v in views:
-        v.num_computed_tokens += q
-
-
-def _uniform_catch_up(views: list[DraftView], graphs: dict[int, StepGraphs]) -> None:
-    """Makes the first draft step uniform so it replays a CUDA graph: every view feeds the same
-    q tokens, q the smallest captured query length that covers the view furthest behind and
-    holds the batch (1 when all are caught up, 2 after a round whose drafts were all accepted,
-    up to ``SpecConfig.catch_up_graphs`` after plain steps). Views less far behind re-feed
-    their last tokens: recomputing an already-stored token's KV writes the same values (up to
-    rounding, which only touches drafts; the verify decides). With a view further behind than
-    every graph (a new request's prompt) nothing is rewound and the step runs eager."""
-    behind = max(v.num_tokens - v.num_computed_tokens for v in views)
-    fits = [
-        q for q, g in graphs.items() if q >= behind and g.max_batch >= len(views) and g.with_logits
-    ]
-    if behind <= 1 or not fits:
-        return
-    q = min(fits)
-    if any(v.num_tokens < q for v in views):
-        return  # a context shorter than q (a tiny prompt): eager
-    for v in views:
-        v.num_computed_tokens = v.num_tokens - q
 
 
 def _drafter_temp(params: SamplingParams, controller_temp: float | None) -> float:

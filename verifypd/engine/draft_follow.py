@@ -1,0 +1,215 @@
+"""The drafter following prompt steps (``PromptFollower``): while the target prefills a prompt
+chunk, the drafter computes its own KV of those tokens on the follow stream, below every lane,
+so the request's first speculative round starts steady. Whatever drafts for such a view waits
+for that forward on the GPU first (``wait_for_follow``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING
+
+import torch
+
+from verifypd.engine.draft_catch_up import replay
+from verifypd.engine.draft_view import DraftView
+from verifypd.types import ScheduledSeq, Sequence, StepPlan
+
+if TYPE_CHECKING:
+    from verifypd.engine.cuda_graphs import StepGraphs
+    from verifypd.engine.speculative import DraftModelProposer
+
+Claim = tuple[Sequence, DraftView, int]  # (sequence, its view, the prompt length fed up to)
+
+
+def _recorded_event(is_cuda: bool):
+    """A CUDA event recorded on the current stream (None off the GPU)."""
+    if not is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def wait_for_follow(views: list[DraftView]) -> None:
+    """The current stream waits for the forwards behind the views' prompt chunks."""
+    for v in views:
+        if v.ready is not None:
+            torch.cuda.current_stream().wait_event(v.ready)
+            v.ready = None
+
+
+class PromptFollower:
+    """A drafter's forwards behind prompt steps (``follow_iter``), and the blocks of ended
+    requests' views that such a forward may still write (``retire``, ``release_held``)."""
+
+    def __init__(self, drafter: DraftModelProposer) -> None:
+        self.drafter = drafter
+        # Prompt tokens fed behind prefill steps (``follow_iter``), and forwards it stopped
+        # part-way because a request ended (benchmarks read them).
+        self.num_followed_tokens = 0
+        self.num_follows_stopped = 0
+        self.num_follow_replays = 0  # of those, chunk-graph replays (``follow_graphs``)
+        # Views of ended requests whose forward behind a prompt step may still be enqueued or
+        # run on the GPU: their blocks go back once it has (``release_held``).
+        self._held: list[DraftView] = []
+        # Chunk graphs of the follow stream (``follow_iter``), q -> graphs: buffers and memory
+        # pools of their own, since proposals on the decode stream replay the runner's chunk
+        # graphs meanwhile. {}: the follow runs eager.
+        self.follow_graphs: dict[int, StepGraphs] = {}
+
+    @torch.inference_mode()
+    def follow_iter(
+        self, items: list[tuple[Sequence, int]], every: int = 0
+    ) -> Generator[None, None, int]:
+        """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
+        computes the drafter's KV of ``seq``'s tokens up to ``end`` without logits, so the
+        request's first speculative round starts steady instead of feeding its whole context
+        inside a decode step; returns the tokens fed. Its first ``next`` claims the views
+        (``following``: nothing drafts for them) and their blocks, and pauses, so the work can
+        be queued behind earlier ones; the next ones enqueue it: replays of the follow
+        stream's chunk graphs (``follow_graphs``, a pause after each) for contexts at least
+        as long as their smallest q, one eager forward for the rest (and for all without
+        those graphs), pausing after every ``every`` layers (0: in one piece), the event loop
+        free between.
+        A request that has ended by its turn is left out, and one that ends part-way stops it
+        (no further piece is enqueued, and its blocks go back once those enqueued have run,
+        ``release_held``; the others keep their progress and catch up later). The views
+        count the fed tokens once every piece is enqueued."""
+        self.release_held()
+        claimed = [(seq, v, end) for seq, end in items if (v := self._claim(seq, end)) is not None]
+        if not claimed:
+            return 0
+        try:
+            yield  # claimed; the forward waits for its turn
+            views = self._live_views(claimed)
+            if not views:
+                return 0
+            fed = sum(v.num_tokens - v.num_computed_tokens for v in views)
+            if not (yield from self._enqueue(views, every)):
+                return 0
+            self._mark_fed(views)
+            self.num_followed_tokens += fed
+            return fed
+        finally:
+            self._unclaim(claimed)
+
+    def _claim(self, seq: Sequence, end: int) -> DraftView | None:
+        """``seq``'s view, claimed with its blocks up to ``end``; None where the request has
+        ended, the view is (being) fed that far already, or the blocks are not there."""
+        if seq.status.is_finished:
+            return None
+        view = self.drafter.views.get(seq.seq_id)
+        if view is None:
+            view = self.drafter.views[seq.seq_id] = DraftView(seq)
+        if max(view.num_computed_tokens, view.follow_end) >= end:
+            return None
+        if not self.drafter.kv.allocate(view.block_table, end):
+            return None
+        view.following += 1
+        view.follow_end = end
+        return view
+
+    def _live_views(self, claimed: list[Claim]) -> list[DraftView]:
+        """The claimed views whose request is still on and that are still behind their end,
+        given the tokens up to it."""
+        views = self.drafter.views
+        live = [(seq, v, end) for seq, v, end in claimed
+                if views.get(seq.seq_id) is v and v.num_computed_tokens < end]  # fmt: skip
+        for seq, v, end in live:
+            v.token_ids = self.drafter._drafter_ids(seq.token_ids[:end])
+        return [v for _, v, _ in live]
+
+    def _enqueue(self, views: list[DraftView], every: int) -> Generator[None, None, bool]:
+        """Enqueues the forward piece by piece, a pause after each; False where a request
+        ended part-way stopped it."""
+        pieces = self._follow_pieces(views, every)
+        for _ in pieces:
+            yield
+            if any(self.drafter.views.get(v.seq_id) is not v for v in views):
+                pieces.close()
+                self.num_follows_stopped += 1
+                stopped = _recorded_event(self.drafter.runner.is_cuda)  # the pieces enqueued
+                for v in views:
+                    v.ready = stopped
+                return False
+        return True
+
+    def _mark_fed(self, views: list[DraftView]) -> None:
+        # It runs on the follow stream, below every lane; the policy drafts for these
+        # views only once it has run (``following_now``), and the first drafting waits for
+        # it on the GPU anyway (``wait_for_follow``), not every drafting.
+        ready = _recorded_event(self.drafter.runner.is_cuda)
+        for v in views:
+            v.num_computed_tokens = v.num_tokens
+            v.ready = ready
+
+    def _unclaim(self, claimed: list[Claim]) -> None:
+        for _, v, _ in claimed:
+            v.following -= 1
+            if not v.following:
+                v.follow_end = v.num_computed_tokens
+        self.release_held()
+
+    def _follow_pieces(self, views: list[DraftView], every: int) -> Generator[None, None, None]:
+        smallest = min(self.follow_graphs, default=None)
+        replayed = [v for v in views if smallest is not None and v.num_tokens >= smallest]
+        eager = [v for v in views if smallest is None or v.num_tokens < smallest]
+        yield from self._follow_replays(replayed)
+        yield from self._follow_eager(eager, every)
+
+    def _follow_replays(self, views: list[DraftView]) -> Generator[None, None, None]:
+        """Feeds each view its context up to its last token in replays of the follow stream's
+        own chunk graphs (``follow_graphs``), pausing after each: a few hundred microseconds of
+        host time a replay where one eager forward over a prompt held the event loop for
+        17-32 ms (a 0.5B drafter on an H100). Each view replays the largest q it is at least
+        q behind, or, less than the smallest q behind, the smallest q re-feeding stored tokens
+        (every view's context is at least that long); views of one q replay together, as many
+        as the graph holds."""
+        graphs = self.follow_graphs
+        sizes = sorted(graphs)
+        todo = [v for v in views if v.num_computed_tokens < v.num_tokens]
+        while todo:
+            groups: dict[int, list[DraftView]] = {}
+            for v in todo:
+                behind = v.num_tokens - v.num_computed_tokens
+                q = max((s for s in sizes if s <= behind), default=sizes[0])
+                groups.setdefault(q, []).append(v)
+            for q, group in sorted(groups.items()):
+                rows = graphs[q].max_batch
+                for i in range(0, len(group), rows):
+                    replay(self.drafter.runner, group[i : i + rows], q, 0, graphs)
+                    self.num_follow_replays += 1
+                    yield
+            todo = [v for v in todo if v.num_computed_tokens < v.num_tokens]
+
+    def _follow_eager(self, views: list[DraftView], every: int) -> Generator[None, None, None]:
+        """One eager forward over the views' contexts, pausing after every ``every`` layers."""
+        if not views:
+            return
+        runner = self.drafter.runner
+        entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
+        yield from runner.forward_iter(runner.prepare(StepPlan("draft", entries)), [], every)
+
+    def retire(self, view: DraftView | None) -> None:
+        """An ended request's view (None: it had none): its blocks go back once no forward
+        behind a prompt step of it can write to them (``release_held``)."""
+        if view is not None:
+            self._held.append(view)
+        self.release_held()
+
+    def release_held(self, wait: bool = False) -> None:
+        """Frees the blocks of ended requests' views once no forward behind a prompt step of
+        theirs is being enqueued or can still write to them: the follow stream runs below
+        every lane, so such a forward may run long after it was enqueued, and blocks handed
+        out again before it has would be overwritten. ``wait``: wait on the GPU for those
+        already enqueued (tests)."""
+        keep = []
+        for v in self._held:
+            if v.ready is not None and wait and not v.following:
+                v.ready.synchronize()
+            if v.following or (v.ready is not None and not v.ready.query()):
+                keep.append(v)
+            else:
+                self.drafter.kv.free(v.block_table)
+        self._held = keep
