@@ -245,7 +245,7 @@ async def _a_in_flight(engine: AsyncEngine) -> None:
         await d.tick()
         if "decode" in d.in_flight:
             break
-    assert "decode" in d.in_flight and d._ahead is None
+    assert "decode" in d.in_flight and d.ahead.step is None
 
 
 def _prefill_now(core: EngineCore) -> None:
@@ -283,14 +283,14 @@ async def test_a_step_ahead_waits_when_the_policy_would_speculate(speculates):
 
     assert launched is not speculates
     if launched:
-        assert {e.seq.request_id for e in d._ahead.plan.seqs} == {"A", "B"}
+        assert {e.seq.request_id for e in d.ahead.step.plan.seqs} == {"A", "B"}
     else:  # asked once per step in flight, however often the loop polls
         assert await d._launch_ahead() is False and len(decisions) == 1
         # ... and that decision is the next step's: once A lands, B drafts as decided there,
         # without asking again (a second answer would have lost B's catch-up round).
         await _land_decode(d)
         plan = d._plan_decode()
-        assert len(decisions) == 1 and d._decided is None
+        assert len(decisions) == 1 and d.ahead.decided is None
         lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
         assert lens["B"] > 0 and lens["A"] == 0
         core.scheduler.abandon(plan)
@@ -340,12 +340,12 @@ async def test_a_stored_decision_naming_no_one_left_is_not_used():
     core.add_request("A", [1, 2, 3, 4, 5], QUIET)
     _prefill_now(core)  # A decodes next
     gone = max(s.seq_id for s in core.decodable()) + 1
-    d._decided = SpecDecision(lens={gone: 4}, fused=True)
+    d.ahead.decided = SpecDecision(lens={gone: 4}, fused=True)
     decisions = []
     decide = d.policy.decide
     d.policy.decide = lambda *a, **k: decisions.append(1) or decide(*a, **k)
     plan = d._plan_decode()
-    assert len(decisions) == 1 and d._decided is None
+    assert len(decisions) == 1 and d.ahead.decided is None
     assert [(e.seq.request_id, e.draft_len) for e in plan.seqs] == [("A", 0)]
     assert not plan.fused
     core.scheduler.abandon(plan)
@@ -497,7 +497,7 @@ async def test_a_step_ahead_waits_for_a_prompt_landing_before_the_step_in_flight
     core.apply_step(prompt, core.launch(prompt).result())
     if held:
         assert await d._launch_ahead() is True  # now, behind A's step: nobody waited for B
-        assert d._ahead.plan.prev_ids is not None and d.in_flight["decode"] is head
-    ahead = sorted(e.seq.request_id for e in d._ahead.plan.seqs)
+        assert d.ahead.step.plan.prev_ids is not None and d.in_flight["decode"] is head
+    ahead = sorted(e.seq.request_id for e in d.ahead.step.plan.seqs)
     assert ahead == sorted(["A", *others, *(["B"] if held else [])])
     await engine.stop()

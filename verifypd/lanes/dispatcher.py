@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
-from verifypd.engine.runner import PendingStep
+from verifypd.lanes.decode_ahead import DecodeAhead
+from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
 from verifypd.lanes.spec_policy import SpeculationPolicy
+from verifypd.lanes.step_failures import StepFailures
 from verifypd.types import (
     NO_SPECULATION,
     RequestFailure,
@@ -43,47 +43,10 @@ from verifypd.types import (
     ScheduledSeq,
     SeqStatus,
     Sequence,
-    SpecDecision,
     StepPlan,
 )
 
-LANES = ("decode", "verify", "prefill")  # priority order
-
-
-SINGLE_LANE = ("mixed",)  # baseline: decode, verify and prefill fused in one batch
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
-
-
-def choose_lane(
-    idle: set[str],
-    has_work: dict[str, bool],
-    prefill_wait_s: float | None,
-    ttft_budget_s: float,
-    lanes: tuple[str, ...] = LANES,
-    verify_due: bool = False,
-) -> str | None:
-    """Policy: the highest-priority idle lane with work; a starved prefill first, then a
-    verify that has already waited for one decode step (``verify_due``)."""
-    starved = prefill_wait_s is not None and prefill_wait_s > ttft_budget_s
-    if starved and "prefill" in idle and has_work.get("prefill"):
-        return "prefill"
-    if verify_due and "verify" in idle and has_work.get("verify"):
-        return "verify"
-    for lane in lanes:
-        if lane in idle and has_work.get(lane):
-            return lane
-    return None
-
-
-@dataclass
-class InFlight:
-    plan: StepPlan
-    pending: PendingStep | None  # None while the launch itself is still running
-    start: float
-    contended: bool = False  # a prompt step was in flight beside it (the cost model's)
-
-
-Launcher = Callable[[str, StepPlan], Awaitable[PendingStep]]
 
 
 class LaneDispatcher:
@@ -113,6 +76,7 @@ class LaneDispatcher:
         self.sched = core.scheduler
         self._launch_fn = launch
         self._deliver = deliver
+        self.failures = StepFailures(core, deliver)
         self.ttft_budget_s = ttft_budget_s
         self.clock = clock
         self.verify_queue: list[ScheduledSeq] = []
@@ -124,38 +88,31 @@ class LaneDispatcher:
         # instead of leaving it idle.
         self.emit_after_launch = emit_after_launch
         self._unemitted: list[Sequence] = []
-        # Decode-ahead (EngineConfig.decode_ahead): while a decode step is in flight, the next
-        # one is planned and launched behind it on the same stream, its input tokens read on
-        # the device, so the host's fold-back and planning overlap the GPU instead of sitting
-        # between steps. With speculation configured, the policy decides for every step ahead
-        # too (its batch named, since their previous step is still in flight); a decision to
-        # speculate for anyone ends the run ahead: the next step waits for its tokens and
-        # drafts (a drafting step needs landed tokens).
-        self.decode_ahead = decode_ahead and not single_lane
-        # ... also while a prompt step is in flight (EngineConfig.decode_ahead_beside_prefill).
-        self.ahead_beside_prefill = ahead_beside_prefill
-        # ... but not when a prompt step in flight that ends prompts is predicted to land
-        # before the decode step in flight (EngineConfig.decode_ahead_waits_for_prompts): its
-        # rows then join the next step instead of waiting behind the one ahead.
-        self.ahead_waits_for_prompts = ahead_waits_for_prompts
+        self.ahead = DecodeAhead(
+            decode_ahead and not single_lane, ahead_beside_prefill, ahead_waits_for_prompts
+        )
         # While a long prompt step is in flight, a decode step is launched no sooner than this
         # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
         # none ahead: the prompt step has the GPU in between.
         self.decode_gap_beside_prefill_s = decode_gap_beside_prefill_s
         self._last_decode_launch = float("-inf")
-        self._ahead: InFlight | None = None  # the decode step launched behind the one in flight
-        self._declined: InFlight | None = None  # the head no step ahead was planned behind
-        # The policy's decision for the next decode step, made while deciding whether to run
-        # ahead (it speculated, so nothing ran ahead); _plan_decode takes it.
-        self._decided: SpecDecision | None = None
-        self.num_ahead_steps = 0  # decode steps launched ahead (tests, benchmarks)
-        self.num_ahead_held = 0  # steps not launched ahead for a landing prompt (the same)
-        self._held: tuple[InFlight, InFlight] | None = None  # (decode, prompt) steps it held for
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
         # First tokens were just handed out: ``tick`` returns before launching anything more.
         self._first_tokens_out = False
+
+    @property
+    def decode_ahead(self) -> bool:
+        return self.ahead.enabled
+
+    @property
+    def num_ahead_steps(self) -> int:
+        return self.ahead.num_steps
+
+    @property
+    def num_ahead_held(self) -> int:
+        return self.ahead.num_held
 
     # ------------------------------------------------------------------ signals
     def queue_depths(self) -> dict[str, int]:
@@ -236,8 +193,8 @@ class LaneDispatcher:
             f = self.in_flight.pop(lane)
             self._fold(f, f.pending.seconds(self.clock() - f.start))
             # A decode step launched ahead moves up; it may have landed too (in order).
-            while lane == "decode" and self._ahead is not None:
-                f, self._ahead = self._ahead, None
+            while lane == "decode" and self.ahead.step is not None:
+                f = self.ahead.move_up()
                 now = self.clock()
                 f.start = max(f.start, now)  # it ran on the GPU behind the one just folded
                 if f.pending is None or not f.pending.done():
@@ -291,11 +248,7 @@ class LaneDispatcher:
         """Drafts for speculating sequences only while the verify lane is idle, so one cohort
         drafts and verifies together; while a verify is in flight the others decode plainly
         (decode never waits for verify)."""
-        decision, self._decided = self._decided, None  # made for this step while one ran
-        if decision is not None and not any(
-            s.seq_id in decision.lens for s in self.core.decodable()
-        ):  # everyone it named ended with the step in flight: it is not this batch's
-            decision = None
+        decision = self.ahead.take_decision(self.core.decodable())  # made while one ran
         if decision is None:
             decision = self.policy.decide(prefill_running=self._prefill_signal())
         if "verify" in self.in_flight or self.verify_queue:
@@ -309,81 +262,50 @@ class LaneDispatcher:
         """Launches the next decode step behind the one in flight (``decode_ahead``): its
         entries planned ahead of the host (``Scheduler.plan_ahead``), then every decodable
         sequence not in flight. False when there is nothing to launch ahead."""
-        head = self.in_flight.get("decode")
-        if not self.decode_ahead or self._ahead is not None or head is None:
-            return False
-        if not self.ahead_beside_prefill and "prefill" in self.in_flight:
-            return False  # the host's turnaround between decode steps is the prompt's
+        head, prompt = self.in_flight.get("decode"), self.in_flight.get("prefill")
         if self.decode_gap_beside_prefill_s > 0.0 and self._beside_long_prompt():
             return False  # decode steps are spaced out beside it
-        if head.pending is None or head.pending.device_ids is None or head is self._declined:
-            return False  # asked once per step in flight: the loop polls many times a step
-        if self._holds_for_prompt(head):
-            return False  # asked again as the loop polls: it goes ahead once the prompt landed
-        self._declined, self._held = head, None  # (the steps held for are not kept alive)
-        if self.policy.enabled:
-            if self.verify_queue or "verify" in self.in_flight:
-                return False  # a speculative round is under way
-            batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
-            decision = self.policy.decide(self._prefill_signal(), batch + self.core.decodable())
-            if decision.lens:  # the next step waits for its tokens and drafts, as decided
-                # here: a decision has side effects (catch-up rounds, probes, the no-gain
-                # hold), so it is not asked again when that step is planned (asked twice, the
-                # second answer lost every catch-up round the first one scheduled).
-                self._decided = decision
-                return False
+        if not self.ahead.may_ask(head, prompt, self.core):
+            return False
+        if self.policy.enabled and self._speculates_next(head):
+            return False
         entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
         if not entries:
             return False
-        self._declined = None
         entries += self.sched.plan_decode(NO_SPECULATION)
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
         self._log_launch("decode")
-        self.num_ahead_steps += 1
         self.core.observer.decode_ahead()
-        flight = self._ahead = InFlight(plan, None, self.clock(), "prefill" in self.in_flight)
+        flight = InFlight(plan, None, self.clock(), prompt is not None)
+        self.ahead.launched(flight)
         self._last_decode_launch = flight.start
         try:
             flight.pending = await self._launch_fn("decode", plan)
         except RequestFailure as failure:  # some requests' own inputs: the rest wait
-            self._ahead = None
+            self.ahead.step = None
             self.sched.abandon(plan)  # nothing of it ran; the others plan again later
-            self._end_requests(failure.request_ids)
+            self.failures.end_requests(failure.request_ids)
             return False
         except Exception:
-            self._ahead = None
-            self._fail(plan)
+            self.ahead.step = None
+            self.failures.fail(plan)
             return False
         return True
 
-    def _holds_for_prompt(self, head: InFlight) -> bool:
-        """No step goes ahead of ``head`` yet: a prompt step in flight lands first with new
-        rows (``_lands_first``). Once it has landed, the step ahead is launched with them
-        (behind ``head``: the rows in flight wait for nothing); a verdict stands while the
-        same two steps are in flight (the loop polls)."""
-        f = self.in_flight.get("prefill")
-        if self._held is not None and self._held[0] is head and self._held[1] is f:
+    def _speculates_next(self, head: InFlight) -> bool:
+        """The step after ``head`` speculates (a round under way, or the policy decides so for
+        its batch now): it waits for its tokens and drafts. The decision is kept for it: a
+        decision has side effects (catch-up rounds, probes, the no-gain hold), so it is not
+        asked again when that step is planned (asked twice, the second answer lost every
+        catch-up round the first one scheduled)."""
+        if self.verify_queue or "verify" in self.in_flight:
             return True
-        if not self.ahead_waits_for_prompts or f is None or not self._lands_first(f, head):
-            return False
-        self._held = (head, f)
-        self.num_ahead_held += 1
-        return True
-
-    def _lands_first(self, f: InFlight, head: InFlight) -> bool:
-        """``f``, the prompt step in flight, ends prompts and is predicted (the cost model) to
-        land before ``head``, the decode step in flight. A step launched ahead now could not
-        take the prompt's rows: their second token would wait for ``head``, the step ahead
-        (beside the next prompt step of a burst, 20-40 ms) and then their own step; held, for
-        ``head`` and their own (as in vLLM, the step after the prompt's). Wrong, the rows in
-        flight lose one host turnaround; right, nothing (the step goes ahead as it lands)."""
-        seqs = f.plan.seqs
-        if not any(e.seq.num_computed_tokens + e.num_new_tokens >= e.seq.num_tokens for e in seqs):
-            return False  # only middle chunks: no row joins
-        costs = self.core.costs
-        lands = f.start + costs.prefill(f.plan.num_tokens)
-        return lands <= head.start + costs.decode(len(head.plan.seqs), contended=True)
+        batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
+        decision = self.policy.decide(self._prefill_signal(), batch + self.core.decodable())
+        if decision.lens:
+            self.ahead.decided = decision
+        return bool(decision.lens)
 
     def _log_launch(self, lane: str) -> None:
         self.launch_log.append(lane)
@@ -392,7 +314,8 @@ class LaneDispatcher:
 
     def flights(self) -> list[InFlight]:
         """Every launched step not yet folded back in (a decode step ahead included)."""
-        return [*self.in_flight.values(), *([self._ahead] if self._ahead else [])]
+        ahead = self.ahead.step
+        return [*self.in_flight.values(), *([ahead] if ahead else [])]
 
     def _prefill_signal(self) -> bool:
         """Prompt work in flight or queued; only read by a policy that reads it (yields to it,
@@ -472,35 +395,12 @@ class LaneDispatcher:
             flight.pending = await self._launch_fn(lane, plan)
         except RequestFailure as failure:  # some requests' own inputs: the rest go on
             del self.in_flight[lane]
-            rest = self._isolate(plan, failure.request_ids)
+            rest = self.failures.isolate(plan, failure.request_ids)
             if rest is not None and rest.seqs:
                 await self._launch_marked(lane, rest)
         except Exception:
             del self.in_flight[lane]
-            self._fail(plan)
-
-    def _isolate(self, plan: StepPlan, request_ids: set[str]) -> StepPlan | None:
-        """Ends the failed requests with "error"; returns the step without them (None, after
-        failing the whole step, when none of them is in it)."""
-        failed = [e for e in plan.seqs if e.seq.request_id in request_ids]
-        if not failed:
-            self._fail(plan)
-            return None
-        logging.getLogger("verifypd").exception("requests %s failed", sorted(request_ids))
-        self.sched.abandon(StepPlan(plan.lane, failed))
-        self._end_requests(request_ids)
-        return StepPlan(plan.lane, [e for e in plan.seqs if e.seq.request_id not in request_ids])
-
-    def _fail(self, plan: StepPlan) -> None:
-        """A launch raised: end the affected requests with "error" instead of hanging."""
-        logging.getLogger("verifypd").exception("lane step failed; ending its requests")
-        self.sched.abandon(plan)  # its KV was never written: nothing may reach the cache
-        self._end_requests({s.seq.request_id for s in plan.seqs})
-
-    def _end_requests(self, request_ids: set[str]) -> None:
-        for rid in request_ids:
-            for out in self.core.abort_request(rid, "error"):
-                self._deliver(out)
+            self.failures.fail(plan)
 
     def _report(self) -> None:
         self.core.observer.queue_depths(self.queue_depths())
