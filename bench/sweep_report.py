@@ -31,6 +31,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from common import format_table, save_figure, write_json  # noqa: E402
+from intervals import clear_miss  # noqa: E402
 from result_files import load_result, slim_row  # noqa: E402
 from sweep_ab import ab_compare, ab_lines  # noqa: E402
 from sweep_criteria import (  # noqa: E402
@@ -68,7 +69,10 @@ def ahead_of_vllm(rows: list[dict[str, Any]], vllm_rows: list[dict[str, Any]],
                   policy: str = "policy") -> dict[str, Any]:  # fmt: skip
     """Policy strictly lower than vLLM on TTFT, ITL and TPOT p99 at every rate (matched by
     rate and temperature; vLLM runs without speculation, so one vLLM row serves every
-    acceptance profile of the same trace)."""
+    acceptance profile of the same trace). Where both rows carry bootstrap intervals, each
+    metric also says whether the side ahead is ``clear`` (its interval's high end below the
+    other's low end: a lead no rerun of this load is likely to turn); the block counts the
+    metrics clearly behind and clearly ahead."""
     theirs = {(r["rate"], r["temperature"]): r for r in vllm_rows}
     checks = []
     for r in sorted(rows, key=lambda r: (r["acceptance_profile"], r["temperature"], r["rate"])):
@@ -78,29 +82,48 @@ def ahead_of_vllm(rows: list[dict[str, Any]], vllm_rows: list[dict[str, Any]],
         chk: dict[str, Any] = {"acceptance_profile": r["acceptance_profile"],
                                "temperature": r["temperature"], "rate": r["rate"]}  # fmt: skip
         ok = True
-        for metric in ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms"):
+        for metric in _P99S:
             mine, vl = r.get(metric), v.get(metric)
+            ahead = mine is not None and vl is not None and mine < vl
+            lead = (r, v) if not ahead else (v, r)  # (the side behind, the side ahead)
             chk[metric] = {"policy": mine, "vllm": vl}
-            ok = ok and mine is not None and vl is not None and mine < vl
+            if (clear := clear_miss(*lead, metric, 0.0)) is not None:
+                chk[metric]["clear"] = clear
+            ok = ok and ahead
         checks.append({**chk, "ok": ok})
     if not checks:
         return {"verdict": "N/A", "reason": "no policy row with a vLLM row at its rate",
                 "checks": []}  # fmt: skip
     misses = sum(not c["ok"] for c in checks)
-    return {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
-            "num_misses": misses, "checks": checks}  # fmt: skip
+    out = {"verdict": "MISS" if misses else "PASS", "num_checks": len(checks),
+           "num_misses": misses, "checks": checks}  # fmt: skip
+    cells = [(c[m]["policy"] < c[m]["vllm"], c[m]["clear"]) for c in checks for m in _P99S
+             if "clear" in c[m]]  # fmt: skip
+    if cells:
+        out["num_clearly_ahead"] = sum(ahead and clear for ahead, clear in cells)
+        out["num_clearly_behind"] = sum(not ahead and clear for ahead, clear in cells)
+        out["num_weighed"] = len(cells)
+    return out
+
+
+_P99S = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
 
 
 def vllm_lines(block: dict[str, Any], label: str) -> list[str]:
     head = f"{block['verdict']:4} policy ahead of {label} on TTFT/ITL/TPOT p99 at every rate"
     if block["verdict"] == "N/A":
         return [f"{head}: {block['reason']}"]
-    lines = [f"{head}: {block['num_checks'] - block['num_misses']}/{block['num_checks']} ok"]
+    clear = ""
+    if "num_weighed" in block:
+        clear = (f" (of {block['num_weighed']} p99s with intervals:"
+                 f" {block['num_clearly_ahead']} clearly ahead,"
+                 f" {block['num_clearly_behind']} clearly behind; * = clear)")  # fmt: skip
+    lines = [f"{head}: {block['num_checks'] - block['num_misses']}/{block['num_checks']} ok{clear}"]
     for c in block["checks"]:
         nums = ", ".join(f"{m.split('_')[0]} {c[m]['policy']:.1f} vs {c[m]['vllm']:.1f}"
+                         f"{'*' if c[m].get('clear') else ''}"
                          if c[m]["policy"] is not None and c[m]["vllm"] is not None
-                         else f"{m} missing" for m in ("ttft_p99_ms", "itl_p99_ms",
-                                                        "tpot_p99_ms"))  # fmt: skip
+                         else f"{m} missing" for m in _P99S)  # fmt: skip
         lines.append(f"  {'ok  ' if c['ok'] else 'MISS'} {c['acceptance_profile']} "
                      f"t={c['temperature']} rate={c['rate']}: {nums}")  # fmt: skip
     return lines

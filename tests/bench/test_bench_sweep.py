@@ -272,6 +272,31 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
         report.join_ours([{**off, "sweep_config": {"rates": [1]}}, pol])
 
 
+def test_the_vllm_comparison_says_which_leads_are_clear_of_the_intervals() -> None:
+    report = load_bench("sweep_report")
+    ci = lambda ttft, itl, tpot: {"ttft_p99_ci_ms": ttft, "itl_p99_ci_ms": itl,  # noqa: E731
+                                  "tpot_p99_ci_ms": tpot}  # fmt: skip
+    ours = [{**_row("policy", 2, ttft=120.0, itl=11.0, tpot=9.5),
+             **ci([90.0, 130.0], [10.0, 12.0], [9.0, 10.0])},
+            _row("policy", 8)]  # fmt: skip
+    theirs = [{**_row("vllm", 2, ttft=100.0, itl=15.0, tpot=7.5),
+               **ci([95.0, 105.0], [14.0, 16.0], [7.0, 8.0])},
+              _row("vllm", 8, ttft=110.0, itl=25.0, tpot=12.0)]  # fmt: skip
+    block = report.ahead_of_vllm(ours, theirs)
+    first, second = block["checks"]
+    # behind on TTFT within the intervals; ahead on ITL and behind on TPOT, both clear
+    assert [first[m]["clear"] for m in ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")] == [
+        False, True, True]  # fmt: skip
+    assert "clear" not in second["ttft_p99_ms"] and second["ok"]  # rows without intervals
+    assert (block["num_weighed"], block["num_clearly_ahead"], block["num_clearly_behind"]) == (
+        3, 1, 1)  # fmt: skip
+    lines = report.vllm_lines(block, "vLLM")
+    assert "1 clearly ahead, 1 clearly behind" in lines[0]
+    assert "ttft 120.0 vs 100.0, itl 11.0 vs 15.0*, tpot 9.5 vs 7.5*" in lines[1]
+    plain = report.ahead_of_vllm([_row("policy", 8)], theirs)
+    assert "num_weighed" not in plain and "clearly" not in report.vllm_lines(plain, "vLLM")[0]
+
+
 def test_repeat_spread_of_two_runs_of_one_plan(tmp_path: Path) -> None:
     """Two runs of the same plan: the relative spread per metric over the cells both have,
     and the share of cells beyond the criteria's 5 %; a repeat of another plan is refused."""
