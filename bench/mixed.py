@@ -159,6 +159,16 @@ MODES = {
     "policy-follow-light": _policy_with(
         spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
+    # A row's second token from a step that waits for no drafts beyond the rider bound
+    # (SpecConfig.second_token_plain), alone and with the light-load follow.
+    "policy-second": _policy_with(spec=(("second_token_plain", True),)),
+    "policy-second-follow": _policy_with(
+        spec=(
+            ("second_token_plain", True),
+            ("follow_prefill", True),
+            ("follow_prefill_max_rows", 4),
+        )  # fmt: skip
+    ),
     # The GPU's block scheduler serving the prefill stream first (what every build before
     # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).
     "policy-prefill-first": _policy_with(engine=(("lane_priorities", "prefill-first"),)),

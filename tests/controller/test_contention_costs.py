@@ -110,6 +110,36 @@ def test_the_engine_reads_prompt_work_for_contention_costs():
     assert policy.reads_prompt_work and policy.controller.goodput.contention_costs
 
 
+def test_the_engine_marks_a_rows_second_token_for_the_policy():
+    """``SpecConfig.second_token_plain`` reaches the goodput policy, and a decodable row with
+    one output token and no step in flight is ``fresh`` (its next token is its second); one
+    whose second token is in flight (a step planned ahead names it) is not."""
+    from verifypd.config import EngineConfig
+    from verifypd.engine.core import EngineCore
+    from verifypd.lanes.spec_policy import SpeculationPolicy
+    from verifypd.types import SamplingParams, Sequence
+
+    spec = SpecConfig(method="ngram", second_token_plain=True)
+    core = EngineCore(EngineConfig(model="dummy:tiny", device="cpu", spec=spec))
+    policy = SpeculationPolicy(core)
+    assert policy.controller.goodput.second_token_plain
+    seqs = [Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=8)) for i in range(3)]
+    for seq, (out, in_flight) in zip(seqs, [(1, 0), (2, 0), (1, 1)], strict=True):
+        seq.token_ids += [4] * out
+        seq.in_flight = in_flight
+        policy.request_added(seq)
+    seen = []
+    policy.controller.decide = lambda views, load: seen.extend(views) or _no_decision()
+    policy.decide(False, seqs)
+    assert [v.fresh for v in seen] == [True, False, False]
+
+
+def _no_decision():
+    from verifypd.controller.goodput import BatchDecision
+
+    return BatchDecision({}, False, "no_gain")
+
+
 def test_the_policy_snapshot_carries_the_contended_levels():
     """What the benchmarks' policy timelines read (``cost_contended_*``): None until a kind has
     counted, then its level."""

@@ -131,6 +131,33 @@ def test_riders_waiting_for_their_catch_up_round_ride_when_exempt(exempt):
         assert d.reason == "no_gain" and not any(d.draft_lens.values())
 
 
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_rows_second_token_waits_for_no_drafts_when_set(plain):
+    """A row fresh from its prompt step (its next token is its second), its drafter far behind:
+    exempt as a waiting rider, it rides the others' round (its second token waits for their
+    drafts); with ``second_token_plain`` it rides inside the rider bound, so the step is
+    plain, and from its next step on it is an exempt waiting rider. A fresh row within reach
+    of its drafter does not speculate in that step either."""
+    policy = _policy(waiting_riders_exempt=True, second_token_plain=plain)
+    ids = _add(policy, 4)
+    for i in ids:
+        _teach(policy, i, 0.9)
+    assert policy.decide([SeqView(3, 500)]).reason == "catch_up"  # the next round in 8 steps
+    steady = [SeqView(0, 1), SeqView(1, 1), SeqView(2, 1)]
+    d = policy.decide([*steady, SeqView(3, 500, fresh=True)])
+    if plain:
+        assert d.reason == "no_gain" and not any(d.draft_lens.values())
+    else:
+        assert d.reason == "speculate" and d.draft_lens[3] == 0 and d.draft_lens[0] > 0
+    after = policy.decide([*steady, SeqView(3, 500)])
+    assert after.reason == "speculate" and after.draft_lens[3] == 0 and after.draft_lens[0] > 0
+    near = policy.decide([*steady, SeqView(3, 1, fresh=True)])
+    if plain:
+        assert near.reason == "no_gain" and not any(near.draft_lens.values())
+    else:
+        assert near.reason == "speculate" and near.draft_lens[3] > 0
+
+
 @pytest.mark.parametrize("limit", [None, 3])
 def test_a_waiting_rider_is_exempt_for_at_most_its_limit(limit):
     """A fresh request whose catch-up round does not come (one every 100 steps) rides in the

@@ -85,6 +85,9 @@ class SeqView:
     # Its drafter is being fed its prompt behind the prefill (``follow_iter``): it decodes
     # plainly until that is done, and counts as waiting for its catch-up.
     drafter_busy: bool = False
+    # Its only token so far came from its prompt step: this step gives its second token
+    # (``GoodputConfig.second_token_plain``).
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,8 @@ class GoodputPolicy(DraftController):
         since, self._waiting_since = self._waiting_since, {}
         for v in batch:
             st = self._requests.get(v.seq_id)
+            if v.fresh and g.second_token_plain:
+                continue  # decodes plainly, and rides inside the rider bound
             if v.drafter_busy:
                 if st is not None and st.speculate:
                     self._wait(v.seq_id, since)

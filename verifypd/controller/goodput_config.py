@@ -113,6 +113,13 @@ class GoodputConfig:
     # verify, mixed and draft steps measured beside prompt steps. A round beside a prompt chunk
     # is judged on what it costs there, not on the GPU to itself.
     contention_costs: bool = False
+    # A row's second token (its first decode step) comes from a step that waits for no drafts
+    # beyond the rider bound: the row neither speculates nor catches up in it, and rides
+    # inside the bound (not ``waiting_riders_exempt`` yet). At light load the slowest tokens
+    # under the policy were such second tokens: the round in flight, then a round drafted
+    # afresh for the others (chaining pauses while a prompt waits) or the row's own catch-up
+    # round, 15-24 ms against 8 for `off` (H200, 93d1756).
+    second_token_plain: bool = False
 
     def __post_init__(self) -> None:
         checks = [

@@ -60,6 +60,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         catch_up_yields_to_prefill=spec.catch_up_yields_to_prefill,
         drafts_beside_decode=spec.drafts_beside_decode,
         contention_costs=spec.contention_costs,
+        second_token_plain=spec.second_token_plain,
     )
 
 
@@ -136,6 +137,7 @@ class SpeculationPolicy(SpecListener):
                 self.core.drafter_behind(seq),
                 seq.params.max_tokens - seq.num_output_tokens,
                 self.core.drafter_busy(seq),
+                seq.num_output_tokens == 1 and not seq.in_flight,  # its 2nd token next
             )
             for seq in (self.core.decodable() if seqs is None else seqs)
         ]
