@@ -391,8 +391,10 @@ class SpecConfig:
     # the speculative tokens beside prompt steps from 48 % to 0.7 % (ITL p99 1.15x `off`).
     contention_costs: bool = False
     # A row's second token comes from a step that waits for no drafts beyond the rider bound:
-    # in its first decode step it neither speculates nor catches up, and others' rounds may
-    # not stretch it (GoodputConfig.second_token_plain). Off by default until measured.
+    # in its first decode step it neither speculates nor catches up, others' rounds may not
+    # stretch it (GoodputConfig.second_token_plain), and a decision kept for the next step
+    # while one ran (decode-ahead) is not used once a row has joined since. Off by default
+    # until measured.
     second_token_plain: bool = False
 
     def __post_init__(self) -> None:

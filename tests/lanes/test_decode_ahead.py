@@ -332,6 +332,34 @@ async def test_a_catch_up_round_decided_for_the_step_ahead_runs():
     await engine.stop()
 
 
+@pytest.mark.parametrize("plain", [False, True])
+async def test_a_kept_decision_serves_a_joined_row_only_without_second_token_plain(plain):
+    """A decision kept for the next step (made while A's step was in flight) names A; B's
+    prompt lands before that step is planned. Without ``second_token_plain`` the step takes
+    the kept decision and B rides it; with it, the policy decides again for the batch with B
+    (B's second token must not wait for drafts it was never weighed against)."""
+    spec = tiny_draft_spec(second_token_plain=plain)
+    engine = AsyncEngine(tiny_config(decode_ahead=True, spec=spec))
+    d, core = engine.dispatcher, engine.core
+    assert d.ahead.same_batch_only is plain
+    core.add_request("A", [1, 2, 3, 4, 5], QUIET)
+    _prefill_now(core)  # A decodes next
+    a = core.decodable()[0]
+    d.ahead.keep(SpecDecision(lens={a.seq_id: 3}, fused=True), [a])
+    core.add_request("B", [7, 8, 9], QUIET)
+    _prefill_now(core)  # B joined
+    decisions = []
+    d.policy.decide = lambda *a, **k: decisions.append(1) or NO_SPECULATION
+    plan = d._plan_decode()
+    lens = {e.seq.request_id: e.draft_len for e in plan.seqs}
+    if plain:
+        assert decisions == [1] and lens == {"A": 0, "B": 0}
+    else:
+        assert decisions == [] and lens == {"A": 3, "B": 0} and plan.fused
+    core.scheduler.abandon(plan)
+    await engine.stop()
+
+
 async def test_a_stored_decision_naming_no_one_left_is_not_used():
     """A decision stored for the next step whose speculating sequences all ended with the step
     in flight is dropped: the policy decides for the batch there is."""

@@ -40,6 +40,11 @@ class DecodeAhead:
         # The policy's decision for the next decode step, made while deciding whether to run
         # ahead (it speculated, so nothing ran ahead); the next decode plan takes it.
         self.decided: SpecDecision | None = None
+        self.decided_for: frozenset[int] = frozenset()  # the seq ids of the batch it saw
+        # A kept decision serves only the batch it saw: a row that joined since (a prompt
+        # landed) is decided for afresh (SpecConfig.second_token_plain; else it rides the
+        # decided round, outside every bound the policy keeps for riders).
+        self.same_batch_only = False
         self.held: tuple[InFlight, InFlight] | None = None  # (decode, prompt) steps it held for
         self.num_steps = 0  # decode steps launched ahead (tests, benchmarks)
         self.num_held = 0  # steps not launched ahead for a landing prompt (the same)
@@ -75,11 +80,19 @@ class DecodeAhead:
         self.num_held += 1
         return True
 
+    def keep(self, decision: SpecDecision, batch: list[Sequence]) -> None:
+        """Keeps the policy's decision for the step after the one in flight (``batch``: the
+        rows it was made for)."""
+        self.decided, self.decided_for = decision, frozenset(s.seq_id for s in batch)
+
     def take_decision(self, decodable: list[Sequence]) -> SpecDecision | None:
         """The decision made for the next decode step while one ran, once; None when there is
-        none, or everyone it named ended with the step in flight (it is not this batch's)."""
+        none, everyone it named ended with the step in flight (it is not this batch's), or
+        (``same_batch_only``) a row joined that it did not see."""
         decision, self.decided = self.decided, None
         if decision is None or not any(s.seq_id in decision.lens for s in decodable):
+            return None
+        if self.same_batch_only and any(s.seq_id not in self.decided_for for s in decodable):
             return None
         return decision
 

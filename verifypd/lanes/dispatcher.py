@@ -91,6 +91,7 @@ class LaneDispatcher:
         self.ahead = DecodeAhead(
             decode_ahead and not single_lane, ahead_beside_prefill, ahead_waits_for_prompts
         )
+        self.ahead.same_batch_only = getattr(self.policy, "second_token_plain", False)
         # While a long prompt step is in flight, a decode step is launched no sooner than this
         # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
         # none ahead: the prompt step has the GPU in between.
@@ -302,9 +303,10 @@ class LaneDispatcher:
         if self.verify_queue or "verify" in self.in_flight:
             return True
         batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
-        decision = self.policy.decide(self._prefill_signal(), batch + self.core.decodable())
+        batch += self.core.decodable()
+        decision = self.policy.decide(self._prefill_signal(), batch)
         if decision.lens:
-            self.ahead.decided = decision
+            self.ahead.keep(decision, batch)
         return bool(decision.lens)
 
     def _log_launch(self, lane: str) -> None:

@@ -80,6 +80,9 @@ class SpeculationPolicy(SpecListener):
         )
         # A separate round drafts on the verify lane's stream (SpecConfig.drafts_beside_decode).
         self.drafts_beside_decode = core.config.spec.drafts_beside_decode
+        # A row's second token waits for no drafts (SpecConfig.second_token_plain): a decision
+        # kept for the next step does not serve a batch a row joined since.
+        self.second_token_plain = core.config.spec.second_token_plain
         # a drafting not yet observed: (span, rows, tokens drafted, beside prompt work)
         self._draft_span: tuple[Span, int, int, bool] | None = None
         core.attach_listener(self)
