@@ -160,8 +160,10 @@ MODES = {
         spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
     # A row's second token from a step that waits for no drafts beyond the rider bound
-    # (SpecConfig.second_token_plain), alone and with the light-load follow.
+    # (SpecConfig.second_token_plain, on by default since 2026-11-27), alone, with the
+    # light-load follow, and the policy without it.
     "policy-second": _policy_with(spec=(("second_token_plain", True),)),
+    "policy-nosecond": _policy_with(spec=(("second_token_plain", False),)),
     "policy-second-follow": _policy_with(
         spec=(
             ("second_token_plain", True),

@@ -393,9 +393,13 @@ class SpecConfig:
     # A row's second token comes from a step that waits for no drafts beyond the rider bound:
     # in its first decode step it neither speculates nor catches up, others' rounds may not
     # stretch it (GoodputConfig.second_token_plain), and a decision kept for the next step
-    # while one ran (decode-ahead) is not used once a row has joined since. Off by default
-    # until measured.
-    second_token_plain: bool = False
+    # while one ran (decode-ahead) is not used once a row has joined since. On by default since
+    # 2026-11-27: at 2-8 req/s (hetero, two same-call H200 runs at 1473918) the riders' slowest
+    # gaps fell from 16-46 ms to 0-18 ms, the policy's ITL p99 at 5 req/s from 17.8 / 17.0 to
+    # 14.5 / 14.3 ms (`off` 15.8 / 14.9), its misses of "within 5 % of the best other mode" at
+    # 2-8 req/s from 4 / 3 to 2 / 2; 14-26 req/s level; the light-load TPOT p50 1.25 / 1.20x
+    # `off` against 1.28 / 1.28x (the rounds a new row's first step gives up).
+    second_token_plain: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):

@@ -310,8 +310,12 @@ async def test_a_catch_up_round_decided_for_the_step_ahead_runs():
     drafter has not followed (further behind than max_catch_up). Deciding on a step ahead of
     A's, the policy schedules B's catch-up round, so nothing runs ahead; that decision must be
     the next step's. Asked again (as before 3846172), the round was already spent, B was no
-    candidate, and with decode-ahead on a GPU (a step always in flight) B never drafted."""
-    spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=False)
+    candidate, and with decode-ahead on a GPU (a step always in flight) B never drafted.
+    (B's second token is not held back here, ``second_token_plain`` off: with it B's first
+    step is plain and goes ahead, the next test.)"""
+    spec = tiny_draft_spec(
+        controller=True, policy="goodput", follow_prefill=False, second_token_plain=False
+    )
     engine = AsyncEngine(tiny_config(decode_ahead=True, spec=spec))
     d, core = engine.dispatcher, engine.core
     pol = d.policy.controller  # CPU costs: make B's round pay, with A riding along
@@ -357,6 +361,27 @@ async def test_a_kept_decision_serves_a_joined_row_only_without_second_token_pla
     else:
         assert decisions == [] and lens == {"A": 3, "B": 0} and plan.fused
     core.scheduler.abandon(plan)
+    await engine.stop()
+
+
+async def test_a_fresh_rows_first_step_goes_ahead_plain_with_second_token_plain():
+    """The same arrival with ``second_token_plain`` (the default): B's first decode step gives
+    its second token, so the policy neither catches it up nor lets it ride a round there; the
+    step goes ahead with A and B, and B's catch-up round comes in a later step."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", follow_prefill=False)
+    assert spec.second_token_plain
+    engine = AsyncEngine(tiny_config(decode_ahead=True, spec=spec))
+    d, core = engine.dispatcher, engine.core
+    pol = d.policy.controller
+    pol.costs.catch_up = lambda tokens, contended=False: 0.0
+    pol.goodput = dataclasses.replace(pol.goodput, rider_slack=10.0, eager_draft_s=0.0)
+    await _a_in_flight(engine)
+    core.add_request("B", list(range(10, 110)), dataclasses.replace(QUIET, speculate=True))
+    _prefill_now(core)
+
+    assert await d._launch_ahead() is True
+    assert {e.seq.request_id: e.draft_len for e in d.ahead.step.plan.seqs} == {"A": 0, "B": 0}
+    assert pol.decisions["catch_up"] == 0
     await engine.stop()
 
 
