@@ -398,8 +398,9 @@ class SpecConfig:
     # gaps fell from 16-46 ms to 0-18 ms, the policy's ITL p99 at 5 req/s from 17.8 / 17.0 to
     # 14.5 / 14.3 ms (`off` 15.8 / 14.9), its misses of "within 5 % of `off`" at 2-8 req/s
     # from 4 / 2 of 12 to 2 / 1; 14-26 req/s level; the light-load TPOT p50 1.25 / 1.20x `off`
-    # against 1.28 / 1.28x. A third run (24694fe, 2-26 req/s): ITL p99 lower at 8-26 req/s,
-    # not at 2 (the light-load tail is now plain rows alone, as for `off`).
+    # against 1.28 / 1.28x. Two more runs at 2-26 req/s (24694fe, 9da73ad): ITL p99 at 8-26
+    # req/s within 5 % or lower in 7 of 8 cells (1.09x at 14 once), not lower at 2 (the
+    # light-load tail is now plain rows alone, as for `off`).
     second_token_plain: bool = True
 
     def __post_init__(self) -> None:
