@@ -84,13 +84,11 @@ class Scheduler:
     @property
     def num_prefilling(self) -> int:
         """Part-prefilled sequences whose next chunk is not in flight."""
-        return sum(1 for s in self.running if s.status is SeqStatus.PREFILLING and not s.in_flight)
+        return sum(map(_awaits_chunk, self.running))
 
     def prompts_waiting(self) -> bool:
         """A prompt waits for a prompt step: queued, or part-prefilled and not in flight."""
-        return bool(self.waiting) or any(
-            s.status is SeqStatus.PREFILLING and not s.in_flight for s in self.running
-        )
+        return bool(self.waiting) or any(map(_awaits_chunk, self.running))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -328,3 +326,8 @@ class Scheduler:
             if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 return "length"
         return None
+
+
+def _awaits_chunk(seq: Sequence) -> bool:
+    """Part-prefilled, its next chunk not in flight."""
+    return seq.status is SeqStatus.PREFILLING and not seq.in_flight

@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 class DecodeAhead:
     """Whether a step may go ahead of the decode step in flight, and the step ahead itself."""
 
-    def __init__(self, enabled: bool, beside_prefill: bool, waits_for_prompts: bool) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        beside_prefill: bool,
+        waits_for_prompts: bool,
+        same_batch_only: bool = False,
+    ) -> None:
         self.enabled = enabled
         # ... also while a prompt step is in flight (EngineConfig.decode_ahead_beside_prefill).
         self.beside_prefill = beside_prefill
@@ -44,7 +50,7 @@ class DecodeAhead:
         # A kept decision serves only the batch it saw: a row that joined since (a prompt
         # landed) is decided for afresh (SpecConfig.second_token_plain; else it rides the
         # decided round, outside every bound the policy keeps for riders).
-        self.same_batch_only = False
+        self.same_batch_only = same_batch_only
         self.held: tuple[InFlight, InFlight] | None = None  # (decode, prompt) steps it held for
         self.num_steps = 0  # decode steps launched ahead (tests, benchmarks)
         self.num_held = 0  # steps not launched ahead for a landing prompt (the same)

@@ -89,9 +89,11 @@ class LaneDispatcher:
         self.emit_after_launch = emit_after_launch
         self._unemitted: list[Sequence] = []
         self.ahead = DecodeAhead(
-            decode_ahead and not single_lane, ahead_beside_prefill, ahead_waits_for_prompts
+            decode_ahead and not single_lane,
+            ahead_beside_prefill,
+            ahead_waits_for_prompts,
+            getattr(self.policy, "second_token_plain", False),
         )
-        self.ahead.same_batch_only = getattr(self.policy, "second_token_plain", False)
         # While a long prompt step is in flight, a decode step is launched no sooner than this
         # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
         # none ahead: the prompt step has the GPU in between.
