@@ -128,6 +128,7 @@ def engine_info(llm: Any) -> dict[str, Any]:
         "lane_mode": cfg.lane_mode,
         "lane_streams": list(cfg.lane_streams),
         "emit_after_launch": cfg.emit_after_launch,
+        "deliver_before_drafting": cfg.deliver_before_drafting,
         "decode_ahead": getattr(  # what the dispatcher runs (None in the config = by device)
             getattr(getattr(llm, "engine", None), "dispatcher", None), "decode_ahead", None
         ),

@@ -171,6 +171,9 @@ MODES = {
             ("follow_prefill_max_rows", 4),
         )  # fmt: skip
     ),
+    # Deltas after every launch, a drafting one after a plain one included
+    # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).
+    "policy-deltas-after": _policy_with(engine=(("deliver_before_drafting", False),)),
     # The GPU's block scheduler serving the prefill stream first (what every build before
     # 2026-11-26 did by mistake) or no stream first (EngineConfig.lane_priorities).
     "policy-prefill-first": _policy_with(engine=(("lane_priorities", "prefill-first"),)),

@@ -103,6 +103,8 @@ class FakeCore:
             sent = self.sent.get(seq.request_id, 0)
             new = seq.token_ids[seq.num_prompt_tokens + sent :]
             self.sent[seq.request_id] = sent + len(new)
+            if new and seq.first_token_time is None:
+                seq.first_token_time = 0.0  # (the dispatcher tells first tokens by it)
             done = seq.status.is_finished
             outs.append(RequestOutput(seq.request_id, 0, new, "", done, seq.finish_reason))
         return outs

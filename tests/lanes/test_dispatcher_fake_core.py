@@ -212,3 +212,51 @@ async def test_a_separate_rounds_drafts_are_made_on_the_verify_lanes_stream_when
     want = "verify" if beside and not fused else "decode"
     assert set(proposed_under) == {want}
     _assert_clean(core, delivered)
+
+
+@pytest.mark.parametrize("single_lane", [False, True], ids=["three-lane", "single-lane"])
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+async def test_deltas_go_out_before_a_drafting_launch_that_follows_a_plain_one(single_lane, before):
+    """Deltas waiting for the next launch (``emit_after_launch``) go out before it, their
+    consumers first (the tick launches nothing more), when it drafts and the launch before it
+    was plain (``deliver_before_drafting``); behind a drafting launch after another they follow
+    it. The policy is asked once per launched step either way (the decision is kept)."""
+    core = FakeCore()
+    policy = FakePolicy(core, draft_len=0, fused=True)
+    events: list[str] = []
+
+    async def launch(lane, plan):
+        events.append("draft" if any(e.draft_token_ids for e in plan.seqs) else lane)
+        return core.launch(plan)
+
+    def deliver(out: RequestOutput) -> None:
+        events.append("delta")
+        delivered.append(out)
+
+    delivered: list[RequestOutput] = []
+    d = LaneDispatcher(core, launch, deliver, 10.0, single_lane=single_lane, policy=policy,
+                       emit_after_launch=True, deliver_before_drafting=before)  # fmt: skip
+    core.add_request("a", PROMPTS["a"], MAX_TOKENS)
+    step = "mixed" if single_lane else "decode"
+    while events.count(step) < 2:  # the prompt step, then plain steps
+        await d.tick()
+    policy.draft_len = 3
+    await _drain(d)
+    assert _tokens(delivered)["a"] == _expected("a")
+    _assert_clean_one(core)
+    first = events.index("draft")
+    steps = sum(e in (step, "prefill") for e in events[:first])  # one token each
+    # Before: every plain step's token is out before the drafting launch; after: the last
+    # one follows it.
+    assert events[:first].count("delta") == steps - (not before)
+    # A round's deltas follow the next drafting launch: between the two, only the last plain
+    # step's (after).
+    later = events.index("draft", first + 1)
+    assert events[first + 1 : later].count("delta") == (not before)
+    launches = sum(e in (step, "draft") for e in events)
+    assert len(policy.prefill_seen) == launches
+
+
+def _assert_clean_one(core: FakeCore) -> None:
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+    core.kv.check_integrity([])

@@ -54,6 +54,7 @@ class AsyncEngine:
             # A GPU launch only enqueues: make a landed step's deltas after the next launch.
             # EngineConfig.emit_after_launch=False turns that off (A/B runs).
             emit_after_launch=self.executor.enqueues and config.emit_after_launch,
+            deliver_before_drafting=config.deliver_before_drafting,
             policy=self.policy,
             decode_ahead=self.core.decode_ahead,
             ahead_beside_prefill=config.decode_ahead_beside_prefill,
