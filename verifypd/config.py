@@ -563,10 +563,12 @@ class EngineConfig:
     lane_priorities: Literal["decode-first", "prefill-first", "equal"] = "decode-first"
     # On GPU, make a landed step's deltas after the next launch (off only for A/B runs).
     emit_after_launch: bool = True
-    # ... but before a launch that drafts after a plain one (``LaneDispatcher._delivers_first``):
-    # drafting holds the host for 1.5-5 ms (a drafter catching up on a prompt the longest),
-    # which the deltas, whose previous tokens waited only behind a plain launch, would
-    # otherwise wait for too. False: after every launch (A/B runs).
+    # ... but before a launch that drafts after a plain one (``lanes.deltas``): drafting holds
+    # the host for 1.5-8 ms (a drafter catching up on a prompt the longest), which the deltas,
+    # whose previous tokens waited only behind a plain launch, would otherwise wait for too.
+    # On H200s (0c415e7, hetero, three same-call runs) the policy's ITL p99 at 2 req/s was 4-7 %
+    # lower with it, at 5-26 req/s (where it seldom fires) within the runs' noise. False: after
+    # every launch (A/B runs).
     deliver_before_drafting: bool = True
     # Decode-ahead: while a decode step runs, launch the next one behind it with its input
     # tokens read on the device, so the host's fold-back and planning overlap the GPU (while

@@ -56,7 +56,7 @@ async def test_deltas_after_the_next_launch_lose_nothing(reference, lane_mode):
     tokens, every request finished, clean caches (``_run_all`` checks)."""
     spec = tiny_draft_spec()
     engine = _engine(lane_mode, spec)
-    engine.dispatcher.emit_after_launch = True
+    engine.dispatcher.deltas.after_launch = True
     assert await _run_all(engine, GREEDY) == reference
 
 
@@ -243,7 +243,7 @@ async def test_cpu_steps_run_in_the_worker_thread_off_the_loop():
 
     engine = _engine("three", tiny_draft_spec())
     assert isinstance(engine.executor, ThreadExecutor)
-    assert not engine.dispatcher.emit_after_launch
+    assert not engine.dispatcher.deltas.after_launch
     threads: set[str] = set()
     launch = engine.core.launch
 

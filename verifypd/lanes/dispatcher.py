@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.decode_ahead import DecodeAhead
+from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.lanes.step_failures import StepFailures
@@ -42,7 +43,6 @@ from verifypd.types import (
     RequestOutput,
     ScheduledSeq,
     SeqStatus,
-    Sequence,
     SpecDecision,
     StepPlan,
 )
@@ -85,15 +85,9 @@ class LaneDispatcher:
         self.in_flight: dict[str, InFlight] = {}
         self.launch_log: list[str] = []  # lanes in launch order (tests, debugging)
         self._last_lane: str | None = None
-        # Where a launch only enqueues (GPU) and no other step is in flight, a landed step's
-        # deltas are made after the next launch, so detokenizing and delivery overlap the GPU
-        # instead of leaving it idle.
-        self.emit_after_launch = emit_after_launch
-        self._unemitted: list[Sequence] = []
-        # ... except before a drafting launch that follows a plain one (``_delivers_first``).
-        self.deliver_before_drafting = deliver_before_drafting
-        self._drafted_last = False  # the last decode (or mixed) launch drafted
-        self._deltas_first = False  # deltas just went out ahead of a drafting launch
+        # When a landed step's deltas are made (``lanes.deltas``: after the next launch where a
+        # launch only enqueues, so that host work overlaps the GPU, with exceptions).
+        self.deltas = Deltas(core, deliver, emit_after_launch, deliver_before_drafting)
         self.ahead = DecodeAhead(
             decode_ahead and not single_lane,
             ahead_beside_prefill,
@@ -108,8 +102,6 @@ class LaneDispatcher:
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
-        # First tokens were just handed out: ``tick`` returns before launching anything more.
-        self._first_tokens_out = False
 
     @property
     def decode_ahead(self) -> bool:
@@ -152,13 +144,12 @@ class LaneDispatcher:
         progressed = await self._launch_ahead()
         progressed = self.collect() or progressed
         try:
-            if self._first_tokens_out:  # their consumers (a stream writer) run first: the
-                self._first_tokens_out = False  # next launch may be a long host section (a
-                return True  # drafter catching up on the new prompt), which TTFT would wait for
+            if self.deltas.take_handed_out():  # first tokens: their consumers run first (the
+                return True  # next launch may be a long host section, which TTFT would wait for)
             progressed = await self._launch_ahead() or progressed
             return await self._launch_next(progressed)
         finally:
-            self._emit()
+            self.deltas.emit()
 
     async def _launch_next(self, progressed: bool) -> bool:
         idle = {lane for lane in self.lanes if lane not in self.in_flight}
@@ -179,9 +170,8 @@ class LaneDispatcher:
             if lane is None:
                 return progressed
             plan = self._plan(lane)
-            if self._deltas_first:  # their consumers run first; the next tick launches it
-                self._deltas_first = False
-                return True
+            if self.deltas.take_handed_out():  # ahead of a drafting launch: their consumers run
+                return True  # first, and the next tick launches it
             if plan is not None and await self._launch(lane, plan):
                 return True
             tried.add(lane)
@@ -213,17 +203,8 @@ class LaneDispatcher:
                     self.in_flight[lane] = f
                     break
                 self._fold(f, None)
-        # Deltas wait for the next launch only while the GPU has nothing else to run (another
-        # lane's step in flight keeps it busy: then delivery goes first; a decode step ahead
-        # is launched first, since the GPU is about to run out of decode work), and never a
-        # first token (TTFT). A stop string can end a sequence only once it is detokenized:
-        # emit now, so it is never planned again.
         pipelined = self.decode_ahead and set(self.in_flight) == {"decode"}
-        waits = self.emit_after_launch and (not self.in_flight or pipelined)
-        first = any(s.first_token_time is None for s in self._unemitted)
-        if not waits or first or any(s.params.stop for s in self._unemitted):
-            self._emit()
-            self._first_tokens_out = first
+        self.deltas.settle(bool(self.in_flight) and not pipelined)
         if done:
             self._report()
         return bool(done)
@@ -235,12 +216,7 @@ class LaneDispatcher:
         if seconds is not None:
             self.core.record_step(f.plan, seconds, f.contended)
             self.policy.step_landed(f.plan, seconds)
-        self._unemitted += self.core.apply_step(f.plan, token_ids)
-
-    def _emit(self) -> None:
-        changed, self._unemitted = self._unemitted, []
-        for out in self.core.emit(changed) if changed else ():
-            self._deliver(out)
+        self.deltas.landed(self.core.apply_step(f.plan, token_ids))
 
     # ------------------------------------------------------------------ planning per lane
     def _plan(self, lane: str) -> StepPlan | None:
@@ -277,21 +253,12 @@ class LaneDispatcher:
         return StepPlan("decode", entries, fused=decision.fused) if entries else None
 
     def _delivers_first(self, decision: SpecDecision) -> bool:
-        """Deltas waiting for the next launch go out before it, and their consumers run
-        (``tick`` returns), when it drafts and the launch before it did not: drafting holds the
-        host for the drafter's forwards (1.5-5 ms a launch on an H200, a catch-up the longest),
-        which would lengthen their gap by that much, while their previous tokens waited only
-        behind a plain launch (~0.5 ms). Behind one drafting launch after another the gaps
-        stay as long as each other, and the GPU is not left idle while deltas are made. The
-        decision is kept for the next plan (``DecodeAhead.keep``: a decision has side effects,
-        it is not asked twice)."""
-        if not (self.deliver_before_drafting and decision.lens and self._unemitted):
-            return False
-        if self._drafted_last:
+        """Deltas go out ahead of the drafting launch ``decision`` plans (``Deltas.ahead_of``);
+        the decision is then kept for the next plan (``DecodeAhead.keep``: a decision has side
+        effects, it is not asked twice)."""
+        if not self.deltas.ahead_of(decision):
             return False
         self.ahead.keep(decision, self.core.decodable())
-        self._emit()
-        self._deltas_first = True
         return True
 
     async def _launch_ahead(self) -> bool:
@@ -312,7 +279,7 @@ class LaneDispatcher:
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
         self._log_launch("decode")
-        self._drafted_last = False
+        self.deltas.drafted_last = False
         self.core.observer.decode_ahead()
         flight = InFlight(plan, None, self.clock(), prompt is not None)
         self.ahead.launched(flight)
@@ -371,8 +338,8 @@ class LaneDispatcher:
         """Launches ``plan`` (its drafting first); False when nothing was left to launch on
         this lane (every entry drafted and went to the verify lane)."""
         if lane in ("decode", "mixed"):
-            self._drafted_last = any(e.draft_len for e in plan.seqs)
-            if self._drafted_last:
+            self.deltas.drafted_last = any(e.draft_len for e in plan.seqs)
+            if self.deltas.drafted_last:
                 plan = self._draft(plan)
                 if plan is None:
                     return False
