@@ -566,9 +566,9 @@ class EngineConfig:
     # ... but before a launch that drafts after a plain one (``lanes.deltas``): drafting holds
     # the host for 1.5-8 ms (a drafter catching up on a prompt the longest), which the deltas,
     # whose previous tokens waited only behind a plain launch, would otherwise wait for too.
-    # On H200s (0c415e7, hetero, three same-call runs) the policy's ITL p99 at 2 req/s was 4-7 %
-    # lower with it, at 5-26 req/s (where it seldom fires) within the runs' noise. False: after
-    # every launch (A/B runs).
+    # On H200s (0c415e7 and e507ac2, hetero, four same-call runs) the policy's ITL p99 at 2 req/s
+    # was 4-8 % lower with it, at 5-26 req/s (where it seldom fires) within the runs' noise.
+    # False: after every launch (A/B runs).
     deliver_before_drafting: bool = True
     # Decode-ahead: while a decode step runs, launch the next one behind it with its input
     # tokens read on the device, so the host's fold-back and planning overlap the GPU (while
