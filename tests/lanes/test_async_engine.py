@@ -51,13 +51,18 @@ async def test_speculative_greedy_is_token_identical(reference, lane_mode, spec)
 
 
 @pytest.mark.parametrize("lane_mode", ["three", "single"])
-async def test_deltas_after_the_next_launch_lose_nothing(reference, lane_mode):
+@pytest.mark.parametrize("controller", [False, True], ids=["fixed", "controller"])
+@pytest.mark.parametrize("before", [True, False], ids=["before-drafting", "after-every-launch"])
+async def test_deltas_after_the_next_launch_lose_nothing(reference, lane_mode, controller, before):
     """The GPU ordering (a landed step's deltas made after the next launch) on CPU: the same
-    tokens, every request finished, clean caches (``_run_all`` checks)."""
-    spec = tiny_draft_spec()
-    engine = _engine(lane_mode, spec)
+    tokens, every request finished, clean caches (``_run_all`` checks). With the controller a
+    round follows plain steps, and with ``deliver_before_drafting`` deltas go out ahead of it
+    (fixed drafting drafts every step: never)."""
+    spec = tiny_draft_spec(controller=controller)
+    engine = _engine(lane_mode, spec, deliver_before_drafting=before)
     engine.dispatcher.deltas.after_launch = True
     assert await _run_all(engine, GREEDY) == reference
+    assert (engine.dispatcher.deltas.num_ahead > 0) == (controller and before)
 
 
 async def test_three_lane_plain_matches_single_lane(reference):

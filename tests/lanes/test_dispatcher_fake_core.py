@@ -260,3 +260,38 @@ async def test_deltas_go_out_before_a_drafting_launch_that_follows_a_plain_one(s
 def _assert_clean_one(core: FakeCore) -> None:
     assert core.kv.num_free_blocks == core.kv.num_blocks
     core.kv.check_integrity([])
+
+
+@pytest.mark.parametrize("gone", ["a", "b"])
+async def test_a_request_aborted_while_deltas_go_out_ahead_of_a_round_loses_nothing(gone):
+    """Between the tick that hands deltas out ahead of a drafting launch and the tick that
+    launches it (their consumers run in between), a request is aborted: the kept decision
+    serves the rest, the other request gets its whole output, and no block leaks."""
+    core = FakeCore()
+    policy = FakePolicy(core, draft_len=0, fused=True)
+    delivered: list[RequestOutput] = []
+
+    async def launch(lane, plan):
+        return core.launch(plan)
+
+    d = LaneDispatcher(core, launch, delivered.append, 10.0, policy=policy,
+                       emit_after_launch=True, deliver_before_drafting=True)  # fmt: skip
+    for rid in ("a", "b"):
+        core.add_request(rid, PROMPTS[rid], MAX_TOKENS)
+    while min(core.sent.get(rid, 0) for rid in ("a", "b")) < 2:  # both decoding plainly
+        await d.tick()
+    policy.draft_len = 3
+    for _ in range(20):
+        await d.tick()
+        if d.deltas.num_ahead:
+            break
+    assert d.deltas.num_ahead == 1
+    assert core.seqs[gone].seq_id in d.ahead.decided.lens  # kept for the launch to come
+    for out in core.abort_request(gone):
+        delivered.append(out)
+    await _drain(d)
+    kept = "b" if gone == "a" else "a"
+    assert _tokens(delivered)[kept] == _expected(kept)
+    assert {o.request_id for o in delivered if o.finished} == {"a", "b"}
+    assert any(o.finish_reason == "abort" for o in delivered if o.request_id == gone)
+    _assert_clean_one(core)

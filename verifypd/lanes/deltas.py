@@ -46,6 +46,7 @@ class Deltas:
         # Deltas were just handed out ahead of the next launch (first tokens, or ahead of a
         # drafting launch): the tick returns and their consumers run before it.
         self.handed_out = False
+        self.num_ahead = 0  # times deltas went out ahead of a drafting launch (tests, benchmarks)
 
     def landed(self, changed: list[Sequence]) -> None:
         self.waiting += changed
@@ -68,6 +69,7 @@ class Deltas:
             return False
         self.emit()
         self.handed_out = True
+        self.num_ahead += 1
         return True
 
     def take_handed_out(self) -> bool:
