@@ -168,7 +168,7 @@ def engine_sweep(
                 steps.reset()
             preemptions = core.scheduler.num_preemptions
             disp = llm.engine.dispatcher
-            ahead = (disp.num_ahead_steps, disp.num_ahead_held)
+            ahead = (disp.num_ahead_steps, disp.num_ahead_held, disp.deltas.num_ahead)
             snapshot = None
             if MODES[name].controller:  # counters of this run only (the engine serves them all)
                 snapshot = partial(since, partial(policy_snapshot, core), policy_snapshot(core))
@@ -189,6 +189,8 @@ def engine_sweep(
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
                     num_ahead_steps=disp.num_ahead_steps - ahead[0],
                     num_ahead_held=disp.num_ahead_held - ahead[1],  # for a landing prompt
+                    # deltas handed out ahead of a drafting launch (deliver_before_drafting)
+                    num_deltas_ahead=disp.deltas.num_ahead - ahead[2],
                 )
                 if args.ttft_anatomy:
                     row["ttft_anatomy"] = anatomy(steps, res["traces"])
