@@ -22,6 +22,9 @@ def test_env_overrides_maps_the_old_variables() -> None:
     assert env_overrides({"VERIFYPD_LANE_STREAMS": "0"}) == {"lane_streams": ()}
     assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "0"}) == {"emit_after_launch": False}
     assert env_overrides({"VERIFYPD_EMIT_AFTER_LAUNCH": "1"}) == {"emit_after_launch": True}
+    assert env_overrides({"VERIFYPD_DELIVER_BEFORE_DRAFTING": "0"}) == {
+        "deliver_before_drafting": False
+    }
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "0"}) == {"decode_ahead": False}
     assert env_overrides({"VERIFYPD_DECODE_AHEAD": "1"}) == {"decode_ahead": True}
     assert env_overrides({"VERIFYPD_GC_FREEZE": "0"}) == {"gc_freeze": False}

@@ -474,6 +474,7 @@ ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
 ENV_LANE_PRIORITIES = "VERIFYPD_LANE_PRIORITIES"
 LANE_PRIORITIES = ("decode-first", "prefill-first", "equal")
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
+ENV_DELIVER_BEFORE_DRAFTING = "VERIFYPD_DELIVER_BEFORE_DRAFTING"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
 ENV_GC_FREEZE = "VERIFYPD_GC_FREEZE"
 ENV_PREFILL_SLICE_LAYERS = "VERIFYPD_PREFILL_SLICE_LAYERS"
@@ -490,10 +491,10 @@ ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_LANE_PRIORITIES`` (``EngineConfig.lane_priorities``),
-    ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE``
-    ("0" = off, "1" = on), ``VERIFYPD_PREFILL_SLICE_LAYERS``, ``VERIFYPD_PROMPT_TOKEN_BUCKET``
-    and ``VERIFYPD_PREFILL_SM_CARVEOUT`` (ints, 0 = off), for the CLI and benchmarks to pass
-    on."""
+    ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DELIVER_BEFORE_DRAFTING``,
+    ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE`` ("0" = off, "1" = on),
+    ``VERIFYPD_PREFILL_SLICE_LAYERS``, ``VERIFYPD_PROMPT_TOKEN_BUCKET`` and
+    ``VERIFYPD_PREFILL_SM_CARVEOUT`` (ints, 0 = off), for the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
     if ENV_LANE_STREAMS in environ:
         names = [n.strip() for n in environ[ENV_LANE_STREAMS].split(",")]
@@ -502,6 +503,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["lane_priorities"] = environ[ENV_LANE_PRIORITIES].strip()
     if ENV_EMIT_AFTER_LAUNCH in environ:
         out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
+    if ENV_DELIVER_BEFORE_DRAFTING in environ:
+        out["deliver_before_drafting"] = environ[ENV_DELIVER_BEFORE_DRAFTING] != "0"
     if ENV_DECODE_AHEAD in environ:
         out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
     if ENV_GC_FREEZE in environ:
