@@ -54,9 +54,7 @@ def p99_interval(
     values, owner = values[order], owner[order]
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, len(groups), size=(resamples, len(groups)))
-    stats = [
-        _weighted_q(values, np.bincount(d, minlength=len(groups))[owner], 0.99) for d in draws
-    ]
+    stats = [_weighted_q(values, np.bincount(d, minlength=len(groups))[owner], 0.99) for d in draws]
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(stats, [tail, 1.0 - tail])
     return [float(low), float(high)]

@@ -52,8 +52,10 @@ def ab_compare(
                           "clear": _clear(r, o, metric)})  # fmt: skip
         if not cells:
             continue
-        summary: dict[str, Any] = {"cells": len(cells),
-                                   "median_ratio": float(np.median([c["ratio"] for c in cells]))}
+        summary: dict[str, Any] = {
+            "cells": len(cells),
+            "median_ratio": float(np.median([c["ratio"] for c in cells])),
+        }
         for way in ("better", "worse"):
             moved = [c for c in cells if c["moved"] == way]
             summary[way] = len(moved)
