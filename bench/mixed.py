@@ -99,7 +99,7 @@ class Mode:
     spec_options: tuple[tuple[str, float | bool | tuple | None], ...] = ()  # SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
     # EngineConfig fields set
-    engine_options: tuple[tuple[str, bool | int | str | KernelConfig | None], ...] = ()
+    engine_options: tuple[tuple[str, bool | int | str | tuple | KernelConfig | None], ...] = ()
 
 
 _CHUNK2K_FCFS = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", None))
@@ -107,6 +107,7 @@ _CHUNK4K_FCFS = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", None))
 _CHUNK2K_PACK512 = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", 512))
 _CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
 _SPLIT1K = (("kernels", KernelConfig(gemm_split_rows=1024)),)
+INSIDE_SIZES = (64, 128, 256)
 
 
 def _policy_with(
@@ -119,7 +120,7 @@ def _policy_with(
                 engine_options=engine)  # fmt: skip
 
 
-def _with_engine(base: str, engine: tuple[tuple[str, int], ...]) -> Mode:
+def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...]) -> Mode:
     """``off`` or ``policy`` with EngineConfig fields set."""
     if base == "off":
         return Mode("three", False, engine_options=engine)
@@ -171,6 +172,11 @@ MODES = {
             ("follow_prefill_max_rows", 4),
         )  # fmt: skip
     ),
+    # Short prompts computed inside the decode lane's plain steps
+    # (EngineConfig.prompt_in_decode_tokens; off by default): graphs for chunks of up to 64,
+    # 128 and 256 tokens (the sweep's short prompts are 64-256).
+    "off-inside": _with_engine("off", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
+    "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
     # Deltas after every launch, a drafting one after a plain one included
     # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).
     "policy-deltas-after": _policy_with(engine=(("deliver_before_drafting", False),)),

@@ -635,6 +635,13 @@ class EngineConfig:
     # 17-22: it still waits behind decode kernels), TTFT p99 within the runs' noise (0.73-1.19x),
     # ITL and TPOT p99 unchanged.
     prompt_graph_tokens: int = 256
+    # A prompt whose rest is at most this many tokens is computed inside the decode lane's
+    # next plain step instead of in a prompt step beside it (three lanes, GPU with CUDA graphs;
+    # ``engine.prompt_in_decode``): one graph per size here (ascending; the chunk padded to the
+    # smallest that holds it) and per decode batch up to 64 rows. Beside a decode step a
+    # prompt step reads every weight again and slows the step (a 7B's 4.1 ms to 7.0 on an
+    # H200); inside, its rows share the step's weight reads. () = never.
+    prompt_in_decode_tokens: tuple[int, ...] = ()
     # After start-up, move every object the process holds out of the garbage collector's
     # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
     # created, not the start-up heap (on a GPU a full collection of it stalled the step loop
@@ -677,6 +684,15 @@ class EngineConfig:
         gap = self.decode_gap_beside_prefill_s
         if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not 0.0 <= gap < 1.0:
             raise ValueError(f"decode_gap_beside_prefill_s must be in [0, 1) s, got {gap!r}")
+        sizes = self.prompt_in_decode_tokens
+        ints = isinstance(sizes, tuple) and all(
+            isinstance(n, int) and not isinstance(n, bool) and 16 <= n <= 4096 for n in sizes
+        )
+        if not ints or list(sizes) != sorted(set(sizes)):
+            raise ValueError(
+                "prompt_in_decode_tokens must be ascending distinct ints in [16, 4096],"
+                f" got {sizes!r}"
+            )
         q = self.prompt_graph_tokens
         if type(q) is not int or not (q == 0 or 32 <= q <= 4096):  # above every verify width
             raise ValueError(f"prompt_graph_tokens must be 0 or an int in [32, 4096], got {q!r}")

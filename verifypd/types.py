@@ -374,6 +374,14 @@ class StepPlan:
     def num_tokens(self) -> int:
         return sum(s.num_query_tokens for s in self.seqs)
 
+    @property
+    def carries_prompt(self) -> bool:
+        """A decode step with a prompt chunk inside (``EngineConfig.prompt_in_decode_tokens``;
+        read before the step is folded back, while the chunk's sequence is prefilling)."""
+        return self.lane == "decode" and any(
+            s.seq.status is SeqStatus.PREFILLING for s in self.seqs
+        )
+
     def __len__(self) -> int:
         return len(self.seqs)
 
@@ -440,4 +448,5 @@ class Observer:
     def prefix_cache(self, num_queries: int, num_hits: int) -> None: ...
     def preemption(self) -> None: ...
     def decode_ahead(self) -> None: ...
+    def prompt_in_decode(self) -> None: ...
     def drafter_prompt_tokens(self, num_tokens: int) -> None: ...

@@ -202,6 +202,10 @@ class ModelRunner:
         graphs: dict[int, StepGraphs] | None = None,
     ) -> Generator[None, None, torch.Tensor]:
         """``logits``; an eager forward pauses after every ``every`` layers."""
+        if inputs.in_decode is not None and graphs is None:  # a prompt inside a decode step
+            self.num_graph_steps += 1
+            hidden = inputs.in_decode.run(inputs.input_ids, inputs.positions, inputs.meta)
+            return self._hidden_logits(hidden, rows)
         graphs = (self.graphs if graphs is None else graphs).get(inputs.meta.max_query_len)
         num_seqs = inputs.meta.num_seqs
         if graphs is None or not graphs.can_run(inputs.meta, num_seqs):
@@ -211,13 +215,17 @@ class ModelRunner:
         self.num_graph_steps += 1
         full = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)  # [B * q, V or H]
         if not graphs.with_logits:  # hidden states: the rows' logits outside the graph
-            if not rows:
-                return full[:0]
-            index = self._to_device(rows, torch.int64)
-            return self.model.compute_logits(full.index_select(0, index))
+            return self._hidden_logits(full, rows)
         if len(rows) == full.shape[0]:
             return full  # rows are always in order: the plan's seqs, then their positions
         return full.index_select(0, self._to_device(rows, torch.int64))
+
+    def _hidden_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """fp32 logits of ``rows`` of a graph's hidden states."""
+        if not rows:
+            return hidden[:0]
+        index = self._to_device(rows, torch.int64)
+        return self.model.compute_logits(hidden.index_select(0, index))
 
     def process_logits(
         self, plan: StepPlan, inputs: StepInputs, logits: torch.Tensor, drafts: dict

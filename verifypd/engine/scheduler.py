@@ -212,6 +212,26 @@ class Scheduler:
             token_budget -= sched.num_new_tokens
         return planned
 
+    def plan_prompt_end(self, max_tokens: int) -> ScheduledSeq | None:
+        """The prompt the next prompt step would start with, planned alone (admitted, its
+        slots reserved) when its rest is at most ``max_tokens`` (a whole short prompt, or a
+        long one's last chunk) and it asks for no prompt log-probs: for a decode step to
+        compute (``EngineConfig.prompt_in_decode_tokens``). None (nothing planned) otherwise."""
+        if not self.prompt_end_fits(max_tokens):
+            return None
+        entries = self.plan_prefill(max_tokens, self.max_num_seqs, pack=0)
+        return entries[0] if entries else None
+
+    def prompt_end_fits(self, max_tokens: int) -> bool:
+        """``plan_prompt_end`` would plan the next prompt: its rest fits ``max_tokens``."""
+        seq = next((s for s in self.running if _awaits_chunk(s)), None)
+        if seq is None and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+        if seq is None or seq.needs_prompt_logprobs:
+            return False
+        rest = seq.num_tokens - seq.num_computed_tokens  # (0 computed while waiting)
+        return rest <= min(max_tokens, self.max_prefill_chunk)
+
     def _chunk(self, seq: Sequence, token_budget: int) -> int:
         remaining = seq.num_tokens - seq.num_computed_tokens
         return min(remaining, token_budget, self.max_prefill_chunk)

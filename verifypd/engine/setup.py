@@ -21,6 +21,7 @@ from verifypd.engine.cuda_graphs import warm_up_eager
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
 from verifypd.engine.loader import LoadedModel, load_model
+from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
@@ -205,6 +206,13 @@ def capture_graphs(parts: EngineParts) -> None:
     if (q := parts.config.prompt_graph_tokens) and q < max_len:  # short prompt steps
         parts.runner.capture_graphs(q, PROMPT_GRAPH_BATCH, max_len, with_logits=False)
         parts.runner.inputs.prompt_graph_tokens = q
+    if parts.config.lane_mode == "three":  # prompts inside decode steps (the single lane mixes)
+        for q in parts.config.prompt_in_decode_tokens:
+            graphs = PromptInDecodeGraphs(
+                parts.loaded.model, parts.pool.kv, parts.block_size, max_batch, max_len, q
+            )
+            graphs.capture()
+            parts.runner.inputs.prompt_in_decode.append(graphs)
     if not parts.spec.enabled:
         return
     verify_batch = min(max_batch, VERIFY_GRAPH_BATCH)

@@ -12,7 +12,8 @@ import torch
 
 from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.device_drafts import device_ids
-from verifypd.kernels.metadata import AttentionMetadata
+from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
+from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
 from verifypd.types import ScheduledSeq, StepPlan
 
 
@@ -25,6 +26,8 @@ class StepInputs:
     sample_seqs: list[int]  # plan index of each sample row
     verify_seqs: list[int]  # plan indices of seqs with drafts
     verify_rows: list[list[int]]  # per verify seq: the 1 + L rows of [T]
+    # The graphs that replay a decode step carrying a prompt chunk (laid out for them).
+    in_decode: PromptInDecodeGraphs | None = None
 
 
 class StepInputBuilder:
@@ -50,11 +53,16 @@ class StepInputBuilder:
         # Prompt steps whose chunks are all this short replay a captured graph of this many
         # tokens a row (EngineConfig.prompt_graph_tokens; set once it is captured; 0 = none).
         self.prompt_graph_tokens = 0
+        # Graphs of a decode step with a prompt chunk inside, ascending chunk rows (EngineConfig.
+        # prompt_in_decode_tokens; set once captured; empty = none).
+        self.prompt_in_decode: list[PromptInDecodeGraphs] = []
 
     def prepare(self, plan: StepPlan) -> StepInputs:
         """The step's input tensors (ids, positions, attention metadata) and which rows sample."""
         if q := self.prompt_graph_width(plan):
             return self._prepare_prompt_graph(plan, q)
+        if graphs := self.prompt_in_decode_graphs(plan):
+            return self._prepare_prompt_in_decode(plan, graphs)
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -132,6 +140,73 @@ class StepInputBuilder:
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, ([], []),
                             sample_rows, sample_seqs, [], [])  # fmt: skip
 
+    def prompt_in_decode_graphs(self, plan: StepPlan) -> PromptInDecodeGraphs | None:
+        """The prompt-in-decode graphs that hold ``plan`` (the fewest chunk rows that do): a
+        decode step of one-token rows (no drafts), then one prompt chunk of at most q tokens
+        (no drafts, no prompt log-probs, room for q positions after its start); else None."""
+        if not self.prompt_in_decode or plan.lane != "decode" or len(plan.seqs) < 2:
+            return None
+        *rows, chunk = plan.seqs
+        if not all(s.is_ahead or _is_plain(s) for s in rows):
+            return None
+        if chunk.is_ahead or _is_decode(chunk) or chunk.draft_token_ids:
+            return None  # (a decode row last: a decode step, for the decode graphs)
+        if chunk.seq.needs_prompt_logprobs:
+            return None
+        for graphs in self.prompt_in_decode:
+            if chunk.num_new_tokens > graphs.q or len(rows) > graphs.max_batch:
+                continue
+            fits = chunk.seq.num_computed_tokens + graphs.q <= graphs.max_len
+            return graphs if fits else None
+        return None
+
+    def _prepare_prompt_in_decode(self, plan: StepPlan, graphs: PromptInDecodeGraphs) -> StepInputs:
+        """``prepare`` for a decode step carrying a prompt chunk, laid out for ``graphs``: the
+        decode rows, padded to a graph's batch with inert rows (no KV slot, a context of one
+        token), then the chunk padded at its end to q rows as a prompt graph pads it. The
+        metadata carries the two parts (``AttentionMetadata.split``)."""
+        q = graphs.q
+        *rows, chunk = plan.seqs
+        b = graphs.padded_size(len(rows))
+        ids, pos, slots, seq_lens, ahead = [], [], [], [], []
+        for i, s in enumerate(rows):
+            start, toks = self._query_tokens(s)
+            if s.is_ahead:
+                ahead.append((i, s.ahead_index))
+            ids += toks
+            pos.append(start)
+            slots += self._slots(s.seq.block_table, start, start + 1)
+            seq_lens.append(start + 1)
+        pad = b - len(rows)
+        ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad
+        seq_lens += [1] * pad
+        start, toks = self._query_tokens(chunk)
+        n = len(toks)
+        ids += toks + [0] * (q - n)
+        pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
+        slots += self._slots(chunk.seq.block_table, start, start + n) + [-1] * (q - n)
+        seq_lens.append(start + q)
+        qsl = [*range(b + 1), b + q]
+        sample_seqs = [i for i, s in enumerate(plan.seqs) if s.samples]
+        sample_rows = [i if i < len(rows) else b + n - 1 for i in sample_seqs]
+        tables = self._tables(plan, seq_lens)
+        tables = np.concatenate([tables[:-1], np.zeros((pad, tables.shape[1]), np.int32),
+                                 tables[-1:]])  # fmt: skip
+        inputs = self._upload(plan, ids, pos, slots, qsl, seq_lens, ([], ahead),
+                              sample_rows, sample_seqs, [], [], tables=tables)  # fmt: skip
+        meta = inputs.meta
+        decode = AttentionMetadata(
+            meta.slot_mapping[:b], meta.query_start_loc[: b + 1], meta.seq_lens[:b],
+            meta.block_tables[:b], 1, max(seq_lens[:b]),
+        )  # fmt: skip
+        prompt = AttentionMetadata(
+            meta.slot_mapping[b:], meta.query_start_loc[b : b + 2], meta.seq_lens[b:],
+            meta.block_tables[b:], q, start + q,
+        )  # fmt: skip
+        meta.split = AttentionSplit(decode, prompt, b)
+        inputs.in_decode = graphs
+        return inputs
+
     def _prompt_padding(self, num_tokens: int) -> int:
         """Rows to add to a prompt step of ``num_tokens`` tokens: up to the next multiple of
         ``prompt_token_bucket`` past the GEMV-sized steps (16 rows and fewer never reach
@@ -141,7 +216,8 @@ class StepInputBuilder:
             return 0
         return -num_tokens % bucket
 
-    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, patches, *rows) -> StepInputs:
+    def _upload(self, plan, ids, pos, slots, qsl, seq_lens, patches, *rows,
+                tables: np.ndarray | None = None) -> StepInputs:  # fmt: skip
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
         int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
         Drafts still on the device, and the input tokens of entries planned ahead (the last
@@ -169,7 +245,7 @@ class StepInputBuilder:
         if ahead:
             at, n = 3 + bool(patch_rows), len(ahead)
             wide[0].index_copy_(0, wide[at, :n], plan.prev_ids.index_select(0, wide[at + 1, :n]))
-        tables = self._tables(plan, seq_lens)
+        tables = self._tables(plan, seq_lens) if tables is None else tables
         narrow_host, (starts, lens, table) = _aligned_concat(
             [np.asarray(qsl, np.int32), np.asarray(seq_lens, np.int32), tables.ravel()]
         )
@@ -233,6 +309,11 @@ class StepInputBuilder:
         if not self.is_cuda:
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
+
+
+def _is_plain(s: ScheduledSeq) -> bool:
+    """A one-token decode row without drafts."""
+    return _is_decode(s) and not s.draft_token_ids
 
 
 def _is_decode(s: ScheduledSeq) -> bool:

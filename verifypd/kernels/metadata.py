@@ -29,6 +29,10 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int] | None = None  # host copies for the torch reference path
     seq_lens_cpu: list[int] | None = None
+    # A decode step carrying one prompt chunk (``EngineConfig.prompt_in_decode_tokens``): its
+    # two parts' metadata. The whole stays valid (the torch reference reads it); a kernel
+    # backend may run each part on its own kernel instead of one kernel over the whole.
+    split: AttentionSplit | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -38,3 +42,16 @@ class AttentionMetadata:
     def is_decode_only(self) -> bool:
         """True when every sequence feeds exactly one new token."""
         return self.max_query_len == 1
+
+
+@dataclass
+class AttentionSplit:
+    """A step of ``num_decode_rows`` one-token rows (rows ``0 : num_decode_rows``, one
+    sequence each) followed by one sequence's chunk (the rest). ``decode`` describes the first
+    part; ``prompt`` the chunk, its ``query_start_loc`` counting rows of the whole step
+    ([num_decode_rows, num_decode_rows + chunk rows]): its kernel reads the whole step's rows
+    and writes only the chunk's."""
+
+    decode: AttentionMetadata
+    prompt: AttentionMetadata
+    num_decode_rows: int

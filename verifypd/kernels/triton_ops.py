@@ -37,7 +37,7 @@ from verifypd.kernels.triton_silu_mul import silu_and_mul
 from verifypd.kernels.triton_store_kv import store_kv
 
 if TYPE_CHECKING:
-    from verifypd.kernels.metadata import AttentionMetadata
+    from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
 
 __all__ = [
     "TritonOps",
@@ -85,9 +85,21 @@ class TritonOps:
     ) -> torch.Tensor:
         """Causal GQA attention of the packed query tokens q [T, Hq, D] over the paged cache;
         ``k_new``, ``v_new``: the same tokens' rotated keys and values (see ``reference``)."""
+        if meta.split is not None:  # one-token rows, then a prompt chunk: a kernel each
+            return self._split_attention(q, k_cache, v_cache, meta.split, scale, k_new, v_new)
         if is_short_query(meta.max_query_len, q.shape[1], k_cache.shape[2]):
             return decode_attention(q, k_cache, v_cache, meta, scale, use_pdl=self.use_pdl)
         return prefill_attention(q, k_cache, v_cache, meta, scale, k_new=k_new, v_new=v_new)
+
+    def _split_attention(self, q, k_cache, v_cache, split: AttentionSplit, scale, k_new, v_new):
+        """The decode rows on the split-K kernel, the chunk on the prefill kernel, one output."""
+        out = torch.empty_like(q)
+        n = split.num_decode_rows
+        decode_attention(q[:n], k_cache, v_cache, split.decode, scale, out=out[:n],
+                         use_pdl=self.use_pdl)  # fmt: skip
+        prefill_attention(q, k_cache, v_cache, split.prompt, scale, k_new=k_new, v_new=v_new,
+                          out=out)  # fmt: skip
+        return out
 
     def linear(
         self,

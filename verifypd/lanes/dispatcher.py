@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
+from verifypd.engine.prompt_in_decode import MAX_DECODE_ROWS
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
@@ -48,6 +49,8 @@ from verifypd.types import (
 )
 
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
+# A prompt that has waited this long for a decode step to ride in takes a prompt step instead.
+MAX_RIDE_WAIT_S = 0.03
 
 
 class LaneDispatcher:
@@ -70,6 +73,7 @@ class LaneDispatcher:
         ahead_waits_for_prompts: bool = True,
         background_lanes: frozenset[str] = frozenset(),
         decode_gap_beside_prefill_s: float = 0.0,
+        prompt_in_decode_tokens: int = 0,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -99,6 +103,9 @@ class LaneDispatcher:
         # none ahead: the prompt step has the GPU in between.
         self.decode_gap_beside_prefill_s = decode_gap_beside_prefill_s
         self._last_decode_launch = float("-inf")
+        # A prompt whose rest is at most this many tokens rides in the next plain decode step
+        # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``_prompt_rides``).
+        self.prompt_in_decode_tokens = 0 if single_lane else prompt_in_decode_tokens
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -232,6 +239,8 @@ class LaneDispatcher:
             if self._delivers_first(decision):
                 return None
             return self.sched.schedule_mixed(decision)
+        if self._prompt_waits_for_decode():
+            return None
         budget, sched = self.core.prefill_budget(), self.sched
         entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack_tokens)
         return StepPlan("prefill", entries) if entries else None
@@ -250,6 +259,7 @@ class LaneDispatcher:
         entries = self.sched.plan_decode(decision)
         if not decision.lens:
             self.policy.verify_queue(len(self.verify_queue))
+            self._prompt_rides(entries)
         return StepPlan("decode", entries, fused=decision.fused) if entries else None
 
     def _delivers_first(self, decision: SpecDecision) -> bool:
@@ -276,6 +286,7 @@ class LaneDispatcher:
         if not entries:
             return False
         entries += self.sched.plan_decode(NO_SPECULATION)
+        self._prompt_rides(entries)
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
         self._log_launch("decode")
@@ -296,6 +307,31 @@ class LaneDispatcher:
             self.failures.fail(plan)
             return False
         return True
+
+    def _prompt_rides(self, entries: list[ScheduledSeq]) -> None:
+        """Appends the next prompt to a plain decode step's ``entries`` when its rest fits
+        ``prompt_in_decode_tokens`` and the step has at most ``MAX_DECODE_ROWS`` rows (the
+        graphs' largest batch): the step computes it (``engine.prompt_in_decode``)."""
+        if self.prompt_in_decode_tokens and 0 < len(entries) <= MAX_DECODE_ROWS:
+            chunk = self.sched.plan_prompt_end(self.prompt_in_decode_tokens)
+            if chunk is not None:
+                entries.append(chunk)
+                self.core.observer.prompt_in_decode()
+
+    def _prompt_waits_for_decode(self) -> bool:
+        """The prefill lane leaves the next prompt to the decode lane (``_prompt_rides``):
+        a plain decode step is in flight, none that drafts is coming (no round under way, no
+        kept decision that drafts), and the prompt has waited less than ``MAX_RIDE_WAIT_S``."""
+        if not self.prompt_in_decode_tokens or "decode" not in self.in_flight:
+            return False
+        if self.deltas.drafted_last or self.verify_queue or "verify" in self.in_flight:
+            return False
+        if self.ahead.decided is not None and self.ahead.decided.lens:
+            return False
+        wait = self._prefill_wait()
+        if wait is not None and wait >= MAX_RIDE_WAIT_S:
+            return False
+        return self.sched.prompt_end_fits(self.prompt_in_decode_tokens)
 
     def _speculates_next(self, head: InFlight) -> bool:
         """The step after ``head`` speculates (a round under way, or the policy decides so for

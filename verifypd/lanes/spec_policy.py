@@ -233,7 +233,7 @@ class SpeculationPolicy(SpecListener):
     def step_landed(self, plan: StepPlan, seconds: float) -> None:
         """A step came back (after ``EngineCore.record_step``): its lane's cost, and any
         drafting that has run by now."""
-        if self.enabled:
+        if self.enabled and not plan.carries_prompt:  # (a prompt inside: not a decode cost)
             self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
         self.observe_draft_cost()
 

@@ -72,6 +72,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         None,
         None,
     ),
+    "prompts_in_decode": (
+        Counter,
+        "Prompts computed inside a decode step (EngineConfig.prompt_in_decode_tokens)",
+        None,
+        None,
+    ),
     "requests_finished": (Counter, "Requests finished, by reason", "reason", None),
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
@@ -220,6 +226,9 @@ class PrometheusObserver(Observer):
 
     def decode_ahead(self) -> None:
         self._m["decode_ahead_steps"].inc()
+
+    def prompt_in_decode(self) -> None:
+        self._m["prompts_in_decode"].inc()
 
     def drafter_prompt_tokens(self, num_tokens: int) -> None:
         self._m["spec_drafter_prompt_tokens"].inc(num_tokens)

@@ -1,0 +1,253 @@
+"""Short prompts computed inside a decode step (``EngineConfig.prompt_in_decode_tokens``).
+
+On CPU the ``PromptInDecodeGraphs`` are not captured: they run the same forward over the same
+static buffers eagerly, so the layout (decode rows padded to a graph batch, then the chunk
+padded to q rows, the attention split in two) and the dispatcher's rules are checked here;
+tests/engine/test_gpu_prompt_in_decode.py replays the captured graphs on a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import tiny_config
+
+from verifypd.engine.core import EngineCore
+from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
+from verifypd.lanes.dispatcher import MAX_RIDE_WAIT_S, LaneDispatcher
+from verifypd.lanes.lane_steps import InFlight
+from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, StepPlan
+
+Q = 32
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=8, temperature=0.9, seed=11, ignore_eos=True)
+
+
+def _core(sizes: tuple[int, ...] = (Q,), use_triton: bool = False) -> EngineCore:
+    core = EngineCore(tiny_config(prompt_in_decode_tokens=sizes, use_triton=use_triton))
+    assert core.runner.inputs.prompt_in_decode == []  # CPU: nothing captured
+    for q in sizes:  # as setup does on a GPU, without the capture
+        runner = core.runner
+        graphs = PromptInDecodeGraphs(
+            runner.model, runner.pool.kv, core.kv.block_size, 8, core.max_model_len, q
+        )
+        runner.inputs.prompt_in_decode.append(graphs)
+    return core
+
+
+def _decoding(core: EngineCore, rid: str, n: int) -> ScheduledSeq:
+    """A sequence past its prompt of ``n`` tokens with one sampled token: a decode row."""
+    (seq,) = core.add_request(rid, list(range(3, 3 + n)), GREEDY)
+    seq.token_ids.append(7)
+    seq.num_computed_tokens = n
+    core.scheduler._remove_waiting(seq)
+    core.scheduler.running.append(seq)
+    seq.status = SeqStatus.DECODING
+    assert core.kv.allocate(seq.block_table, n + 1)
+    return ScheduledSeq(seq, 1)
+
+
+def _prompt(core: EngineCore, rid: str, n: int, params=GREEDY) -> ScheduledSeq:
+    (seq,) = core.add_request(rid, list(range(5, 5 + n)), params)
+    assert core.kv.allocate(seq.block_table, n)
+    return ScheduledSeq(seq, n)
+
+
+def test_decode_rows_then_the_chunk_padded_to_graph_shapes() -> None:
+    core = _core()
+    rows = [_decoding(core, f"d{i}", n) for i, n in enumerate((5, 17, 40))]
+    chunk = _prompt(core, "p", 20)
+    inputs = core.runner.prepare(StepPlan("decode", [*rows, chunk]))
+    meta, b = inputs.meta, 4  # three rows padded to the graphs' batch of 4
+    assert inputs.in_decode is core.runner.inputs.prompt_in_decode[0]
+    assert meta.split.num_decode_rows == b and inputs.input_ids.shape == (b + Q,)
+    assert meta.query_start_loc.tolist() == [0, 1, 2, 3, 4, 4 + Q]
+    assert meta.seq_lens.tolist() == [6, 18, 41, 1, Q]  # the pad row: a context of one
+    assert inputs.positions[:4].tolist() == [5, 17, 40, 0]
+    assert inputs.positions[b : b + 20].tolist() == list(range(20))
+    assert inputs.input_ids[:3].tolist() == [7, 7, 7]
+    assert inputs.input_ids[b : b + 20].tolist() == list(range(5, 25))
+    assert meta.slot_mapping[3] == -1 and (meta.slot_mapping[b + 20 :] == -1).all()
+    assert (meta.slot_mapping[:3] >= 0).all() and (meta.slot_mapping[b : b + 20] >= 0).all()
+    assert meta.block_tables.shape[0] == b + 1 and (meta.block_tables[3] == 0).all()
+    assert inputs.sample_rows == [0, 1, 2, b + 19] and inputs.sample_seqs == [0, 1, 2, 3]
+    split = meta.split
+    assert split.decode.query_start_loc.tolist() == [0, 1, 2, 3, 4]
+    assert split.decode.max_query_len == 1 and split.decode.seq_lens.tolist() == [6, 18, 41, 1]
+    assert split.prompt.query_start_loc.tolist() == [b, b + Q]  # rows of the whole step
+    assert split.prompt.seq_lens.tolist() == [Q] and split.prompt.max_query_len == Q
+
+
+def test_only_plain_decode_steps_with_one_short_chunk_last_take_the_graphs() -> None:
+    core = _core((16, Q))
+    pick = core.runner.inputs.prompt_in_decode_graphs
+    small, big = core.runner.inputs.prompt_in_decode
+    row = _decoding(core, "d", 9)
+    assert pick(StepPlan("decode", [row, _prompt(core, "p10", 10)])) is small
+    assert pick(StepPlan("decode", [row, _prompt(core, "p20", 20)])) is big  # the smallest q
+    assert pick(StepPlan("decode", [row, _prompt(core, "long", Q + 1)])) is None
+    assert pick(StepPlan("decode", [_prompt(core, "alone", 8)])) is None  # no decode row
+    assert pick(StepPlan("decode", [row, _decoding(core, "d2", 3)])) is None  # no chunk
+    assert pick(StepPlan("prefill", [row, _prompt(core, "lane", 8)])) is None
+    assert pick(StepPlan("decode", [_prompt(core, "first", 8), row])) is None  # chunk last
+    nine = [_decoding(core, f"r{i}", 4) for i in range(9)]  # more than the graphs hold (8)
+    assert pick(StepPlan("decode", [*nine, _prompt(core, "p", 8)])) is None
+    drafted = _decoding(core, "drafted", 6)
+    drafted.draft_token_ids = [1, 2]
+    assert pick(StepPlan("decode", [drafted, _prompt(core, "q", 8)])) is None
+    scored = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=1)
+    assert pick(StepPlan("decode", [row, _prompt(core, "scored", 8, scored)])) is None
+
+
+def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_triton=False):
+    """Arrivals one per tick through the lane dispatcher (decode first: the TTFT budget is
+    never reached); returns each request's tokens, the core, the requests whose prompt ran
+    inside a decode step, and the one aborted there."""
+    core = _core(sizes, use_triton) if sizes else EngineCore(tiny_config(use_triton=use_triton))
+    got: list = []
+    plans: list[StepPlan] = []
+    inside: list[str] = []  # the prompts launched inside a decode step, in order
+
+    async def launch(lane, plan):
+        plans.append(plan)
+        if plan.carries_prompt:  # (read at launch: the chunk's sequence is prefilling)
+            inside.append(plan.seqs[-1].seq.request_id)
+        return core.launch(plan)
+
+    d = LaneDispatcher(core, launch, got.append, 60.0,
+                       prompt_in_decode_tokens=max(sizes, default=0))  # fmt: skip
+    aborted: set[str] = set()
+
+    async def run():
+        for rid, (ids, params) in prompts.items():
+            core.add_request(rid, ids, params)
+            await d.tick()
+            if abort_fused and not aborted and inside:  # its step is in flight (not folded)
+                aborted.add(inside[0])
+                core.abort_request(inside[0])
+        for _ in range(400):
+            if not core.has_unfinished():
+                return
+            await d.tick()
+
+    asyncio.run(run())
+    assert not core.has_unfinished() and not d.in_flight
+    core.check_integrity()
+    assert core.kv.num_free_blocks == core.kv.num_blocks  # no block leaked
+    tokens: dict[str, list[int]] = {}
+    for o in got:
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return tokens, core, inside, aborted
+
+
+PROMPTS = {
+    "first": (list(range(3, 15)), GREEDY),  # alone: a prompt step
+    "short": (list(range(4, 13)), GREEDY),
+    "full": (list(range(5, 5 + Q)), GREEDY),
+    "sampled": (list(range(9, 29)), SAMPLED),
+    "long": (list(range(7, 7 + 3 * Q)), GREEDY),  # longer than every graph: prompt steps
+    "prefix": (list(range(40, 72)) + [1, 2, 3], GREEDY),
+    "prefix-hit": (list(range(40, 72)) + [4, 5, 6, 7], GREEDY),  # 4 new tokens after 32
+}
+
+
+@pytest.mark.parametrize("sizes,use_triton", [((Q,), False), ((16, Q), False), ((Q,), True)])
+def test_prompts_inside_decode_steps_change_no_token(sizes, use_triton) -> None:
+    """Token-identical to prompt steps; with the Triton kernels (interpreted) the step's
+    attention runs split (the decode rows on the split-K kernel, the chunk on the prefill
+    kernel), with the torch reference over the whole step."""
+    names = ("first", "short", "full") if use_triton else PROMPTS  # (interpreted: slow)
+    prompts = {name: PROMPTS[name] for name in names}
+    want, _, plain_inside, _ = _serve((), prompts, use_triton=use_triton)
+    got, core, inside, _ = _serve(sizes, prompts, use_triton=use_triton)
+    assert got == want and all(len(t) == 8 for t in got.values())
+    # "prefix" is longer than Q; "prefix-hit" too, before its cached blocks count (a waiting
+    # prompt is judged by its whole length, which a prefix hit only shortens).
+    assert plain_inside == [] and inside == ["short", "full", "sampled"][: len(prompts) - 1]
+    replays = [r for g in core.runner.inputs.prompt_in_decode for r in g.replays]
+    assert len(replays) == len(inside)
+    if sizes == (16, Q):  # "short" (9 tokens) in the 16-row graphs
+        assert len(core.runner.inputs.prompt_in_decode[0].replays) == 1
+
+
+def test_a_request_aborted_inside_a_decode_step_ends_alone() -> None:
+    want, *_ = _serve((), PROMPTS)
+    got, core, inside, aborted = _serve((Q,), PROMPTS, abort_fused=True)
+    assert aborted == {"short"}  # the first prompt computed inside a decode step
+    assert got.get("short", []) == []
+    assert {r: t for r, t in got.items() if r != "short"} == {
+        r: t for r, t in want.items() if r != "short"
+    }
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_prefill_lane_leaves_a_short_prompt_to_a_plain_decode_step_in_flight() -> None:
+    core = _core()
+    clock = _Clock()
+
+    async def launch(lane, plan):
+        return core.launch(plan)
+
+    d = LaneDispatcher(core, launch, lambda o: None, 60.0, clock=clock,
+                       prompt_in_decode_tokens=Q)  # fmt: skip
+    waits = d._prompt_waits_for_decode
+    row = _decoding(core, "d", 9)
+    (seq,) = core.add_request("p", list(range(5, 25)), GREEDY)
+    seq.arrival_time = clock.now
+    assert not waits()  # no decode step in flight: nothing to ride in
+    d.in_flight["decode"] = InFlight(StepPlan("decode", [row]), None, clock.now)
+    assert waits()
+    d.deltas.drafted_last = True  # the step in flight drafted: the next may too
+    assert not waits()
+    d.deltas.drafted_last = False
+    clock.now += MAX_RIDE_WAIT_S
+    assert not waits()  # waited long enough: a prompt step
+    clock.now -= MAX_RIDE_WAIT_S
+    d.verify_queue.append(row)
+    assert not waits()
+    d.verify_queue.clear()
+    (long,) = core.add_request("long", list(range(5, 5 + Q + 1)), GREEDY)
+    core.scheduler.waiting.remove(seq)  # the long prompt is next now
+    core.scheduler._waiting_keys.pop(0)
+    assert core.scheduler.waiting == [long] and not waits()
+    d.prompt_in_decode_tokens = 0
+    assert not waits()
+
+
+def test_plan_prompt_end_plans_only_a_prompt_that_ends_within_the_tokens() -> None:
+    core = EngineCore(tiny_config())
+    sched = core.scheduler
+    (long,) = core.add_request("long", list(range(3, 43)), GREEDY)
+    assert sched.plan_prompt_end(32) is None and sched.waiting == [long]  # nothing planned
+    entry = sched.plan_prompt_end(40)
+    assert entry is not None and entry.seq is long and entry.num_new_tokens == 40
+    assert long.status is SeqStatus.PREFILLING and sched.waiting == []
+    scored = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=1)
+    core.add_request("scored", [3, 4, 5], scored)
+    assert sched.plan_prompt_end(32) is None
+    # A long prompt's last chunk: part-prefilled prompts come first, as in plan_prefill.
+    core2 = EngineCore(tiny_config())
+    (seq,) = core2.add_request("chunked", list(range(3, 53)), GREEDY)
+    (first,) = core2.scheduler.plan_prefill(32, 8)
+    core2.scheduler.begin_step(StepPlan("prefill", [first]))
+    core2.scheduler.update(StepPlan("prefill", [first]), [[]])
+    assert seq.num_computed_tokens == 32
+    core2.add_request("next", [3, 4], GREEDY)
+    entry = core2.scheduler.plan_prompt_end(32)
+    assert entry is not None and entry.seq is seq and entry.num_new_tokens == 18
+
+
+def test_prompt_in_decode_tokens_is_validated() -> None:
+    assert tiny_config().prompt_in_decode_tokens == ()
+    assert tiny_config(prompt_in_decode_tokens=(64, 256)).prompt_in_decode_tokens == (64, 256)
+    for bad in ((256, 64), (64, 64), (8,), (5000,), 64, (True,)):
+        with pytest.raises(ValueError, match="prompt_in_decode_tokens"):
+            tiny_config(prompt_in_decode_tokens=bad)
