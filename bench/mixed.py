@@ -107,7 +107,7 @@ _CHUNK4K_FCFS = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", None))
 _CHUNK2K_PACK512 = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", 512))
 _CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
 _SPLIT1K = (("kernels", KernelConfig(gemm_split_rows=1024)),)
-INSIDE_SIZES = (64, 128, 256)
+INSIDE_SIZES = tuple(range(64, 257, 32))  # chunks padded to the next multiple of 32
 
 
 def _policy_with(
@@ -173,8 +173,8 @@ MODES = {
         )  # fmt: skip
     ),
     # Short prompts computed inside the decode lane's plain steps
-    # (EngineConfig.prompt_in_decode_tokens; off by default): graphs for chunks of up to 64,
-    # 128 and 256 tokens (the sweep's short prompts are 64-256).
+    # (EngineConfig.prompt_in_decode_tokens; off by default): graphs for chunks of 64 to 256
+    # tokens in steps of 32 (the sweep's short prompts are 64-256 tokens).
     "off-inside": _with_engine("off", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
     "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
     # Deltas after every launch, a drafting one after a plain one included
