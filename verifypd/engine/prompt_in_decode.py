@@ -68,9 +68,12 @@ class PromptInDecodeGraphs:
         return self.model(self.input_ids[:t], self.positions[:t], self.kv, self.metadata(b))
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """One graph per padded decode batch, largest first (the smaller reuse its memory)."""
-        pool = torch.cuda.graph_pool_handle()
+    def capture(self, pool=None) -> None:
+        """One graph per padded decode batch, largest first (the smaller reuse its memory);
+        ``pool``: a graph memory pool shared with other sizes' graphs (captured largest
+        first): they all replay on the decode stream, one at a time, and a replay's hidden
+        states are read before the next."""
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -207,12 +207,13 @@ def capture_graphs(parts: EngineParts) -> None:
         parts.runner.capture_graphs(q, PROMPT_GRAPH_BATCH, max_len, with_logits=False)
         parts.runner.inputs.prompt_graph_tokens = q
     if parts.config.lane_mode == "three":  # prompts inside decode steps (the single lane mixes)
-        for q in parts.config.prompt_in_decode_tokens:
+        pool = torch.cuda.graph_pool_handle()  # one for every size, the largest captured first
+        for q in sorted(q for q in parts.config.prompt_in_decode_tokens if q < max_len)[::-1]:
             graphs = PromptInDecodeGraphs(
                 parts.loaded.model, parts.pool.kv, parts.block_size, max_batch, max_len, q
             )
-            graphs.capture()
-            parts.runner.inputs.prompt_in_decode.append(graphs)
+            graphs.capture(pool)
+            parts.runner.inputs.prompt_in_decode.insert(0, graphs)  # ascending q
     if not parts.spec.enabled:
         return
     verify_batch = min(max_batch, VERIFY_GRAPH_BATCH)
