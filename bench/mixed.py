@@ -107,7 +107,6 @@ _CHUNK4K_FCFS = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", None))
 _CHUNK2K_PACK512 = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", 512))
 _CHUNK4K_PACK512 = (("max_prefill_chunk", 4096), ("prefill_pack_tokens", 512))
 _SPLIT1K = (("kernels", KernelConfig(gemm_split_rows=1024)),)
-INSIDE_SIZES = tuple(range(64, 257, 32))  # chunks padded to the next multiple of 32
 
 
 def _policy_with(
@@ -120,7 +119,7 @@ def _policy_with(
                 engine_options=engine)  # fmt: skip
 
 
-def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...]) -> Mode:
+def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[()]], ...]) -> Mode:
     """``off`` or ``policy`` with EngineConfig fields set."""
     if base == "off":
         return Mode("three", False, engine_options=engine)
@@ -172,11 +171,11 @@ MODES = {
             ("follow_prefill_max_rows", 4),
         )  # fmt: skip
     ),
-    # Short prompts computed inside the decode lane's plain steps
-    # (EngineConfig.prompt_in_decode_tokens; off by default): graphs for chunks of 64 to 256
-    # tokens in steps of 32 (the sweep's short prompts are 64-256 tokens).
-    "off-inside": _with_engine("off", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
-    "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", INSIDE_SIZES),)),
+    # Short prompts in prompt steps beside the decode lane's steps, not inside them
+    # (EngineConfig.prompt_in_decode_tokens=(); on by default since 2026-11-27, chunks of 64 to
+    # 256 tokens in steps of 32: the sweep's short prompts are 64-256 tokens).
+    "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),
+    "policy-noinside": _with_engine("policy", (("prompt_in_decode_tokens", ()),)),
     # Deltas after every launch, a drafting one after a plain one included
     # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).
     "policy-deltas-after": _policy_with(engine=(("deliver_before_drafting", False),)),

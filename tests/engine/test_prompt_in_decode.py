@@ -199,6 +199,7 @@ def test_the_prefill_lane_leaves_a_short_prompt_to_a_plain_decode_step_in_flight
     d = LaneDispatcher(core, launch, lambda o: None, 60.0, clock=clock,
                        prompt_in_decode_tokens=Q)  # fmt: skip
     waits = d._prompt_waits_for_decode
+    assert d._ride_rows == 8  # the graphs' batch: a step of more rows takes no prompt
     row = _decoding(core, "d", 9)
     (seq,) = core.add_request("p", list(range(5, 25)), GREEDY)
     seq.arrival_time = clock.now
@@ -246,7 +247,9 @@ def test_plan_prompt_end_plans_only_a_prompt_that_ends_within_the_tokens() -> No
 
 
 def test_prompt_in_decode_tokens_is_validated() -> None:
-    assert tiny_config().prompt_in_decode_tokens == ()
+    assert tiny_config().prompt_in_decode_tokens == (64, 96, 128, 160, 192, 224, 256)
+    assert EngineCore(tiny_config()).prompt_in_decode_tokens == 0  # no graphs on a CPU
+    assert tiny_config(prompt_in_decode_tokens=()).prompt_in_decode_tokens == ()
     assert tiny_config(prompt_in_decode_tokens=(64, 256)).prompt_in_decode_tokens == (64, 256)
     for bad in ((256, 64), (64, 64), (8,), (5000,), 64, (True,)):
         with pytest.raises(ValueError, match="prompt_in_decode_tokens"):

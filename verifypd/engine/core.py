@@ -115,6 +115,18 @@ class EngineCore:
         ahead = self.config.decode_ahead
         return self._is_cuda if ahead is None else ahead
 
+    @property
+    def prompt_in_decode_tokens(self) -> int:
+        """The longest prompt rest a decode step computes (``EngineConfig.
+        prompt_in_decode_tokens``, where its graphs were captured: three lanes on a GPU with
+        CUDA graphs; 0 elsewhere, where prompts take prompt steps)."""
+        return max((g.q for g in self.runner.inputs.prompt_in_decode), default=0)
+
+    @property
+    def prompt_in_decode_rows(self) -> int:
+        """The most decode rows a step computing a prompt may have (its graphs' batch)."""
+        return min((g.max_batch for g in self.runner.inputs.prompt_in_decode), default=0)
+
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ParamError for input that can never be served (or would take more than its

@@ -61,7 +61,7 @@ class AsyncEngine:
             ahead_waits_for_prompts=config.decode_ahead_waits_for_prompts,
             background_lanes=self.executor.background_lanes,
             decode_gap_beside_prefill_s=config.decode_gap_beside_prefill_s,
-            prompt_in_decode_tokens=max(config.prompt_in_decode_tokens, default=0),
+            prompt_in_decode_tokens=self.core.prompt_in_decode_tokens,
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
-from verifypd.engine.prompt_in_decode import MAX_DECODE_ROWS
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
@@ -106,6 +105,7 @@ class LaneDispatcher:
         # A prompt whose rest is at most this many tokens rides in the next plain decode step
         # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``_prompt_rides``).
         self.prompt_in_decode_tokens = 0 if single_lane else prompt_in_decode_tokens
+        self._ride_rows = core.prompt_in_decode_rows if self.prompt_in_decode_tokens else 0
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -310,9 +310,9 @@ class LaneDispatcher:
 
     def _prompt_rides(self, entries: list[ScheduledSeq]) -> None:
         """Appends the next prompt to a plain decode step's ``entries`` when its rest fits
-        ``prompt_in_decode_tokens`` and the step has at most ``MAX_DECODE_ROWS`` rows (the
-        graphs' largest batch): the step computes it (``engine.prompt_in_decode``)."""
-        if self.prompt_in_decode_tokens and 0 < len(entries) <= MAX_DECODE_ROWS:
+        ``prompt_in_decode_tokens`` and the step has no more rows than the graphs hold: the
+        step computes it (``engine.prompt_in_decode``)."""
+        if self.prompt_in_decode_tokens and 0 < len(entries) <= self._ride_rows:
             chunk = self.sched.plan_prompt_end(self.prompt_in_decode_tokens)
             if chunk is not None:
                 entries.append(chunk)

@@ -53,7 +53,7 @@ class SyncDriver:
             ttft_budget_s=core.config.scheduler.ttft_budget_s,
             single_lane=single_lane,
             policy=self.policy,
-            prompt_in_decode_tokens=max(core.config.prompt_in_decode_tokens, default=0),
+            prompt_in_decode_tokens=core.prompt_in_decode_tokens,
         )
 
     async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
