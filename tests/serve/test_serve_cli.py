@@ -63,6 +63,15 @@ def test_all_options_reach_the_config() -> None:
     assert config.prefill_sm_carveout_in_backlog is False
     backlog = parse("--prefill-sm-carveout", "16", "--prefill-sm-carveout-in-backlog")
     assert config_from_args(backlog).prefill_sm_carveout_in_backlog is True
+    assert config.prompt_in_decode_tokens == (64, 96, 128, 160, 192, 224, 256)
+    inside = parse("--prompt-in-decode-tokens", "32,128")
+    assert config_from_args(inside).prompt_in_decode_tokens == (32, 128)
+    off = parse("--prompt-in-decode-tokens", "none")
+    assert config_from_args(off).prompt_in_decode_tokens == ()
+    with pytest.raises(ValueError, match="prompt_in_decode_tokens"):  # the config's check
+        config_from_args(parse("--prompt-in-decode-tokens", "128,64"))
+    with pytest.raises(SystemExit):  # not sizes: argparse's usage error
+        parse("--prompt-in-decode-tokens", "64,lots")
     assert config_from_args(parse("--spec", "ngram")).spec.method == "ngram"
     assert config_from_args(parse("--spec", "ngram")).spec.controller
     fixed = config_from_args(parse("--spec", "ngram", "--draft-len", "3")).spec

@@ -28,6 +28,17 @@ def int_or_none(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
 
 
+def token_sizes(text: str) -> tuple[int, ...]:
+    """``--prompt-in-decode-tokens``: comma-separated sizes, or ``none`` (never)."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        message = f"expected sizes like 64,128,256 or none, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Define the ``serve`` options on ``parser`` (a subcommand parser) and return it."""
     add = parser.add_argument
@@ -79,6 +90,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--prefill-sm-carveout-in-backlog", action="store_true",
         help="keep the carve-out while other prompts wait behind the prompt step too (by "
              "default a prompt step with prompts queued behind it takes every SM)")  # fmt: skip
+    add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
+        help="a prompt whose rest is at most the largest size is computed inside the next plain "
+             "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
+             "default 64,96,...,256; none: prompts always take prompt steps)")  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
@@ -220,6 +235,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["prefill_sm_carveout"] = args.prefill_sm_carveout
     if args.prefill_sm_carveout_in_backlog:
         out["prefill_sm_carveout_in_backlog"] = True
+    if args.prompt_in_decode_tokens is not None:
+        out["prompt_in_decode_tokens"] = args.prompt_in_decode_tokens
     return out
 
 
