@@ -15,8 +15,9 @@ from helpers import tiny_config
 
 from verifypd.engine.core import EngineCore
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
-from verifypd.lanes.dispatcher import MAX_RIDE_WAIT_S, LaneDispatcher
+from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.lane_steps import InFlight
+from verifypd.lanes.prompt_rides import MAX_RIDE_WAIT_S
 from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, StepPlan
 
 Q = 32
@@ -199,7 +200,7 @@ def test_the_prefill_lane_leaves_a_short_prompt_to_a_plain_decode_step_in_flight
     d = LaneDispatcher(core, launch, lambda o: None, 60.0, clock=clock,
                        prompt_in_decode_tokens=Q)  # fmt: skip
     waits = d._prompt_waits_for_decode
-    assert d._ride_rows == 8  # the graphs' batch: a step of more rows takes no prompt
+    assert d.rides.max_rows == 8  # the graphs' batch: a step of more rows takes no prompt
     row = _decoding(core, "d", 9)
     (seq,) = core.add_request("p", list(range(5, 25)), GREEDY)
     seq.arrival_time = clock.now
@@ -219,7 +220,7 @@ def test_the_prefill_lane_leaves_a_short_prompt_to_a_plain_decode_step_in_flight
     core.scheduler.waiting.remove(seq)  # the long prompt is next now
     core.scheduler._waiting_keys.pop(0)
     assert core.scheduler.waiting == [long] and not waits()
-    d.prompt_in_decode_tokens = 0
+    d.rides.max_tokens = 0
     assert not waits()
 
 

@@ -13,7 +13,8 @@ Every speculative decision is the speculation policy's (``lanes.spec_policy``), 
 its own, launched on the decode lane's stream just before the decode step it belongs to. The
 policy may fuse a round's verify into the decode step (``StepPlan.fused``): then the drafted
 sequences verify in the decode lane's one target forward, as in the single lane, and the
-verify lane stays idle.
+verify lane stays idle. A short prompt may ride in a plain decode step instead of taking a
+prompt step (``lanes.prompt_rides``, where its graphs were captured).
 
 The dispatcher launches a lane's step on that lane's stream and does not wait for it: on GPU
 lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
@@ -35,6 +36,7 @@ from verifypd.engine.core import EngineCore
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
+from verifypd.lanes.prompt_rides import PromptRides
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.lanes.step_failures import StepFailures
 from verifypd.types import (
@@ -48,8 +50,6 @@ from verifypd.types import (
 )
 
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
-# A prompt that has waited this long for a decode step to ride in takes a prompt step instead.
-MAX_RIDE_WAIT_S = 0.03
 
 
 class LaneDispatcher:
@@ -103,9 +103,8 @@ class LaneDispatcher:
         self.decode_gap_beside_prefill_s = decode_gap_beside_prefill_s
         self._last_decode_launch = float("-inf")
         # A prompt whose rest is at most this many tokens rides in the next plain decode step
-        # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``_prompt_rides``).
-        self.prompt_in_decode_tokens = 0 if single_lane else prompt_in_decode_tokens
-        self._ride_rows = core.prompt_in_decode_rows if self.prompt_in_decode_tokens else 0
+        # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``lanes.prompt_rides``).
+        self.rides = PromptRides(core, 0 if single_lane else prompt_in_decode_tokens)
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -259,7 +258,7 @@ class LaneDispatcher:
         entries = self.sched.plan_decode(decision)
         if not decision.lens:
             self.policy.verify_queue(len(self.verify_queue))
-            self._prompt_rides(entries)
+            self.rides.ride(entries)
         return StepPlan("decode", entries, fused=decision.fused) if entries else None
 
     def _delivers_first(self, decision: SpecDecision) -> bool:
@@ -286,7 +285,7 @@ class LaneDispatcher:
         if not entries:
             return False
         entries += self.sched.plan_decode(NO_SPECULATION)
-        self._prompt_rides(entries)
+        self.rides.ride(entries)
         plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
         self.sched.begin_step(plan)
         self._log_launch("decode")
@@ -308,30 +307,17 @@ class LaneDispatcher:
             return False
         return True
 
-    def _prompt_rides(self, entries: list[ScheduledSeq]) -> None:
-        """Appends the next prompt to a plain decode step's ``entries`` when its rest fits
-        ``prompt_in_decode_tokens`` and the step has no more rows than the graphs hold: the
-        step computes it (``engine.prompt_in_decode``)."""
-        if self.prompt_in_decode_tokens and 0 < len(entries) <= self._ride_rows:
-            chunk = self.sched.plan_prompt_end(self.prompt_in_decode_tokens)
-            if chunk is not None:
-                entries.append(chunk)
-                self.core.observer.prompt_in_decode()
-
     def _prompt_waits_for_decode(self) -> bool:
-        """The prefill lane leaves the next prompt to the decode lane (``_prompt_rides``):
-        a plain decode step is in flight, none that drafts is coming (no round under way, no
-        kept decision that drafts), and the prompt has waited less than ``MAX_RIDE_WAIT_S``."""
-        if not self.prompt_in_decode_tokens or "decode" not in self.in_flight:
-            return False
-        if self.deltas.drafted_last or self.verify_queue or "verify" in self.in_flight:
-            return False
-        if self.ahead.decided is not None and self.ahead.decided.lens:
-            return False
-        wait = self._prefill_wait()
-        if wait is not None and wait >= MAX_RIDE_WAIT_S:
-            return False
-        return self.sched.prompt_end_fits(self.prompt_in_decode_tokens)
+        """The prefill lane leaves the next prompt to the decode lane (``lanes.prompt_rides``)."""
+        decided = self.ahead.decided
+        drafting = (
+            self.deltas.drafted_last
+            or bool(self.verify_queue)
+            or "verify" in self.in_flight
+            or (decided is not None and bool(decided.lens))
+        )
+        return self.rides.leaves_to_decode("decode" in self.in_flight, drafting,
+                                           self._prefill_wait())  # fmt: skip
 
     def _speculates_next(self, head: InFlight) -> bool:
         """The step after ``head`` speculates (a round under way, or the policy decides so for
