@@ -101,7 +101,8 @@ def test_only_plain_decode_steps_with_one_short_chunk_last_take_the_graphs() -> 
     assert pick(StepPlan("decode", [row, _prompt(core, "scored", 8, scored)])) is None
 
 
-def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_triton=False):
+def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_triton=False,
+           **dispatch):  # fmt: skip
     """Arrivals one per tick through the lane dispatcher (decode first: the TTFT budget is
     never reached); returns each request's tokens, the core, the requests whose prompt ran
     inside a decode step, and the one aborted there."""
@@ -113,11 +114,12 @@ def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_trito
     async def launch(lane, plan):
         plans.append(plan)
         if plan.carries_prompt:  # (read at launch: the chunk's sequence is prefilling)
-            inside.append(plan.seqs[-1].seq.request_id)
+            ahead = " ahead" if plan.prev_ids is not None else ""
+            inside.append(plan.seqs[-1].seq.request_id + ahead)
         return core.launch(plan)
 
     d = LaneDispatcher(core, launch, got.append, 60.0,
-                       prompt_in_decode_tokens=max(sizes, default=0))  # fmt: skip
+                       prompt_in_decode_tokens=max(sizes, default=0), **dispatch)  # fmt: skip
     aborted: set[str] = set()
 
     async def run():
@@ -136,9 +138,13 @@ def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_trito
     assert not core.has_unfinished() and not d.in_flight
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks  # no block leaked
-    tokens: dict[str, list[int]] = {}
+    tokens: dict[str, list] = {}
     for o in got:
         tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.logprobs:  # the sampled tokens' log-probs, to 4 places
+            tokens.setdefault(o.request_id + " logprobs", []).extend(
+                round(lp.logprob, 4) for lp in o.logprobs
+            )
     return tokens, core, inside, aborted
 
 
@@ -170,6 +176,54 @@ def test_prompts_inside_decode_steps_change_no_token(sizes, use_triton) -> None:
     assert len(replays) == len(inside)
     if sizes == (16, Q):  # "short" (9 tokens) in the 16-row graphs
         assert len(core.runner.inputs.prompt_in_decode[0].replays) == 1
+
+
+def test_with_decode_ahead_and_log_probs_no_token_changes() -> None:
+    """A prompt rides in a decode step launched ahead (its rows' inputs read on the device),
+    and rows that ask for log-probs get the same ones from a step carrying a prompt."""
+    scored = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+    prompts = {name: PROMPTS[name] for name in ("first", "short")}
+    prompts["scored"] = (list(range(6, 26)), scored)
+    prompts["after"] = (list(range(8, 20)), GREEDY)  # rides beside the scored rows
+    prompts.update((name, PROMPTS[name]) for name in ("full", "long", "sampled"))
+    want, _, plain_inside, _ = _serve((), prompts, decode_ahead=True)
+    got, _, inside, _ = _serve((Q,), prompts, decode_ahead=True)
+    assert got == want and len(got["scored logprobs"]) == 8
+    assert plain_inside == [] and any(r.endswith(" ahead") for r in inside)
+    assert {r.split()[0] for r in inside} >= {"short", "scored", "after", "full"}
+
+
+def _last_chunk_inside(sizes: tuple[int, ...]) -> tuple[list[int], list[int], EngineCore]:
+    """A decoding row, then a 120-token prompt in chunks of 48: its last 24 tokens (positions
+    96-119) in the decode step beside the row, then both decode; each request's tokens."""
+    core = _core(sizes) if sizes else EngineCore(tiny_config())
+    sched = core.scheduler
+    (row,) = core.add_request("row", list(range(3, 15)), GREEDY)
+    (long,) = core.add_request("long", list(range(12, 132)), GREEDY)
+
+    def step(plan: StepPlan) -> None:
+        sched.begin_step(plan)
+        core.finish_step(plan, core.launch(plan).result())
+
+    step(StepPlan("prefill", sched.plan_prefill(12, 8, pack=0)))  # the row's prompt
+    for _ in range(2):
+        step(StepPlan("prefill", sched.plan_prefill(48, 8, pack=0)))  # two chunks of 48
+    assert long.num_computed_tokens == 96
+    entries = sched.plan_decode()
+    entries.append(sched.plan_prompt_end(32))
+    assert entries[-1].seq is long and entries[-1].num_new_tokens == 24
+    step(StepPlan("decode", entries))
+    for _ in range(5):
+        step(StepPlan("decode", sched.plan_decode()))
+    core.check_integrity()
+    return row.output_token_ids, long.output_token_ids, core
+
+
+def test_a_long_prompts_last_chunk_inside_a_decode_step_keeps_its_positions() -> None:
+    want_row, want_long, _ = _last_chunk_inside(())
+    got_row, got_long, core = _last_chunk_inside((Q,))
+    assert (got_row, got_long) == (want_row, want_long) and len(got_long) == 6
+    assert core.runner.inputs.prompt_in_decode[0].replays == [1]  # the graph took the step
 
 
 def test_a_request_aborted_inside_a_decode_step_ends_alone() -> None:

@@ -176,7 +176,10 @@ class ModelRunner:
         rows = inputs.sample_rows + verify_flat
         if not any_asks_logprobs(plan):  # the common case: one pass over the plan, no work
             return (yield from self.logits_iter(inputs, rows, every)), None
-        prompt = PromptScoring.build(plan, inputs.meta.query_lens_cpu)
+        if inputs.in_decode is not None:  # its prompt asks for none (padded rows: no build)
+            prompt = PromptScoring()
+        else:
+            prompt = PromptScoring.build(plan, inputs.meta.query_lens_cpu)
         if prompt.rows:
             self.num_eager_steps += 1
             logits = yield from self.forward_iter(inputs, rows + prompt.rows, every)
