@@ -83,7 +83,13 @@ from loadgen import (  # noqa: E402
 )
 from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
-from verifypd.config import EngineConfig, KernelConfig, SchedulerConfig, SpecConfig  # noqa: E402
+from verifypd.config import (  # noqa: E402
+    PROMPT_IN_DECODE_SIZES,
+    EngineConfig,
+    KernelConfig,
+    SchedulerConfig,
+    SpecConfig,
+)
 from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "mixed"
@@ -119,7 +125,7 @@ def _policy_with(
                 engine_options=engine)  # fmt: skip
 
 
-def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[()]], ...]) -> Mode:
+def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...]) -> Mode:
     """``off`` or ``policy`` with EngineConfig fields set."""
     if base == "off":
         return Mode("three", False, engine_options=engine)
@@ -171,9 +177,12 @@ MODES = {
             ("follow_prefill_max_rows", 4),
         )  # fmt: skip
     ),
-    # Short prompts in prompt steps beside the decode lane's steps, not inside them
-    # (EngineConfig.prompt_in_decode_tokens=(); on by default since 2026-11-27, chunks of 64 to
-    # 256 tokens in steps of 32: the sweep's short prompts are 64-256 tokens).
+    # Short prompts computed inside the decode lane's plain steps, chunks of 64 to 256 tokens
+    # in steps of 32 (EngineConfig.prompt_in_decode_tokens; off by default; the sweep's short
+    # prompts are 64-256 tokens). `off-noinside` / `policy-noinside`: the same as `off` /
+    # `policy` (names of the 45677b5 run, where it was on by default).
+    "off-inside": _with_engine("off", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
+    "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
     "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),
     "policy-noinside": _with_engine("policy", (("prompt_in_decode_tokens", ()),)),
     # Deltas after every launch, a drafting one after a plain one included

@@ -486,13 +486,17 @@ MAX_SM_CARVEOUT = 128
 ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
 ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
+ENV_PROMPT_IN_DECODE_EAGER = "VERIFYPD_PROMPT_IN_DECODE_EAGER"
+# The prompt-in-decode sizes measured on H200s (EngineConfig.prompt_in_decode_tokens).
+PROMPT_IN_DECODE_SIZES = tuple(range(64, 257, 32))
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_LANE_PRIORITIES`` (``EngineConfig.lane_priorities``),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DELIVER_BEFORE_DRAFTING``,
-    ``VERIFYPD_DECODE_AHEAD`` and ``VERIFYPD_GC_FREEZE`` ("0" = off, "1" = on),
+    ``VERIFYPD_DECODE_AHEAD``, ``VERIFYPD_GC_FREEZE`` and ``VERIFYPD_PROMPT_IN_DECODE_EAGER``
+    ("0" = off, "1" = on),
     ``VERIFYPD_PREFILL_SLICE_LAYERS``, ``VERIFYPD_PROMPT_TOKEN_BUCKET`` and
     ``VERIFYPD_PREFILL_SM_CARVEOUT`` (ints, 0 = off), for the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
@@ -509,6 +513,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
     if ENV_GC_FREEZE in environ:
         out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
+    if ENV_PROMPT_IN_DECODE_EAGER in environ:
+        out["prompt_in_decode_eager"] = environ[ENV_PROMPT_IN_DECODE_EAGER] != "0"
     for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
                              (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
                              (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout")):  # fmt: skip
@@ -644,8 +650,13 @@ class EngineConfig:
     # hetero, dummy 7B, same-call A/Bs at 2-20 req/s) without speculation: ITL p99 at 2 req/s
     # 16 % lower in both (7.1 -> 5.9 ms), TTFT and TPOT p99 lower in 7 of 7 cells, ITL p99 at
     # 14-20 req/s 4-5 % higher (within the runs' noise); the policy within noise either way.
-    # () = never.
-    prompt_in_decode_tokens: tuple[int, ...] = tuple(range(64, 257, 32))
+    # Off by default until `verifypd serve` with it is checked on a GPU (a start-up check of
+    # the 7B + 0.5B server on an H100 ran past its call's limit, cause unknown); the sizes
+    # measured: ``PROMPT_IN_DECODE_SIZES``. () = never.
+    prompt_in_decode_tokens: tuple[int, ...] = ()
+    # Tests: the prompt-in-decode graphs built without CUDA graphs (each step runs the same
+    # forward over their buffers eagerly), so prompts ride in decode steps on a CPU too.
+    prompt_in_decode_eager: bool = False
     # After start-up, move every object the process holds out of the garbage collector's
     # reach (``gc.freeze``, as vLLM does): a full collection then scans only what serving
     # created, not the start-up heap (on a GPU a full collection of it stalled the step loop

@@ -296,6 +296,36 @@ async def test_disconnect_storm_with_decode_ahead_frees_every_block() -> None:
         assert proc.stop(timeout=30) == 0
 
 
+@bounded(240)
+async def test_prompts_inside_decode_steps_through_the_server(server: ServerProcess) -> None:
+    """Prompts riding in decode steps (a GPU default; here their steps run eagerly,
+    ``VERIFYPD_PROMPT_IN_DECODE_EAGER``) with decode-ahead: the storm's aborts (some of them
+    while their prompt is inside a step) and preemptions lose and leak nothing, and greedy
+    requests asking for log-probs, arriving while others decode, get the tokens and log-probs
+    the module's server gives them one at a time."""
+    env = {"VERIFYPD_DECODE_AHEAD": "1", "VERIFYPD_PROMPT_IN_DECODE_EAGER": "1"}
+    payloads = [{**story(i), "max_tokens": 12, "logprobs": 2} for i in range(6)]
+    with smollm_server(*MAIN_ARGS, env=env) as proc:
+        await disconnect_storm(proc)
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            before = (await metrics(session))["verifypd_prompts_in_decode_total"]
+            assert before > 0
+            tasks = []
+            for payload in payloads:  # each arrives while the ones before it decode
+                tasks.append(asyncio.create_task(complete(session, payload)))
+                await asyncio.sleep(0.3)
+            got = await asyncio.gather(*tasks)
+            assert (await metrics(session))["verifypd_prompts_in_decode_total"] > before
+        assert proc.stop(timeout=30) == 0
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        want = [await complete(session, payload) for payload in payloads]
+    for a, b in zip(got, want, strict=True):
+        a, b = a["choices"][0], b["choices"][0]
+        assert a["text"] == b["text"] and a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+        assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"],
+                                                                abs=1e-3)  # fmt: skip
+
+
 async def disconnect_storm(server: ServerProcess) -> None:
     rng = random.Random(0)
     async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:

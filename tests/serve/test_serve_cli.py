@@ -63,7 +63,7 @@ def test_all_options_reach_the_config() -> None:
     assert config.prefill_sm_carveout_in_backlog is False
     backlog = parse("--prefill-sm-carveout", "16", "--prefill-sm-carveout-in-backlog")
     assert config_from_args(backlog).prefill_sm_carveout_in_backlog is True
-    assert config.prompt_in_decode_tokens == (64, 96, 128, 160, 192, 224, 256)
+    assert config.prompt_in_decode_tokens == ()  # off until checked in a GPU server
     inside = parse("--prompt-in-decode-tokens", "32,128")
     assert config_from_args(inside).prompt_in_decode_tokens == (32, 128)
     off = parse("--prompt-in-decode-tokens", "none")

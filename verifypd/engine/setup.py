@@ -125,6 +125,8 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
     )  # fmt: skip
     if use_cuda_graphs:
         capture_graphs(parts)
+    elif config.prompt_in_decode_eager:  # tests: prompts ride in decode steps without graphs
+        prompt_in_decode_graphs(parts, capture=False)
     parts.cost_table = calibrate(parts)
     return parts
 
@@ -206,14 +208,7 @@ def capture_graphs(parts: EngineParts) -> None:
     if (q := parts.config.prompt_graph_tokens) and q < max_len:  # short prompt steps
         parts.runner.capture_graphs(q, PROMPT_GRAPH_BATCH, max_len, with_logits=False)
         parts.runner.inputs.prompt_graph_tokens = q
-    if parts.config.lane_mode == "three":  # prompts inside decode steps (the single lane mixes)
-        pool = torch.cuda.graph_pool_handle()  # one for every size, the largest captured first
-        for q in sorted(q for q in parts.config.prompt_in_decode_tokens if q < max_len)[::-1]:
-            graphs = PromptInDecodeGraphs(
-                parts.loaded.model, parts.pool.kv, parts.block_size, max_batch, max_len, q
-            )
-            graphs.capture(pool)
-            parts.runner.inputs.prompt_in_decode.insert(0, graphs)  # ascending q
+    prompt_in_decode_graphs(parts, capture=True)
     if not parts.spec.enabled:
         return
     verify_batch = min(max_batch, VERIFY_GRAPH_BATCH)
@@ -238,6 +233,24 @@ def capture_graphs(parts: EngineParts) -> None:
                 for q in spec.chunk_sizes
             }
         drafter.warm_up_chain()
+
+
+def prompt_in_decode_graphs(parts: EngineParts, capture: bool) -> None:
+    """The runner's graphs of decode steps carrying a prompt chunk (``EngineConfig.
+    prompt_in_decode_tokens``; three lanes only: the single lane mixes prompts in anyway), one
+    per size, sharing one graph memory pool (the largest captured first); not captured: the
+    same buffers run eagerly (``EngineConfig.prompt_in_decode_eager``, tests)."""
+    if parts.config.lane_mode != "three":
+        return
+    max_batch, max_len = parts.config.scheduler.max_num_seqs, parts.max_model_len
+    pool = torch.cuda.graph_pool_handle() if capture else None
+    for q in sorted(q for q in parts.config.prompt_in_decode_tokens if q < max_len)[::-1]:
+        graphs = PromptInDecodeGraphs(
+            parts.loaded.model, parts.pool.kv, parts.block_size, max_batch, max_len, q
+        )
+        if capture:
+            graphs.capture(pool)
+        parts.runner.inputs.prompt_in_decode.insert(0, graphs)  # ascending q
 
 
 def calibrate(parts: EngineParts) -> CostTable | None:
