@@ -648,8 +648,9 @@ class EngineConfig:
     # prompt step reads every weight again and slows the step (a 7B's 4.1 ms to 7.0 on an
     # H200); inside, its rows share the step's weight reads. On H200s (53c2531 and bc9a744,
     # hetero, dummy 7B, same-call A/Bs at 2-20 req/s) without speculation: ITL p99 at 2 req/s
-    # 16 % lower in both (7.1 -> 5.9 ms), TTFT and TPOT p99 lower in 7 of 7 cells, ITL p99 at
-    # 14-20 req/s 4-5 % higher (within the runs' noise); the policy within noise either way.
+    # 16 % lower in both (7.1 -> 5.9 ms), TTFT and TPOT p99 lower in 7 of 7 cells (TTFT p99
+    # 7-20 % higher in both cells of a third run, 45677b5), ITL p99 at 14-20 req/s 4-5 %
+    # higher (within the runs' noise); the policy within its runs' noise either way.
     # Off by default until `verifypd serve` with it is checked on a GPU (a start-up check of
     # the 7B + 0.5B server on an H100 ran past its call's limit, cause unknown); the sizes
     # measured: ``PROMPT_IN_DECODE_SIZES``. () = never.
