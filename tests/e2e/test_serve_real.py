@@ -305,7 +305,8 @@ async def test_prompts_inside_decode_steps_through_the_server(server: ServerProc
     the module's server gives them one at a time."""
     env = {"VERIFYPD_DECODE_AHEAD": "1", "VERIFYPD_PROMPT_IN_DECODE_EAGER": "1"}
     payloads = [{**story(i), "max_tokens": 12, "logprobs": 2} for i in range(6)]
-    with smollm_server(*MAIN_ARGS, env=env) as proc:
+    sizes = ("--prompt-in-decode-tokens", "64,96,128,160,192,224,256")
+    with smollm_server(*MAIN_ARGS, *sizes, env=env) as proc:
         await disconnect_storm(proc)
         async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
             before = (await metrics(session))["verifypd_prompts_in_decode_total"]

@@ -117,6 +117,9 @@ def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_trito
         if plan.carries_prompt:  # (read at launch: the chunk's sequence is prefilling)
             ahead = " ahead" if plan.prev_ids is not None else ""
             inside.append(plan.seqs[-1].seq.request_id + ahead)
+        for e in plan.seqs:  # a second token planned behind the step computing the prompt
+            if e.is_ahead and e.seq.status is SeqStatus.PREFILLING:
+                inside.append(e.seq.request_id + " second ahead")
         return core.launch(plan)
 
     d = LaneDispatcher(core, launch, got.append, 60.0,
@@ -181,7 +184,8 @@ def test_prompts_inside_decode_steps_change_no_token(sizes, use_triton) -> None:
 
 def test_with_decode_ahead_and_log_probs_no_token_changes() -> None:
     """A prompt rides in a decode step launched ahead (its rows' inputs read on the device),
-    and rows that ask for log-probs get the same ones from a step carrying a prompt."""
+    a riding prompt's second token is planned ahead behind the step computing its first, and
+    rows that ask for log-probs get the same ones from a step carrying a prompt."""
     scored = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
     prompts = {name: PROMPTS[name] for name in ("first", "short")}
     prompts["scored"] = (list(range(6, 26)), scored)
@@ -192,6 +196,10 @@ def test_with_decode_ahead_and_log_probs_no_token_changes() -> None:
     assert got == want and len(got["scored logprobs"]) == 8
     assert plain_inside == [] and any(r.endswith(" ahead") for r in inside)
     assert {r.split()[0] for r in inside} >= {"short", "scored", "after", "full"}
+    # A riding prompt's second token is planned behind the step computing it, not after the
+    # next step ("scored" asks for log-probs: it waits for the host like any such row).
+    seconds = {r.split()[0] for r in inside if r.endswith(" second ahead")}
+    assert seconds and "scored" not in seconds
 
 
 def _last_chunk_inside(sizes: tuple[int, ...]) -> tuple[list[int], list[int], EngineCore]:

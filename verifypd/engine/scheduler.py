@@ -116,20 +116,23 @@ class Scheduler:
         flight) that may run before ``prev`` lands: its input is the token ``prev`` samples,
         read on the device (``sampled_at(i)``: entry i's index in ``prev``'s packed result, -1
         for none). An entry qualifies when nothing about the next step depends on the host
-        seeing that token first: a plain one-token decode, no logits controls (penalties, bias,
-        min_tokens, bad words count tokens on the host), no log-probs, no grammar, and not at
-        its length limit. Its slot is reserved now; no one is preempted for a step ahead (a
-        sequence that does not fit waits for the ordinary path). If ``prev`` ends a sequence
-        (EOS, a stop), the step ahead computes one token that is dropped when it lands, and
-        the sequence's blocks are freed then (``in_flight``)."""
+        seeing that token first: a plain one-token decode (or a prompt's last chunk computed
+        inside the decode step, ``EngineConfig.prompt_in_decode_tokens``: its first token; so
+        its second does not wait for the step ahead and then its own), no logits controls
+        (penalties, bias, min_tokens, bad words count tokens on the host), no log-probs, no
+        grammar, and not at its length limit. Its slot is reserved now; no one is preempted for
+        a step ahead (a sequence that does not fit waits for the ordinary path). If ``prev``
+        ends a sequence (EOS, a stop), the step ahead computes one token that is dropped when
+        it lands, and the sequence's blocks are freed then (``in_flight``)."""
         planned: list[ScheduledSeq] = []
         for i, e in enumerate(prev.seqs):
             seq, params = e.seq, e.seq.params
+            row = e.num_new_tokens == 1 and seq.status is SeqStatus.DECODING
+            ends_prompt = prev.lane == "decode" and seq.status is SeqStatus.PREFILLING
             if (
                 e.draft_token_ids
-                or e.num_new_tokens != 1
+                or not (row or ends_prompt)
                 or not e.samples
-                or seq.status is not SeqStatus.DECODING
                 or seq.in_flight != 1
                 or params.uses_logits_controls
                 or params.logprobs is not None
