@@ -128,17 +128,24 @@ class StepInputBuilder:
         Each prompt samples at its last real row."""
         ids, pos, slots, seq_lens = [], [], [], []
         for s in plan.seqs:
-            start, toks = self._query_tokens(s)
-            n = len(toks)
-            ids += toks + [0] * (q - n)
-            pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
-            slots += self._slots(s.seq.block_table, start, start + n) + [-1] * (q - n)
-            seq_lens.append(start + q)
+            self._pad_chunk(s, q, ids, pos, slots, seq_lens)
         qsl = [i * q for i in range(len(plan.seqs) + 1)]
         sample_seqs = [i for i, s in enumerate(plan.seqs) if s.samples]
         sample_rows = [i * q + plan.seqs[i].num_new_tokens - 1 for i in sample_seqs]
         return self._upload(plan, ids, pos, slots, qsl, seq_lens, ([], []),
                             sample_rows, sample_seqs, [], [])  # fmt: skip
+
+    def _pad_chunk(self, s: ScheduledSeq, q: int, ids, pos, slots, seq_lens) -> tuple[int, int]:
+        """Appends a prompt chunk's rows padded at its end to q (the padding stores no KV and
+        sits after the real rows; the length counts it, so real tokens keep their positions);
+        returns the chunk's start and its real token count."""
+        start, toks = self._query_tokens(s)
+        n = len(toks)
+        ids += toks + [0] * (q - n)
+        pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
+        slots += self._slots(s.seq.block_table, start, start + n) + [-1] * (q - n)
+        seq_lens.append(start + q)
+        return start, n
 
     def prompt_in_decode_graphs(self, plan: StepPlan) -> PromptInDecodeGraphs | None:
         """The prompt-in-decode graphs that hold ``plan`` (the fewest chunk rows that do): a
@@ -180,12 +187,7 @@ class StepInputBuilder:
         pad = b - len(rows)
         ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad
         seq_lens += [1] * pad
-        start, toks = self._query_tokens(chunk)
-        n = len(toks)
-        ids += toks + [0] * (q - n)
-        pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
-        slots += self._slots(chunk.seq.block_table, start, start + n) + [-1] * (q - n)
-        seq_lens.append(start + q)
+        start, n = self._pad_chunk(chunk, q, ids, pos, slots, seq_lens)
         qsl = [*range(b + 1), b + q]
         sample_seqs = [i for i, s in enumerate(plan.seqs) if s.samples]
         sample_rows = [i if i < len(rows) else b + n - 1 for i in sample_seqs]
