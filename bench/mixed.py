@@ -178,9 +178,9 @@ MODES = {
         )  # fmt: skip
     ),
     # Short prompts computed inside the decode lane's plain steps, chunks of 64 to 256 tokens
-    # in steps of 32 (EngineConfig.prompt_in_decode_tokens; off by default; the sweep's short
-    # prompts are 64-256 tokens). `off-noinside` / `policy-noinside`: the same as `off` /
-    # `policy` (names of the 45677b5 run, where it was on by default).
+    # in steps of 32 (EngineConfig.prompt_in_decode_tokens; on by default; the sweep's short
+    # prompts are 64-256 tokens): `off-inside` / `policy-inside` are `off` / `policy`, and
+    # `off-noinside` / `policy-noinside` run without it.
     "off-inside": _with_engine("off", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
     "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
     "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),

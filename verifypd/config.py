@@ -651,10 +651,9 @@ class EngineConfig:
     # 16 % lower in both (7.1 -> 5.9 ms), TTFT and TPOT p99 lower in 7 of 7 cells (TTFT p99
     # 7-20 % higher in both cells of a third run, 45677b5), ITL p99 at 14-20 req/s 4-5 %
     # higher (within the runs' noise); the policy within its runs' noise either way.
-    # Off by default until `verifypd serve` with it is checked on a GPU (a start-up check of
-    # the 7B + 0.5B server on an H100 ran past its call's limit, cause unknown); the sizes
-    # measured: ``PROMPT_IN_DECODE_SIZES``. () = never.
-    prompt_in_decode_tokens: tuple[int, ...] = ()
+    # `verifypd serve` with it checked on an H200 (da41cb0: 7B + 0.5B, 33 requests, streamed,
+    # with log-probs, 20 prompts inside decode steps, no errors). () = never.
+    prompt_in_decode_tokens: tuple[int, ...] = PROMPT_IN_DECODE_SIZES
     # Tests: the prompt-in-decode graphs built without CUDA graphs (each step runs the same
     # forward over their buffers eagerly), so prompts ride in decode steps on a CPU too.
     prompt_in_decode_eager: bool = False

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from helpers import tiny_config
 
-from verifypd.config import PROMPT_IN_DECODE_SIZES
+from verifypd.config import PROMPT_IN_DECODE_SIZES, EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
 from verifypd.lanes.dispatcher import LaneDispatcher
@@ -311,10 +311,9 @@ def test_plan_prompt_end_plans_only_a_prompt_that_ends_within_the_tokens() -> No
 
 
 def test_prompt_in_decode_tokens_is_validated() -> None:
-    assert tiny_config().prompt_in_decode_tokens == ()  # off until checked in a GPU server
+    assert EngineConfig().prompt_in_decode_tokens == PROMPT_IN_DECODE_SIZES  # on by default
     assert PROMPT_IN_DECODE_SIZES == (64, 96, 128, 160, 192, 224, 256)
-    sizes = tiny_config(prompt_in_decode_tokens=PROMPT_IN_DECODE_SIZES)
-    assert EngineCore(sizes).prompt_in_decode_tokens == 0  # no graphs on a CPU
+    assert EngineCore(tiny_config()).prompt_in_decode_tokens == 0  # no graphs on a CPU
     built = tiny_config(prompt_in_decode_tokens=PROMPT_IN_DECODE_SIZES, prompt_in_decode_eager=True)
     eager = EngineCore(built)  # the graphs built, not captured (tests)
     assert eager.prompt_in_decode_tokens == 256 and eager.prompt_in_decode_rows == 64

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from server_utils import bounded, fake_server_command
 
+from verifypd.config import PROMPT_IN_DECODE_SIZES
 from verifypd.serve import cli
 from verifypd.serve.cli import add_serve_args, config_from_args, serve_main
 
@@ -63,7 +64,7 @@ def test_all_options_reach_the_config() -> None:
     assert config.prefill_sm_carveout_in_backlog is False
     backlog = parse("--prefill-sm-carveout", "16", "--prefill-sm-carveout-in-backlog")
     assert config_from_args(backlog).prefill_sm_carveout_in_backlog is True
-    assert config.prompt_in_decode_tokens == ()  # off until checked in a GPU server
+    assert config.prompt_in_decode_tokens == PROMPT_IN_DECODE_SIZES  # on by default
     inside = parse("--prompt-in-decode-tokens", "32,128")
     assert config_from_args(inside).prompt_in_decode_tokens == (32, 128)
     off = parse("--prompt-in-decode-tokens", "none")

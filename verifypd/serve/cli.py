@@ -93,7 +93,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
         help="a prompt whose rest is at most the largest size is computed inside the next plain "
              "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
-             "measured: 64,96,128,160,192,224,256; default none: prompt steps only)")  # fmt: skip
+             "default 64,96,128,160,192,224,256; none: prompt steps only)")  # fmt: skip
     add("--max-model-len", type=int, default=None, help="default: the model's context length")
     add("--num-kv-blocks", type=int, default=None, help="default: sized from memory")
     add("--block-size", type=int, default=CacheConfig.block_size)
