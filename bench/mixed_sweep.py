@@ -21,7 +21,7 @@ from http_load import HttpEngine, served_model, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from result_files import SidecarRun
-from sweep import SweepPlan, run_trace, summary_row
+from sweep import SweepPlan, burn_in, run_trace, summary_row
 from sweep_criteria import criteria, criteria_lines, policy_variants
 from sweep_report import columnar, plot_all, table
 from ttft_anatomy import StepLog, anatomy
@@ -39,6 +39,13 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profiles", type=csv_list, default=["uniform-0.8", "uniform-0.6", "hetero"])
     g.add_argument("--temperatures", type=csv_floats, default=[0.0, 0.7])
     g.add_argument("--run-seconds", type=float, default=40.0, help="arrivals stop; 0 = off")
+    g.add_argument(
+        "--burn-in-s",
+        type=float,
+        default=12.0,
+        help="each engine (or server) first serves this many s of another trace at the first "
+        "rate, unrecorded (a process's first engine is slower in its first run); 0 = off",
+    )
     g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
     g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")
     g.add_argument(
@@ -85,7 +92,7 @@ def plan_of(args, mix, vocab: int) -> SweepPlan:
         profiles=tuple(args.profiles), temperatures=tuple(args.temperatures),
         num_requests=args.num_requests, run_seconds=args.run_seconds,
         drain_timeout=args.drain_timeout, slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
+        slo_tpot_ms=args.slo_tpot_ms, burn_in_s=args.burn_in_s,
     )  # fmt: skip
 
 
@@ -157,6 +164,7 @@ def engine_sweep(
         recorder = attach_recorder(llm, bench.LoadRecorder())
         spec_on = core.spec.enabled
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
+        llm.loop.run_until_complete(burn_in(llm.engine, plan, send_alpha=spec_on))
         logged = args.ttft_anatomy or args.itl_anatomy
         steps = StepLog().attach(llm.engine.dispatcher) if logged else None
         for rate, profile, temp in plan.runs():
@@ -260,6 +268,7 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
     async with HttpEngine(args.http, model, args.http_extra) as engine:
         for temp in plan.temperatures:
             await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
+        await burn_in(engine, plan, args.http_alpha)
         for rate, profile, temp in plan.runs():
             if out_of_time(
                 run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)

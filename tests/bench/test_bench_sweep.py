@@ -91,6 +91,13 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         prints[(r["rate"], r["acceptance_profile"])].add(r["trace_fingerprint"])
     assert all(len(p) == 1 for p in prints.values()) and len(prints) == 4
     off, fixed, policy = (seen[k] for k in seen)  # built one after the other
+    # Each engine: the warm-up, then the burn-in (another trace at the first rate), then the
+    # measured runs.
+    for handed in (off, fixed, policy):
+        kinds = [r[0].split("-")[0] for r in handed]
+        assert kinds == sorted(kinds, key=["warm", "burn", "req"].index) and "burn" in kinds
+        burn = [r[:3] for r in handed if r[0].startswith("burn-")]
+        assert burn == [r[:3] for r in off if r[0].startswith("burn-")]
     sent = lambda reqs: [r[:3] for r in reqs if r[0].startswith("req-")]  # noqa: E731
     assert sent(off) == sent(fixed) == sent(policy) and len(sent(off)) == 2 * 2 * 4
     assert [r[3] for r in fixed] == [r[3] for r in policy]
@@ -161,6 +168,27 @@ def test_plan_traces_and_profiles() -> None:
     assert 0 < len(bounded) < 30 and all(r.arrival_s <= 2.0 for r in bounded)
     with pytest.raises(ValueError, match="profiles"):
         _plan(sweep, profiles=("uniform-0.5",))
+
+
+def test_the_burn_in_is_another_trace_at_the_first_rate() -> None:
+    sweep = load_bench("sweep")
+    assert _plan(sweep).burn_in() is None
+    plan = _plan(sweep, burn_in_s=2.0)
+    burn = plan.burn_in()
+    assert burn.rates == (5.0,) and burn.run_seconds == 2.0 and burn.burn_in_s == 0.0
+    reqs, first = burn.requests(5.0), plan.requests(5.0)
+    assert 0 < len(reqs) < 30 and all(r.arrival_s <= 2.0 for r in reqs)
+    assert all(r.request_id.startswith("burn-") for r in reqs)
+    assert [r.prompt for r in reqs] != [r.prompt for r in first[: len(reqs)]]  # another seed
+    assert plan.requests(5.0)[0].request_id == "req-0"  # the measured trace is unchanged
+    assert [(r.arrival_s, r.prompt) for r in first] == [
+        (r.arrival_s, r.prompt) for r in _plan(sweep).requests(5.0)
+    ]
+    assert plan.estimate_s(2) == pytest.approx(_plan(sweep).estimate_s(2) + 2 * (2.0 + 4.0))
+    again = sweep.SweepPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.burn_in() == burn
+    old = {k: v for k, v in plan.to_dict().items() if k not in ("burn_in_s", "id_prefix")}
+    assert sweep.SweepPlan.from_dict(old).burn_in() is None  # results written before it
 
 
 def _row(mode, rate, profile="hetero", ttft=100.0, itl=20.0, tpot=10.0, good=5.0, p50=8.0):
@@ -394,7 +422,7 @@ def test_peer_sweep_replays_the_same_traces(
         mix=sweep.Mix((4, 12), (2, 4), (20, 30), (2, 3), 0.25), vocab=256, seed=1,
         rates=(30.0, 60.0), profiles=("uniform-0.6", "hetero"), temperatures=(0.0, 0.7),
         num_requests=3, run_seconds=0.0, drain_timeout=30.0, slo_ttft_ms=500.0,
-        slo_tpot_ms=50.0,
+        slo_tpot_ms=50.0, burn_in_s=1.0,
     )  # fmt: skip
     ours = {
         "sweep_config": plan.to_dict(),
@@ -409,6 +437,14 @@ def test_peer_sweep_replays_the_same_traces(
     src = tmp_path / "ours.json"
     src.write_text(json.dumps(ours))
     resets = count_cache_resets(monkeypatch)
+    handed: list[str] = []
+    inner = AsyncEngine.generate
+
+    def generate(self, request_id, prompt, params):
+        handed.append(request_id.split("-")[0])
+        return inner(self, request_id, prompt, params)
+
+    monkeypatch.setattr(AsyncEngine, "generate", generate)
     data = load_bench("peer_vllm").main(
         [
             "sweep",
@@ -434,6 +470,8 @@ def test_peer_sweep_replays_the_same_traces(
         assert r["ttft_p99_ms"] > 0 and r["goodput_rps"] > 0
     assert (tmp_path / "peer_vllm-cpu-verifypd-sweep.json").is_file()
     assert resets == [0] * 4  # every (rate, temperature) run starts with an empty cache
+    # the plan's burn-in (its requests' ids: burn-N) after the warm-up, before the runs
+    assert handed == ["warm"] * 16 + ["burn"] * 3 + ["req"] * 12, handed
     assert not any("engine_steps" in r for r in rows)  # vLLM's step log only
 
 
