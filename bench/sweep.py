@@ -51,10 +51,9 @@ class SweepPlan:
     drain_timeout: float  # s after the last arrival; then unfinished requests are aborted
     slo_ttft_ms: float
     slo_tpot_ms: float
-    # Before its measured runs each engine (and an HTTP server or vLLM replaying the plan)
-    # serves this many seconds of another trace at the first rate, unrecorded: the first run
-    # of a process's first engine gave its long prompts 5-12 ms more TTFT than the same
-    # engine built second (docs/performance.md, 9dcab75), which biased the mode run first.
+    # Before the measured runs, the sweep's throwaway engine (in-process; ``mixed.py
+    # --throwaway-engine``), or the HTTP server or vLLM replaying the plan, serves this many
+    # seconds of another trace at the first rate, unrecorded.
     burn_in_s: float = 0.0
     id_prefix: str = "req"  # request ids (the burn-in's: "burn")
 
@@ -95,9 +94,10 @@ class SweepPlan:
         return (min(span, self.run_seconds) if self.run_seconds else span) + 4.0
 
     def estimate_s(self, num_engines: int, build_s: float = 60.0, warmup_s: float = 15.0):
+        """Builds, warm-ups and runs of ``num_engines``, and the burn-in once."""
         per_engine = build_s + warmup_s + sum(self.run_estimate_s(r) for r, _, _ in self.runs())
         burn = self.burn_in()
-        return num_engines * (per_engine + (burn.run_estimate_s(burn.rates[0]) if burn else 0.0))
+        return num_engines * per_engine + (burn.run_estimate_s(burn.rates[0]) if burn else 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
