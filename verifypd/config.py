@@ -293,8 +293,10 @@ class SpecConfig:
     # rounds the follow replaces are most of the policy's slowest tokens; under load its
     # forwards share the GPU with the next prompt steps (above). On an H200 (6d65630, hetero,
     # 10-second runs) 4 rows took the catch-up rounds at 2 req/s from 18 to 2 and the policy's
-    # ITL p99 there from 7.96 to 7.58 ms (`off` 6.90), level at 5-8 req/s: one run, so unset
-    # (mode policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
+    # ITL p99 there from 7.96 to 7.58 ms (`off` 6.90), level at 5-8 req/s; with prompts inside
+    # decode steps (H200, 40722a3) it was worse: 8.60 against 7.57 at 2 req/s, 16.3 against
+    # 15.4 at 5 (plain steps slowed by the follow's forwards beside them). Unset (mode
+    # policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
     follow_prefill_max_rows: int | None = None
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
@@ -646,13 +648,14 @@ class EngineConfig:
     # ``engine.prompt_in_decode``): one graph per size here (ascending; the chunk padded to the
     # smallest that holds it) and per decode batch up to 64 rows. Beside a decode step a
     # prompt step reads every weight again and slows the step (a 7B's 4.1 ms to 7.0 on an
-    # H200); inside, its rows share the step's weight reads. On H200s (53c2531 and bc9a744,
-    # hetero, dummy 7B, same-call A/Bs at 2-20 req/s) without speculation: ITL p99 at 2 req/s
-    # 16 % lower in both (7.1 -> 5.9 ms), TTFT and TPOT p99 lower in 7 of 7 cells (TTFT p99
-    # 7-20 % higher in both cells of a third run, 45677b5), ITL p99 at 14-20 req/s 4-5 %
-    # higher (within the runs' noise); the policy within its runs' noise either way.
-    # `verifypd serve` with it checked on an H200 (da41cb0: 7B + 0.5B, 33 requests, streamed,
-    # with log-probs, 20 prompts inside decode steps, no errors). () = never.
+    # H200); inside, its rows share the step's weight reads. Same-call A/Bs (hetero, dummy
+    # 7B, 2-20 req/s; H200 at 53c2531, bc9a744 and 40722a3, H100 at 9dcab75) without
+    # speculation: ITL p99 at 2 req/s 16-24 % lower in all four (H200 7.3 -> 5.6 ms), TPOT
+    # p99 lower in 12 of 13 cells, TTFT p99 lower or level (the earlier runs' TTFT cells at
+    # 2 req/s carried the sweep's first-mode bias, docs/performance.md), ITL p99 at 8-20 req/s
+    # from 5 % lower to 11 % higher; the policy within its runs' noise either way. `verifypd
+    # serve` with it checked on an H200 and, with default flags, on an 80 GB H100 (33
+    # requests, streamed, with log-probs, no errors). () = never.
     prompt_in_decode_tokens: tuple[int, ...] = PROMPT_IN_DECODE_SIZES
     # Tests: the prompt-in-decode graphs built without CUDA graphs (each step runs the same
     # forward over their buffers eagerly), so prompts ride in decode steps on a CPU too.
