@@ -734,7 +734,9 @@ METHOD = (
     "deltas / tokens in the delta, one sample per token (token-weighted percentiles); TPOT = "
     "(last - first delta) / (output - 1) per finished request; e2e = arrival -> finish; "
     "throughput over first arrival -> last token; per mode a fresh engine and --warmup-requests "
-    "unrecorded requests first; mean L = drafts per verify; accept = accepted / drafted"
+    "unrecorded requests first (a sweep builds a throwaway engine of the first mode before "
+    "them, which serves --burn-in-s of another trace, unrecorded: --throwaway-engine); mean "
+    "L = drafts per verify; accept = accepted / drafted"
 )
 
 
