@@ -51,8 +51,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="build the first mode's engine once more before the measured ones: warm-up and "
-        "burn-in, unrecorded, then closed (the first engine a sweep serves with was slower "
-        "for its whole life, whichever mode it was; docs/performance.md)",
+        "burn-in, unrecorded, then closed (over a process's first ~45 s of traffic, prompt "
+        "steps beside decode steps ran slower, whichever engine served it; "
+        "docs/performance.md)",
     )
     g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")
     g.add_argument("--slo-tpot-ms", type=float, default=15.0, help="goodput SLO")

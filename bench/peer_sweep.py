@@ -52,7 +52,7 @@ def run_sweep(args, device, peer) -> dict[str, Any]:
         for temp in plan.temperatures:
             params = lambda i, r, t=temp: _params(r, t, i)  # noqa: E731
             loop.run_until_complete(run_load(front, warm, params, 120.0))
-        loop.run_until_complete(burn_in(front, plan, send_alpha=False))  # as ours did
+        loop.run_until_complete(burn_in(front, plan, send_alpha=False))  # as our throwaway engine
         for rate in plan.rates:
             for temp in plan.temperatures:
                 reset()  # a replayed trace must not hit the last run's prefix cache
