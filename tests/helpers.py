@@ -80,6 +80,30 @@ def pin_costs(costs: Any, controller: Any = None) -> None:
         controller.decode_latency.add = lambda seconds: None
 
 
+def serve_arrivals(
+    core: Any,
+    dispatcher: Any,
+    arrivals: list[tuple[str, list[int], Any]],
+    max_ticks: int,
+    after_each: Callable[[], None] | None = None,
+) -> None:
+    """Adds each (request_id, prompt, params) to ``core`` one ``dispatcher`` tick apart (then
+    ``after_each``), then ticks until no request is unfinished, at most ``max_ticks`` times."""
+
+    async def run() -> None:
+        for rid, ids, params in arrivals:
+            core.add_request(rid, ids, params)
+            await dispatcher.tick()
+            if after_each is not None:
+                after_each()
+        for _ in range(max_ticks):
+            if not core.has_unfinished():
+                return
+            await dispatcher.tick()
+
+    asyncio.run(run())
+
+
 async def collect(engine: Any, request_id: str, prompt: list[int], params: Any) -> list[int]:
     """Every output token id of one (single-choice) request on an ``AsyncEngine``."""
     return [

@@ -5,10 +5,9 @@ chunks around them (the CPU tests check the padding with an eager stand-in)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
+from helpers import serve_arrivals
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -47,17 +46,8 @@ def _serve(q: int):
     d = LaneDispatcher(core, launch, lambda o: got.setdefault(o.request_id, []).extend(
         o.new_token_ids), 0.0)  # fmt: skip
 
-    async def run():
-        for rid, ids, params in prompts:
-            core.add_request(rid, ids, params)
-            await d.tick()
-        for _ in range(2000):
-            if not core.has_unfinished():
-                return
-            await d.tick()
-
     before = core.runner.num_graph_steps
-    asyncio.run(run())
+    serve_arrivals(core, d, prompts, 2000)
     assert not core.has_unfinished()
     torch.cuda.synchronize()
     core.check_integrity()

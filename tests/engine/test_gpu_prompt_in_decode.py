@@ -4,10 +4,9 @@ that prompt steps give (the CPU tests check the layout and the dispatcher's rule
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
+from helpers import serve_arrivals
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -47,16 +46,7 @@ def _serve(sizes: tuple[int, ...], dtype: str):
     d = LaneDispatcher(core, launch, lambda o: got.setdefault(o.request_id, []).extend(
         o.new_token_ids), 60.0, prompt_in_decode_tokens=max(sizes, default=0))  # fmt: skip
 
-    async def run():
-        for rid, ids, params in prompts:
-            core.add_request(rid, ids, params)
-            await d.tick()
-        for _ in range(2000):
-            if not core.has_unfinished():
-                return
-            await d.tick()
-
-    asyncio.run(run())
+    serve_arrivals(core, d, prompts, 2000)
     assert not core.has_unfinished()
     torch.cuda.synchronize()
     core.check_integrity()

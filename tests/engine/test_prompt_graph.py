@@ -7,11 +7,9 @@ graph on a GPU."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import serve_arrivals, tiny_config
 
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
@@ -109,16 +107,8 @@ def _serve(q: int, prompts: dict[str, tuple[list[int], SamplingParams]]):
 
     d = LaneDispatcher(core, launch, got.append, 0.0)  # a waiting prompt goes first
 
-    async def run():
-        for rid, (ids, params) in prompts.items():
-            core.add_request(rid, ids, params)
-            await d.tick()  # one arrival per tick: steps of one and of two prompts
-        for _ in range(400):
-            if not core.has_unfinished():
-                return
-            await d.tick()
-
-    asyncio.run(run())
+    # one arrival per tick: steps of one and of two prompts
+    serve_arrivals(core, d, [(rid, ids, p) for rid, (ids, p) in prompts.items()], 400)
     assert not core.has_unfinished()
     tokens: dict[str, list[int]] = {}
     for o in got:

@@ -8,10 +8,8 @@ tests/engine/test_gpu_prompt_in_decode.py replays the captured graphs on a GPU.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from helpers import tiny_config
+from helpers import serve_arrivals, tiny_config
 
 from verifypd.config import PROMPT_IN_DECODE_SIZES, EngineConfig
 from verifypd.engine.core import EngineCore
@@ -126,19 +124,13 @@ def _serve(sizes: tuple[int, ...], prompts, abort_fused: bool = False, use_trito
                        prompt_in_decode_tokens=max(sizes, default=0), **dispatch)  # fmt: skip
     aborted: set[str] = set()
 
-    async def run():
-        for rid, (ids, params) in prompts.items():
-            core.add_request(rid, ids, params)
-            await d.tick()
-            if abort_fused and not aborted and inside:  # its step is in flight (not folded)
-                aborted.add(inside[0])
-                core.abort_request(inside[0])
-        for _ in range(400):
-            if not core.has_unfinished():
-                return
-            await d.tick()
+    def abort_one_inside() -> None:
+        if abort_fused and not aborted and inside:  # its step is in flight (not folded)
+            aborted.add(inside[0])
+            core.abort_request(inside[0])
 
-    asyncio.run(run())
+    arrivals = [(rid, ids, p) for rid, (ids, p) in prompts.items()]
+    serve_arrivals(core, d, arrivals, 400, abort_one_inside)
     assert not core.has_unfinished() and not d.in_flight
     core.check_integrity()
     assert core.kv.num_free_blocks == core.kv.num_blocks  # no block leaked
