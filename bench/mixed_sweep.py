@@ -20,6 +20,7 @@ from harness import attach_recorder, build_engine, close_engine, engine_info
 from http_load import HttpEngine, served_model, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
+from process_counters import ProcessCounters
 from result_files import SidecarRun
 from sweep import SweepPlan, burn_in, run_trace, summary_row
 from sweep_criteria import criteria, criteria_lines, policy_variants
@@ -169,6 +170,7 @@ def engine_sweep(
         report["sweep_engines"][name] = error_record(exc)
         progress(SCRIPT, f"sweep {name}", {"error": str(exc)})
         return
+    counters = ProcessCounters(llm.core.device)
     try:
         core = llm.core
         report["sweep_engines"][name] = {
@@ -177,7 +179,9 @@ def engine_sweep(
         }  # fmt: skip
         recorder = attach_recorder(llm, bench.LoadRecorder())
         spec_on = core.spec.enabled
+        base = counters.begin()
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
+        report["sweep_engines"][name]["warmup_process"] = counters.since(base)
         logged = args.ttft_anatomy or args.itl_anatomy
         steps = StepLog().attach(llm.engine.dispatcher) if logged else None
         for rate, profile, temp in plan.runs():
@@ -193,6 +197,7 @@ def engine_sweep(
             snapshot = None
             if MODES[name].controller:  # counters of this run only (the engine serves them all)
                 snapshot = partial(since, partial(policy_snapshot, core), policy_snapshot(core))
+            base = counters.begin()
             try:
                 res = llm.loop.run_until_complete(run_trace(
                     llm.engine, plan, rate, profile, temp, send_alpha=spec_on,
@@ -212,6 +217,7 @@ def engine_sweep(
                     num_ahead_held=disp.num_ahead_held - ahead[1],  # for a landing prompt
                     # deltas handed out ahead of a drafting launch (deliver_before_drafting)
                     num_deltas_ahead=disp.deltas.num_ahead - ahead[2],
+                    process=counters.since(base),  # device memory calls, collections
                 )
                 if args.ttft_anatomy:
                     row["ttft_anatomy"] = anatomy(steps, res["traces"])
@@ -223,6 +229,7 @@ def engine_sweep(
                                              **error_record(exc)}  # fmt: skip
             record_run(run, row, res["samples"])
     finally:
+        counters.close()
         close_engine(llm)
 
 
@@ -235,12 +242,16 @@ def throwaway_engine(run, plan: SweepPlan, name: str, warmup: list, bench) -> No
     except Exception as exc:  # noqa: BLE001 - the measured build of this mode reports it
         run.report["throwaway_engine"] = {"mode": name, **error_record(exc)}
         return
+    counters = ProcessCounters(llm.core.device)
     try:
+        base = counters.begin()
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
         llm.loop.run_until_complete(burn_in(llm.engine, plan, send_alpha=llm.core.spec.enabled))
         run.report["throwaway_engine"] = {"mode": name, "seconds": time.perf_counter() - t0,
-                                          "burn_in_s": plan.burn_in_s}  # fmt: skip
+                                          "burn_in_s": plan.burn_in_s,
+                                          "process": counters.since(base)}  # fmt: skip
     finally:
+        counters.close()
         close_engine(llm)
 
 
