@@ -185,6 +185,10 @@ MODES = {
     "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
     "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),
     "policy-noinside": _with_engine("policy", (("prompt_in_decode_tokens", ()),)),
+    # Without the start-up run of the prompt steps' GEMMs (EngineConfig.warm_prompt_gemms):
+    # the first-mode bias's A/B (run with --no-throwaway-engine, first).
+    "off-nowarm": _with_engine("off", (("warm_prompt_gemms", False),)),
+    "policy-nowarm": _with_engine("policy", (("warm_prompt_gemms", False),)),
     # Deltas after every launch, a drafting one after a plain one included
     # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).
     "policy-deltas-after": _policy_with(engine=(("deliver_before_drafting", False),)),

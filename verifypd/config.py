@@ -489,6 +489,7 @@ ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
 ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 ENV_PROMPT_IN_DECODE_EAGER = "VERIFYPD_PROMPT_IN_DECODE_EAGER"
+ENV_WARM_PROMPT_GEMMS = "VERIFYPD_WARM_PROMPT_GEMMS"
 # The prompt-in-decode sizes measured on H200s (EngineConfig.prompt_in_decode_tokens).
 PROMPT_IN_DECODE_SIZES = tuple(range(64, 257, 32))
 
@@ -497,8 +498,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """EngineConfig fields from ``VERIFYPD_LANE_STREAMS`` (comma list, "0" = none),
     ``VERIFYPD_LANE_PRIORITIES`` (``EngineConfig.lane_priorities``),
     ``VERIFYPD_EMIT_AFTER_LAUNCH``, ``VERIFYPD_DELIVER_BEFORE_DRAFTING``,
-    ``VERIFYPD_DECODE_AHEAD``, ``VERIFYPD_GC_FREEZE`` and ``VERIFYPD_PROMPT_IN_DECODE_EAGER``
-    ("0" = off, "1" = on),
+    ``VERIFYPD_DECODE_AHEAD``, ``VERIFYPD_GC_FREEZE``, ``VERIFYPD_PROMPT_IN_DECODE_EAGER`` and
+    ``VERIFYPD_WARM_PROMPT_GEMMS`` ("0" = off, "1" = on),
     ``VERIFYPD_PREFILL_SLICE_LAYERS``, ``VERIFYPD_PROMPT_TOKEN_BUCKET`` and
     ``VERIFYPD_PREFILL_SM_CARVEOUT`` (ints, 0 = off), for the CLI and benchmarks to pass on."""
     out: dict[str, Any] = {}
@@ -517,6 +518,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
     if ENV_PROMPT_IN_DECODE_EAGER in environ:
         out["prompt_in_decode_eager"] = environ[ENV_PROMPT_IN_DECODE_EAGER] != "0"
+    if ENV_WARM_PROMPT_GEMMS in environ:
+        out["warm_prompt_gemms"] = environ[ENV_WARM_PROMPT_GEMMS] != "0"
     for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
                              (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
                              (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout")):  # fmt: skip
@@ -633,6 +636,12 @@ class EngineConfig:
     # shape it has not seen, and on an H200 the first GEMM of a new row count took 0.1-2 ms
     # of host time against ~14 us once seen, in every prompt step (its token count is new).
     prompt_token_bucket: int = 64
+    # At start-up, run the target's projections once at every row count a padded prompt step
+    # can have (``engine.gemm_warmup``; GPU, with prompt_token_bucket): otherwise each count's
+    # first prompt step pays cuBLAS's kernel choice (~2.2 ms a GEMM of its first layer on an
+    # H200), over a fresh server's first traffic. 128 counts for 8,192 tokens. Not yet
+    # measured end to end (docs/performance.md, the first-mode bias). False: skip it.
+    warm_prompt_gemms: bool = True
     # Prompt steps whose chunks are all at most this many tokens (and at most two of them)
     # replay a CUDA graph captured for this many tokens a row, each chunk padded at its end,
     # instead of an eager forward whose launch is host-bound (GPU with CUDA graphs; 0 = never;

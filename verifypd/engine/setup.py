@@ -9,6 +9,7 @@ budget), and the costs are measured after the graphs are captured (a step replay
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from verifypd.config import EngineConfig, ModelConfig
 from verifypd.costs import CostTable
 from verifypd.engine.calibrate import VERIFY_GRAPH_BATCH, measure_costs
 from verifypd.engine.cuda_graphs import warm_up_eager
+from verifypd.engine.gemm_warmup import warm_prompt_gemms
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
 from verifypd.engine.loader import LoadedModel, load_model
@@ -123,12 +125,24 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         config, device, dtype, ops, loaded, max_model_len, use_cuda_graphs, sizing, pool, kv,
         scheduler, runner, grammars, SpecDecoder(config.spec, drafter),
     )  # fmt: skip
+    if config.warm_prompt_gemms:
+        warm_prompt_steps(parts)
     if use_cuda_graphs:
         capture_graphs(parts)
     elif config.prompt_in_decode_eager:  # tests: prompts ride in decode steps without graphs
         prompt_in_decode_graphs(parts, capture=False)
     parts.cost_table = calibrate(parts)
     return parts
+
+
+def warm_prompt_steps(parts: EngineParts) -> None:
+    """The target's GEMMs at every padded row count of an eager prompt step
+    (``EngineConfig.warm_prompt_gemms``; nothing where steps are not padded: CPU)."""
+    rows = parts.runner.inputs.prompt_rows(parts.config.scheduler.max_num_batched_tokens)
+    t0 = time.perf_counter()
+    if warm_prompt_gemms(parts.loaded.model, rows):
+        logger.info("prompt step GEMMs run at %d row counts (%d to %d) in %.1f s",
+                    len(rows), rows[0], rows[-1], time.perf_counter() - t0)  # fmt: skip
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:

@@ -209,6 +209,15 @@ class StepInputBuilder:
         inputs.in_decode = graphs
         return inputs
 
+    def prompt_rows(self, max_tokens: int) -> list[int]:
+        """Every row count past 16 that an eager prompt step of at most ``max_tokens`` tokens
+        has once padded (``_prompt_padding``), ascending; [] when steps are not padded."""
+        bucket = self.prompt_token_bucket
+        if not bucket:
+            return []
+        first = 17 + self._prompt_padding(17)
+        return list(range(first, max_tokens + self._prompt_padding(max_tokens) + 1, bucket))
+
     def _prompt_padding(self, num_tokens: int) -> int:
         """Rows to add to a prompt step of ``num_tokens`` tokens: up to the next multiple of
         ``prompt_token_bucket`` past the GEMV-sized steps (16 rows and fewer never reach
