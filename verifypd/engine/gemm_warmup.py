@@ -1,4 +1,4 @@
-"""Start-up: the GEMMs of every eager prompt step shape, run once before traffic comes.
+"""Start-up: a prompt step's GEMMs at every row count it can have, run once before traffic comes.
 
 cuBLAS chooses a kernel the first time it sees a GEMM shape, and a prompt step's first layer
 pays that host time for each of its projections (on an H200 ~2.2 ms a GEMM against ~16 us once
