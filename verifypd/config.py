@@ -508,18 +508,14 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         out["lane_streams"] = tuple(n for n in names if n and n != "0")
     if ENV_LANE_PRIORITIES in environ:
         out["lane_priorities"] = environ[ENV_LANE_PRIORITIES].strip()
-    if ENV_EMIT_AFTER_LAUNCH in environ:
-        out["emit_after_launch"] = environ[ENV_EMIT_AFTER_LAUNCH] != "0"
-    if ENV_DELIVER_BEFORE_DRAFTING in environ:
-        out["deliver_before_drafting"] = environ[ENV_DELIVER_BEFORE_DRAFTING] != "0"
-    if ENV_DECODE_AHEAD in environ:
-        out["decode_ahead"] = environ[ENV_DECODE_AHEAD] != "0"
-    if ENV_GC_FREEZE in environ:
-        out["gc_freeze"] = environ[ENV_GC_FREEZE] != "0"
-    if ENV_PROMPT_IN_DECODE_EAGER in environ:
-        out["prompt_in_decode_eager"] = environ[ENV_PROMPT_IN_DECODE_EAGER] != "0"
-    if ENV_WARM_PROMPT_GEMMS in environ:
-        out["warm_prompt_gemms"] = environ[ENV_WARM_PROMPT_GEMMS] != "0"
+    for name, field_name in ((ENV_EMIT_AFTER_LAUNCH, "emit_after_launch"),
+                             (ENV_DELIVER_BEFORE_DRAFTING, "deliver_before_drafting"),
+                             (ENV_DECODE_AHEAD, "decode_ahead"),
+                             (ENV_GC_FREEZE, "gc_freeze"),
+                             (ENV_PROMPT_IN_DECODE_EAGER, "prompt_in_decode_eager"),
+                             (ENV_WARM_PROMPT_GEMMS, "warm_prompt_gemms")):  # fmt: skip
+        if name in environ:
+            out[field_name] = environ[name] != "0"
     for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
                              (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
                              (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout")):  # fmt: skip

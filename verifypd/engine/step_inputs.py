@@ -16,6 +16,10 @@ from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
 from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
 from verifypd.types import ScheduledSeq, StepPlan
 
+# Prompt steps of at most this many tokens are never padded (their GEMMs are GEMV-sized; at
+# most 16 rows never reach cuBLAS): EngineConfig.prompt_token_bucket.
+UNPADDED_ROWS = 16
+
 
 @dataclass
 class StepInputs:
@@ -210,20 +214,20 @@ class StepInputBuilder:
         return inputs
 
     def prompt_rows(self, max_tokens: int) -> list[int]:
-        """Every row count past 16 that an eager prompt step of at most ``max_tokens`` tokens
-        has once padded (``_prompt_padding``), ascending; [] when steps are not padded."""
+        """Every row count past ``UNPADDED_ROWS`` that an eager prompt step of at most
+        ``max_tokens`` tokens has once padded (``_prompt_padding``), ascending; [] when steps
+        are not padded."""
         bucket = self.prompt_token_bucket
         if not bucket:
             return []
-        first = 17 + self._prompt_padding(17)
+        first = UNPADDED_ROWS + 1 + self._prompt_padding(UNPADDED_ROWS + 1)
         return list(range(first, max_tokens + self._prompt_padding(max_tokens) + 1, bucket))
 
     def _prompt_padding(self, num_tokens: int) -> int:
         """Rows to add to a prompt step of ``num_tokens`` tokens: up to the next multiple of
-        ``prompt_token_bucket`` past the GEMV-sized steps (16 rows and fewer never reach
-        cuBLAS); 0 when off."""
+        ``prompt_token_bucket`` past the GEMV-sized steps (``UNPADDED_ROWS``); 0 when off."""
         bucket = self.prompt_token_bucket
-        if not bucket or num_tokens <= 16:
+        if not bucket or num_tokens <= UNPADDED_ROWS:
             return 0
         return -num_tokens % bucket
 
