@@ -186,7 +186,7 @@ MODES = {
     "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),
     "policy-noinside": _with_engine("policy", (("prompt_in_decode_tokens", ()),)),
     # Without the start-up run of the prompt steps' GEMMs (EngineConfig.warm_prompt_gemms):
-    # the first-mode bias's A/B (run with --no-throwaway-engine, first).
+    # the first-mode bias's A/B (run first; H200, 15d5fbf: its long prompts 11 % slower).
     "off-nowarm": _with_engine("off", (("warm_prompt_gemms", False),)),
     "policy-nowarm": _with_engine("policy", (("warm_prompt_gemms", False),)),
     # Deltas after every launch, a drafting one after a plain one included
@@ -738,8 +738,8 @@ METHOD = (
     "deltas / tokens in the delta, one sample per token (token-weighted percentiles); TPOT = "
     "(last - first delta) / (output - 1) per finished request; e2e = arrival -> finish; "
     "throughput over first arrival -> last token; per mode a fresh engine and --warmup-requests "
-    "unrecorded requests first (a sweep builds a throwaway engine of the first mode before "
-    "them, which serves --burn-in-s of another trace, unrecorded: --throwaway-engine); mean "
+    "unrecorded requests first (with --throwaway-engine a sweep builds the first mode's engine "
+    "once more before them, which serves --burn-in-s of another trace, unrecorded); mean "
     "L = drafts per verify; accept = accepted / drafted"
 )
 

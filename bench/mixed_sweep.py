@@ -50,10 +50,10 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--throwaway-engine",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,  # the start-up GEMM warm-up made it unneeded (H200, 15d5fbf)
         help="build the first mode's engine once more before the measured ones: warm-up and "
-        "burn-in, unrecorded, then closed (over a process's first ~45 s of traffic, prompt "
-        "steps beside decode steps ran slower, whichever engine served it; "
+        "burn-in, unrecorded, then closed (before EngineConfig.warm_prompt_gemms, a process's "
+        "first ~45 s of long prompts ran slower, whichever engine served them; "
         "docs/performance.md)",
     )
     g.add_argument("--slo-ttft-ms", type=float, default=300.0, help="goodput SLO")

@@ -60,7 +60,7 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(AsyncEngine, "generate", generate)
     resets = count_cache_resets(monkeypatch)
-    load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path)])
+    load_bench("mixed").main([*SWEEP_TINY, "--out", str(tmp_path), "--throwaway-engine"])
     assert resets == [0] * 12  # before every run, on an idle engine (no block in use)
     main = json.loads((tmp_path / "mixed-cpu-sweep.json").read_text())
     # the rows' diagnostics and the policy timeline are in the sidecar (bench/result_files.py)
