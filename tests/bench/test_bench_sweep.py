@@ -547,14 +547,13 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
 
 
 def test_max_wall_skips_runs_that_would_overrun(tmp_path: Path) -> None:
-    argv = [*SWEEP_TINY, "--out", str(tmp_path), "--max-wall-s", "5", "--run-seconds", "0",
-            "--no-throwaway-engine"]  # fmt: skip
+    argv = [*SWEEP_TINY, "--out", str(tmp_path), "--max-wall-s", "5", "--run-seconds", "0"]
     argv[argv.index("off,three-fixed,policy")] = "off"
     argv[argv.index("20,40")] = "20,0.5"  # 4 requests at 0.5/s: estimated 12 s, over 5 s
     data = load_bench("mixed").main(argv)
     assert {r["rate"] for r in data["sweep"]} == {20.0} and len(data["sweep"]) == 2
     assert [(s["rate"], s["mode"]) for s in data["skipped"]] == [(0.5, "off")] * 2
-    assert data["estimate_s"] > 0 and "throwaway_engine" not in data  # (--no-throwaway-engine)
+    assert data["estimate_s"] > 0 and "throwaway_engine" not in data  # none by default
     assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
 
 
