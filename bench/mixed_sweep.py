@@ -120,7 +120,9 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
                      "definition": "goodput (DistServe): finished requests/s with TTFT <= "
                      "ttft_ms and TPOT <= tpot_ms, over first arrival -> last token"}  # fmt: skip
     engines = 1 if args.http else len(args.modes)
-    est = plan.estimate_s(engines, build_s=0.0 if args.http else 60.0)
+    # The burn-in is served by an --http server or by the throwaway engine, not by the others.
+    est = plan.estimate_s(engines, build_s=0.0 if args.http else 60.0,
+                          with_burn_in=bool(args.http) or args.throwaway_engine)  # fmt: skip
     if not args.http and args.throwaway_engine:
         est += 60.0 + 15.0  # its build and warm-up (its burn-in is in the plan's estimate)
     print(f"[{SCRIPT}] sweep: {engines} engine(s) x {len(plan.runs())} runs "

@@ -93,10 +93,14 @@ class SweepPlan:
         span = self.num_requests / rate
         return (min(span, self.run_seconds) if self.run_seconds else span) + 4.0
 
-    def estimate_s(self, num_engines: int, build_s: float = 60.0, warmup_s: float = 15.0):
-        """Builds, warm-ups and runs of ``num_engines``, and the burn-in once."""
+    def estimate_s(
+        self, num_engines: int, build_s: float = 60.0, warmup_s: float = 15.0,
+        with_burn_in: bool = True,
+    ):  # fmt: skip
+        """Builds, warm-ups and runs of ``num_engines``, and the burn-in once where it is served
+        (``with_burn_in``)."""
         per_engine = build_s + warmup_s + sum(self.run_estimate_s(r) for r, _, _ in self.runs())
-        burn = self.burn_in()
+        burn = self.burn_in() if with_burn_in else None
         return num_engines * per_engine + (burn.run_estimate_s(burn.rates[0]) if burn else 0.0)
 
     def to_dict(self) -> dict[str, Any]:

@@ -196,6 +196,7 @@ def test_the_burn_in_is_another_trace_at_the_first_rate() -> None:
         (r.arrival_s, r.prompt) for r in _plan(sweep).requests(5.0)
     ]
     assert plan.estimate_s(2) == pytest.approx(_plan(sweep).estimate_s(2) + 2.0 + 4.0)  # once
+    assert plan.estimate_s(2, with_burn_in=False) == pytest.approx(_plan(sweep).estimate_s(2))
     again = sweep.SweepPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert again.burn_in() == burn
     old = {k: v for k, v in plan.to_dict().items() if k not in ("burn_in_s", "id_prefix")}
