@@ -635,8 +635,10 @@ class EngineConfig:
     # At start-up, run the target's projections once at every row count a padded prompt step
     # can have (``engine.gemm_warmup``; GPU, with prompt_token_bucket): otherwise each count's
     # first prompt step pays cuBLAS's kernel choice (~2.2 ms a GEMM of its first layer on an
-    # H200), over a fresh server's first traffic. 128 counts for 8,192 tokens. Not yet
-    # measured end to end (docs/performance.md, the first-mode bias). False: skip it.
+    # H200), over a fresh server's first traffic. 128 counts for 8,192 tokens, 1.1 s. On an
+    # H200 (15d5fbf) a first engine without it was 11-13 % slower on TTFT p99 at 2 req/s and
+    # on its long prompt steps; with it, level with a second engine (docs/performance.md).
+    # False: skip it.
     warm_prompt_gemms: bool = True
     # Prompt steps whose chunks are all at most this many tokens (and at most two of them)
     # replay a CUDA graph captured for this many tokens a row, each chunk padded at its end,
