@@ -200,6 +200,14 @@ MODES = {
         "three", False, engine_options=(("lane_priorities", "prefill-first"),)
     ),
     "policy-capped": _policy_with(spec=(("max_step_ratio", 1.25),)),
+    # The step cap just above an L = 1 round (1.25-1.35 plain steps as calibrated on an H200,
+    # 7a8c0b7), the drafter catching up behind plain decode steps at up to 8 decoding rows
+    # (SpecConfig.follow_decode_max_rows: no catch-up rounds at light load), and both.
+    "policy-cap14": _policy_with(spec=(("max_step_ratio", 1.4),)),
+    "policy-fdec": _policy_with(spec=(("follow_decode_max_rows", 8),)),
+    "policy-fdec-cap14": _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("max_step_ratio", 1.4))
+    ),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     # Prompt chunking and packing, each setting spelled out (the default since a41665c is

@@ -44,9 +44,12 @@ def test_spec_env_overrides_map_the_policy_knobs() -> None:
     assert spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": " 0.1"}) == {"tail_tolerance": 0.1}
     rows = {"VERIFYPD_FOLLOW_PREFILL_MAX_ROWS": " 4"}
     assert spec_env_overrides(rows) == {"follow_prefill_max_rows": 4}
-    for bad in ("-1", "1.5", "four", ""):
-        with pytest.raises(ValueError, match="VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"):
-            spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL_MAX_ROWS": bad})
+    decode = {"VERIFYPD_FOLLOW_DECODE_MAX_ROWS": "8"}
+    assert spec_env_overrides(decode) == {"follow_decode_max_rows": 8}
+    for name in ("VERIFYPD_FOLLOW_PREFILL_MAX_ROWS", "VERIFYPD_FOLLOW_DECODE_MAX_ROWS"):
+        for bad in ("-1", "1.5", "four", ""):
+            with pytest.raises(ValueError, match=name):
+                spec_env_overrides({name: bad})
     with pytest.raises(ValueError, match="VERIFYPD_TAIL_TOLERANCE"):
         spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": "ten percent"})
     with pytest.raises(ValueError, match="tail_tolerance"):  # SpecConfig checks the range

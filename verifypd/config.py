@@ -298,6 +298,16 @@ class SpecConfig:
     # 15.4 at 5 (plain steps slowed by the follow's forwards beside them). Unset (mode
     # policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
     follow_prefill_max_rows: int | None = None
+    # The drafter catches up behind decode steps too: after a decode step is launched, each of
+    # its plain rows whose drafter is more than the catch-up graphs reach behind (a request fresh
+    # from its prefill, one that decoded plainly for a while) and that the policy may draft for
+    # (GoodputPolicy.expects_drafting: its own α̂ at least GoodputConfig.follow_min_alpha) is
+    # fed its context on the follow stream, below every lane, in replays of the follow
+    # stream's chunk graphs, so its first round starts steady: no catch-up round, whose
+    # context feed every row of the step waits for (half of the policy's slowest tokens at
+    # 2 req/s, H200, 7a8c0b7). Only while at most this many sequences decode and no prompt
+    # waits (the follow's forwards share the GPU with the next steps); 0: off.
+    follow_decode_max_rows: int = 0
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
@@ -458,6 +468,9 @@ class SpecConfig:
         rows = self.follow_prefill_max_rows
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
             raise ValueError(f"follow_prefill_max_rows must be an int >= 0 or None, got {rows!r}")
+        rows = self.follow_decode_max_rows
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise ValueError(f"follow_decode_max_rows must be an int >= 0, got {rows!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
@@ -487,6 +500,7 @@ ENV_PREFILL_SM_CARVEOUT = "VERIFYPD_PREFILL_SM_CARVEOUT"
 MAX_SM_CARVEOUT = 128
 ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
 ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
+ENV_FOLLOW_DECODE_MAX_ROWS = "VERIFYPD_FOLLOW_DECODE_MAX_ROWS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 ENV_PROMPT_IN_DECODE_EAGER = "VERIFYPD_PROMPT_IN_DECODE_EAGER"
 ENV_WARM_PROMPT_GEMMS = "VERIFYPD_WARM_PROMPT_GEMMS"
@@ -529,16 +543,19 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on),
-    ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS`` (an int >= 0) and ``VERIFYPD_TAIL_TOLERANCE`` (a
-    float), for A/Bs against a server (the knobs have no flag)."""
+    ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS`` and ``VERIFYPD_FOLLOW_DECODE_MAX_ROWS`` (ints >= 0)
+    and ``VERIFYPD_TAIL_TOLERANCE`` (a float), for A/Bs against a server (the knobs have no
+    flag)."""
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
-    if ENV_FOLLOW_PREFILL_MAX_ROWS in environ:
-        text = environ[ENV_FOLLOW_PREFILL_MAX_ROWS].strip()
-        if not text.isdigit():
-            raise ValueError(f"{ENV_FOLLOW_PREFILL_MAX_ROWS} must be an int >= 0, got {text!r}")
-        out["follow_prefill_max_rows"] = int(text)
+    for name, field_name in ((ENV_FOLLOW_PREFILL_MAX_ROWS, "follow_prefill_max_rows"),
+                             (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows")):  # fmt: skip
+        if name in environ:
+            text = environ[name].strip()
+            if not text.isdigit():
+                raise ValueError(f"{name} must be an int >= 0, got {text!r}")
+            out[field_name] = int(text)
     if ENV_TAIL_TOLERANCE in environ:
         text = environ[ENV_TAIL_TOLERANCE].strip()
         try:

@@ -524,6 +524,42 @@ def test_the_step_cap_bounds_the_speculating_step_itself():
     assert capped.predicted_step_s <= 1.25 * capped.plain_step_s
 
 
+def test_the_step_cap_counts_a_catch_up_rounds_context_feed():
+    """A catch-up round's one-off feed is part of the step every row of it waits for: under a
+    cap that the round's drafts at L = 4 fit but not with the feed, L shrinks until the whole
+    step fits."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.2e-3, prefill_token=20e-6)
+    decisions = {}
+    for cap in (None, 1.3):
+        policy = _policy(shape, max_step_ratio=cap, max_catch_up=64, catch_up_every_steps=1,
+                         chunk_catch_up=520, rider_slack=5.0)  # fmt: skip
+        ids = _add(policy, 5)
+        for i in ids:
+            _teach(policy, i, 0.9)
+        decisions[cap] = policy.decide(_views(ids[:4]) + [SeqView(4, 300)])
+    free, capped = decisions[None], decisions[1.3]
+    assert free.reason == "catch_up" and free.draft_lens[4] > 0
+    assert free.predicted_step_s > 1.3 * free.plain_step_s  # its 300 tokens tip it over
+    assert 0 < capped.draft_len < free.draft_len
+    assert capped.predicted_step_s <= 1.3 * capped.plain_step_s
+
+
+def test_the_drafter_follows_plain_steps_only_of_requests_that_may_pay():
+    """``expects_drafting``: a request that may speculate, the population not parked, its own
+    α̂ at least ``follow_min_alpha``."""
+    policy = _policy(follow_min_alpha=0.3)
+    _add(policy, 3)
+    _add(policy, 1, start=3, speculate=False)
+    _teach(policy, 0, 0.8)
+    _teach(policy, 1, 0.05)
+    assert [policy.expects_drafting(i) for i in (0, 1, 2, 3, 99)] == [
+        True, False, True, False, False  # 2: the population's α̂ so far; 99: unknown
+    ]  # fmt: skip
+    for _ in range(200):  # the population stops accepting: parked
+        policy.observe_acceptance(1, 4, 0)
+    assert not policy.expects_drafting(0)
+
+
 def test_drafters_only_an_eager_catch_up_reaches_are_not_drafted_for():
     shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3, prefill_token=20e-6)
     policy = _policy(

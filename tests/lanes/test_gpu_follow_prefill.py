@@ -1,6 +1,7 @@
-"""On the GPU: the drafter follows prompt steps after their launch, in pieces on the prefill
+"""On the GPU: the drafter follows prompt steps after their launch, in pieces on the follow
 stream, while decode and verify steps run on theirs (``SpecConfig.follow_prefill`` with the
-goodput policy and ``prefill_slice_layers``).
+goodput policy and ``prefill_slice_layers``), or catches up there behind plain decode steps
+(``SpecConfig.follow_decode_max_rows``).
 
 ``dummy:tiny`` drafts for itself in fp32: with its KV of a prompt computed right, every draft
 matches the target's token, so acceptance stays near 1; a draft read before the drafter's
@@ -25,12 +26,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _config(follow: bool | None) -> EngineConfig:
+def _config(follow: bool | None, decode_rows: int = 0) -> EngineConfig:
     """``follow`` None: no speculation; else the goodput policy, the drafter following prompt
-    steps or not."""
+    steps or not, and decode steps at up to ``decode_rows`` rows."""
     spec = SpecConfig() if follow is None else SpecConfig(
         method="draft", draft_model="dummy:tiny", max_draft_len=4, initial_draft_len=4,
-        policy="goodput", follow_prefill=follow,
+        policy="goodput", follow_prefill=follow, follow_decode_max_rows=decode_rows,
     )  # fmt: skip
     return EngineConfig(
         model="dummy:tiny", device="cuda", dtype="float32", spec=spec, prefill_slice_layers=1,
@@ -40,10 +41,10 @@ def _config(follow: bool | None) -> EngineConfig:
     )  # fmt: skip
 
 
-async def _run(follow: bool | None) -> tuple[list[list[int]], AsyncEngine]:
+async def _run(follow: bool | None, decode_rows: int = 0) -> tuple[list[list[int]], AsyncEngine]:
     from helpers import generate_all, pin_costs  # tests/ (on the path under pytest, or by __main__)
 
-    engine = AsyncEngine(_config(follow))
+    engine = AsyncEngine(_config(follow, decode_rows))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 500, int(rng.integers(8, 300))).tolist() for _ in range(16)]
     fed: list[int] = []
@@ -67,9 +68,10 @@ async def _run(follow: bool | None) -> tuple[list[list[int]], AsyncEngine]:
     return out, engine
 
 
-def test_the_drafter_following_prompt_steps_on_the_gpu_drafts_from_the_right_kv():
+@pytest.mark.parametrize("kind", ["prefill", "decode"])
+def test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind):
     plain, _ = asyncio.run(_run(None))
-    followed, engine = asyncio.run(_run(True))
+    followed, engine = asyncio.run(_run(kind == "prefill", 16 if kind == "decode" else 0))
     spec = engine.core.spec
     assert engine.fed > 0 and spec.num_verifies > 0  # followed, and speculated
     follower = spec.drafter.follower
@@ -85,5 +87,6 @@ if __name__ == "__main__":
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    test_the_drafter_following_prompt_steps_on_the_gpu_drafts_from_the_right_kv()
+    for kind in ("prefill", "decode"):
+        test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind)
     print("ok")

@@ -174,6 +174,15 @@ class GoodputPolicy(DraftController):
         parked = self.population.value < self.goodput.accept_floor
         return st is not None and st.speculate and not parked
 
+    def expects_drafting(self, seq_id: int) -> bool:
+        """Whether the drafter should catch up behind this request's plain decode steps
+        (``SpecConfig.follow_decode_max_rows``): it expects speculation
+        (``expects_speculation``) and its own α̂ is at least ``follow_min_alpha``."""
+        st = self._requests.get(seq_id)
+        if st is None or not self.expects_speculation(seq_id):
+            return False
+        return st.acceptance.value >= self.goodput.follow_min_alpha
+
     # ------------------------------------------------------------------ decisions
     def step(self) -> dict[int, int]:
         """``decide`` for every registered request, all caught up (tests, the old API)."""

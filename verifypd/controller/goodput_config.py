@@ -47,7 +47,8 @@ class GoodputConfig:
     chunk_catch_up: int = 0
     # No speculating step may take longer than this many plain steps (None: no cap). The
     # guard above bounds the expected time per token; this bounds the step itself, which is
-    # the inter-token gap a request sees when its first draft is rejected (the ITL tail).
+    # the inter-token gap a request sees when its first draft is rejected (the ITL tail); a
+    # catch-up round's one-off context feed counts in its step.
     max_step_ratio: float | None = None
     # One-off costs (catch-up, eager first step) count in a plan's tokens/s spread over this
     # many steps: an investment the following steps pay back. (With 8, on an H200 at 5 req/s
@@ -120,6 +121,11 @@ class GoodputConfig:
     # afresh for the others (chaining pauses while a prompt waits) or the row's own catch-up
     # round, 15-24 ms against 8 for `off` (H200, 93d1756).
     second_token_plain: bool = False
+    # The drafter catches up behind plain decode steps (``SpecConfig.follow_decode_max_rows``)
+    # only for requests whose own α̂ is at least this: at one draft (L = 1, a round of ~1.3
+    # plain steps with a 0.5B drafter beside a 7B target) a request accepting less yields no
+    # more tokens per second than plain decoding, and its drafter's forwards would be wasted.
+    follow_min_alpha: float = 0.3
 
     def __post_init__(self) -> None:
         checks = [
@@ -138,6 +144,7 @@ class GoodputConfig:
             (self.no_gain_hold_steps >= 1, "no_gain_hold_steps >= 1"),
             (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
             (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
+            (0.0 <= self.follow_min_alpha <= 1.0, "follow_min_alpha in [0, 1]"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),

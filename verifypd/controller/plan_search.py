@@ -150,7 +150,8 @@ class PlanSearch:
                     wait = step_s
                     if g.drafts_beside_decode and not fused:
                         wait = self.costs.decode(rows - k, c) + g.round_overhead_s
-                    if step_s > bound or wait > riders or value <= floor:
+                    # the cap bounds the whole step: a catch-up round's context feed too
+                    if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue
                     if plans is None and best is not None and value <= best.value:
                         continue  # the first of equals stays: deterministic

@@ -20,6 +20,7 @@ from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
+from verifypd.engine.draft_follow import decode_follow_items
 from verifypd.engine.logprobs import check_num_logprobs, fold_logprobs
 from verifypd.engine.model import drain
 from verifypd.engine.outputs import OutputProcessor, SeqOutputState
@@ -256,7 +257,12 @@ class EngineCore:
         """(sequence, its prompt tokens once ``plan`` has run) for each prompt chunk of
         ``plan`` the drafter follows (``SpecConfig.follow_prefill``, only at light load with
         ``follow_prefill_max_rows``); read at launch."""
-        if self.spec.drafter is None or not self.config.spec.follow_prefill or self._loaded():
+        spec = self.config.spec
+        if (
+            self.spec.drafter is None
+            or not spec.follow_prefill
+            or self._loaded(spec.follow_prefill_max_rows)
+        ):
             return []
         return [
             (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
@@ -264,10 +270,22 @@ class EngineCore:
             if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
         ]
 
-    def _loaded(self) -> bool:
-        """Beyond ``SpecConfig.follow_prefill_max_rows`` (read once the prompt step is in
-        flight): another prompt waits, or more sequences decode."""
-        most, sched = self.config.spec.follow_prefill_max_rows, self.scheduler
+    def follow_decode_items(
+        self, plan: StepPlan, wants: Callable[[int], bool]
+    ) -> list[tuple[Sequence, int]]:
+        """(sequence, its tokens but the last) for each plain row of the launched step ``plan``
+        whose drafter catches up behind it (``draft_follow.decode_follow_items``;
+        ``SpecConfig.follow_decode_max_rows``: only at light load); read at launch."""
+        most = self.config.spec.follow_decode_max_rows
+        if self.spec.drafter is None or not most or plan.lane == "prefill" or self._loaded(most):
+            return []
+        reach = max((2, *self.config.spec.catch_up_graphs)) if self.use_cuda_graphs else 2
+        return decode_follow_items(self.spec.drafter, plan, wants, reach)
+
+    def _loaded(self, most: int | None) -> bool:
+        """Beyond ``most`` (read once the step is in flight): another prompt waits, or more
+        sequences decode (None: never)."""
+        sched = self.scheduler
         if most is None:
             return False
         decoding = (SeqStatus.DECODING, SeqStatus.VERIFYING)

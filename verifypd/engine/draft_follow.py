@@ -1,12 +1,13 @@
 """The drafter following prompt steps (``PromptFollower``): while the target prefills a prompt
 chunk, the drafter computes its own KV of those tokens on the follow stream, below every lane,
-so the request's first speculative round starts steady. Whatever drafts for such a view waits
-for that forward on the GPU first (``wait_for_follow``).
+so the request's first speculative round starts steady; behind plain decode steps it catches
+up the same way on the contexts it fell behind on (``decode_follow_items``). Whatever drafts
+for such a view waits for that forward on the GPU first (``wait_for_follow``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +38,35 @@ def wait_for_follow(views: list[DraftView]) -> None:
         if v.ready is not None:
             torch.cuda.current_stream().wait_event(v.ready)
             v.ready = None
+
+
+def decode_follow_items(
+    drafter: DraftModelProposer, plan: StepPlan, wants: Callable[[int], bool], reach: int
+) -> list[tuple[Sequence, int]]:
+    """(sequence, its tokens but the last) for each plain row of the launched decode step
+    ``plan`` whose drafter is more than ``reach`` tokens behind (the drafter's catch-up graphs
+    reach: nearer, its first draft step replays one) and that ``wants`` names (by seq_id): the
+    drafter catches up on its context behind the step (``SpecConfig.follow_decode_max_rows``).
+    Rows drafting in the step, and views with drafts not yet verified, chained ones, or a
+    forward already queued, are left out: their KV progress is the proposer's."""
+    chained = drafter.chained
+    out = []
+    for e in plan.seqs:
+        seq = e.seq
+        if e.draft_len or e.draft_token_ids or not wants(seq.seq_id):
+            continue
+        if seq.status.is_finished or not seq.num_output_tokens:  # (a prompt: not yet)
+            continue
+        if seq.params.max_tokens - seq.num_output_tokens < 2:
+            continue
+        if chained is not None and seq.seq_id in chained.rows:
+            continue
+        view = drafter.views.get(seq.seq_id)
+        if view is not None and (view.draft_start is not None or view.following_now()):
+            continue
+        if seq.num_tokens - (view.num_computed_tokens if view else 0) > reach:
+            out.append((seq, seq.num_tokens - 1))
+    return out
 
 
 class PromptFollower:

@@ -186,6 +186,8 @@ class DraftModelProposer:
         view = self.views.get(seq.seq_id)
         if view is None:
             view = self.views[seq.seq_id] = DraftView(seq)
+        if view.following:  # a forward behind a step is being enqueued for it: it feeds the view
+            return None
         view.token_ids = self._drafter_ids(seq.token_ids)
         known = seq.num_tokens - 1
         if view.draft_start is not None:  # drafts whose verify never landed: none is known

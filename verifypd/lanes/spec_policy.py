@@ -5,19 +5,21 @@ feedback controller or fixed L) and makes every speculative decision the lane di
 down to the engine: each request's draft length L and whether a round's verify is fused into
 the decode step (``decide``: per-step data, a ``SpecDecision``), drafter temperatures,
 whether to chain the next round's drafts behind a verify, and for whom the drafter follows a
-prompt's prefill. It learns from what the engine reports (``SpecListener``: requests coming
-and going, acceptance) and from what the dispatcher times (each lane step, each drafting). The
-engine (``EngineCore``) executes: it drafts, chains and launches when told to.
+prompt's prefill or catches up behind a plain decode step. It learns from what the engine
+reports (``SpecListener``: requests coming and going, acceptance) and from what the dispatcher
+times (each lane step, each drafting). The engine (``EngineCore``) executes: it drafts, chains
+and launches when told to.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
 from verifypd.engine.core import EngineCore
+from verifypd.engine.model import drain
 from verifypd.engine.runner import PendingStep
 from verifypd.engine.timing import Span
 from verifypd.types import (
@@ -188,11 +190,21 @@ class SpeculationPolicy(SpecListener):
             self._draft_span = (span.stop(), len(drafted), sum(drafted), contended)
         self.observe_draft_cost()
 
-    def after_launch(self, plan: StepPlan, pending: PendingStep) -> None:
+    def after_launch(
+        self,
+        plan: StepPlan,
+        pending: PendingStep,
+        queue: Callable[[Generator[None, None, None]], None] | None = None,
+    ) -> None:
         """What follows a launched step on its stream: the next round's drafts behind a verify
-        (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)."""
+        (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``),
+        and behind a decode step's plain rows (``follow_decode``: handed to ``queue`` to run
+        on the follow stream; None: run here, behind the step)."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
+        behind = self.follow_decode(plan)
+        if behind is not None:
+            drain(behind) if queue is None else queue(behind)
 
     def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
         """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
@@ -201,6 +213,19 @@ class SpeculationPolicy(SpecListener):
         follow. Who is followed is read, and their drafter views claimed, now."""
         expects = getattr(self.controller, "expects_speculation", None)
         items = self.core.follow_items(plan, expects) if expects is not None else []
+        return self._claimed(items, every)
+
+    def follow_decode(self, plan: StepPlan) -> Generator[None, None, None] | None:
+        """The drafter's catch-up on the contexts of a launched decode step's plain rows that
+        the policy expects to draft for (``SpecConfig.follow_decode_max_rows``), as a generator
+        pausing after each chunk replay; None: nothing to follow. Claimed now."""
+        wants = getattr(self.controller, "expects_drafting", None)
+        items = self.core.follow_decode_items(plan, wants) if wants is not None else []
+        return self._claimed(items, 0)
+
+    def _claimed(
+        self, items: list[tuple[Sequence, int]], every: int
+    ) -> Generator[None, None, None] | None:
         if not items:
             return None
         pieces = self.core.follow_iter(items, every)
