@@ -298,15 +298,18 @@ class SpecConfig:
     # 15.4 at 5 (plain steps slowed by the follow's forwards beside them). Unset (mode
     # policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
     follow_prefill_max_rows: int | None = None
-    # The drafter catches up behind decode steps too: after a decode step is launched, each of
-    # its plain rows whose drafter is more than the catch-up graphs reach behind (a request fresh
-    # from its prefill, one that decoded plainly for a while) and that the policy may draft for
-    # (GoodputPolicy.expects_drafting: its own α̂ at least GoodputConfig.follow_min_alpha) is
-    # fed its context on the follow stream, below every lane, in replays of the follow
-    # stream's chunk graphs, so its first round starts steady: no catch-up round, whose
-    # context feed every row of the step waits for (half of the policy's slowest tokens at
-    # 2 req/s, H200, 7a8c0b7). Only while at most this many sequences decode and no prompt
-    # waits (the follow's forwards share the GPU with the next steps); 0: off.
+    # The drafter catches up behind decode steps too: right after a decode step is launched,
+    # on its stream, each of its plain rows whose drafter is more than the catch-up graphs
+    # reach behind (a request fresh from its prefill, one that decoded plainly for a while)
+    # and that the policy may draft for (GoodputPolicy.expects_drafting: its own α̂ at least
+    # GoodputConfig.follow_min_alpha) is fed the next tokens of its context, at most the
+    # largest ``catch_up_chunk`` (one chunk-graph replay) a step, so its rounds start steady:
+    # no catch-up round, whose whole context feed every row of its step waits for (half of the
+    # policy's slowest tokens at 2 req/s, H200, 7a8c0b7). Fed on the follow stream instead
+    # (below every lane, whole contexts) the policy all but stopped speculating: 20
+    # speculating decisions of 2,700 at 5 req/s (H100, 5329751; rows waiting for feeds queued
+    # behind back-to-back decode steps, the likely cause). Only while at most this many
+    # sequences decode and no prompt waits; 0: off.
     follow_decode_max_rows: int = 0
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.

@@ -1,8 +1,8 @@
 """``SpecConfig.follow_decode_max_rows``: the drafter catches up behind plain decode steps on
-the contexts of requests the goodput policy expects to draft for, so their rounds start
-steady (no catch-up round whose context feed the whole step waits for); only at light load,
-never for a row that drafts in the step, and lossless (dummy:tiny on CPU, the policy's costs
-pinned as in test_goodput_lanes)."""
+the contexts of requests the goodput policy expects to draft for, a chunk a step, so their
+rounds start steady (no catch-up round whose context feed the whole step waits for); only at
+light load, never for a row that drafts in the step, and lossless (dummy:tiny on CPU, the
+policy's costs pinned as in test_goodput_lanes)."""
 
 import asyncio
 
@@ -39,8 +39,8 @@ def _spy(engine: AsyncEngine) -> tuple[list[int], list[int]]:
     fed, catch_ups = [], []
     follow, propose = drafter.follow_iter, drafter.propose
 
-    def follow_spy(items, every=0):
-        fed.append((yield from follow(items, every)))
+    def follow_spy(items, *args):
+        fed.append((yield from follow(items, *args)))
         return fed[-1]
 
     def propose_spy(*args):
@@ -122,6 +122,28 @@ def test_the_drafter_follows_a_decode_steps_plain_rows_only_at_light_load(
     assert [seq.request_id for seq, _ in items] == followed
     assert all(end == seq.num_tokens - 1 for seq, end in items)  # all but its last token
     assert core.follow_decode_items(step, lambda seq_id: False) == []
+
+
+def test_a_long_context_is_fed_one_chunk_a_step():
+    """At most the largest ``catch_up_chunk`` (256) more tokens a step: a 600-token prompt's
+    drafter catches up over three plain steps, then is not followed again."""
+    core = EngineCore(tiny_config(spec=tiny_draft_spec(follow_decode_max_rows=4)))
+    prompt = [1 + i % 500 for i in range(600)]
+    core.add_request("long", prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+    while core.scheduler.waiting or not core.decodable():
+        plan = StepPlan("prefill", core.scheduler.plan_prefill(1 << 12, 8))
+        core.scheduler.begin_step(plan)
+        core.apply_step(plan, core.launch(plan).result())
+    ends = []
+    for _ in range(4):
+        step = StepPlan("decode", core.scheduler.plan_decode())
+        core.scheduler.begin_step(step)
+        items = core.follow_decode_items(step, lambda seq_id: True)
+        ends.append([end for _, end in items])
+        for _ in core.follow_iter(items, on_decode=True):
+            pass
+        core.apply_step(step, core.launch(step).result())
+    assert ends == [[256], [512], [602], []]  # 602: all but the last of 600 + 3 tokens
 
 
 def test_a_view_being_fed_behind_a_step_is_not_drafted_for():

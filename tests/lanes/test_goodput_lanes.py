@@ -95,8 +95,8 @@ async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(refere
     fed, catch_ups = [], []
     follow, propose = drafter.follow_iter, drafter.propose
 
-    def follow_spy(items, every=0):
-        fed.append((yield from follow(items, every)))
+    def follow_spy(items, *args):
+        fed.append((yield from follow(items, *args)))
         return fed[-1]
 
     def propose_spy(*args):
@@ -116,8 +116,8 @@ async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(re
     fed = []
     follow = drafter.follow_iter
 
-    def follow_spy(items, every=0):
-        fed.append((yield from follow(items, every)))
+    def follow_spy(items, *args):
+        fed.append((yield from follow(items, *args)))
         return fed[-1]
 
     drafter.follow_iter = follow_spy

@@ -55,8 +55,8 @@ async def _run(follow: bool | None, decode_rows: int = 0) -> tuple[list[list[int
         pin_costs(engine.core.costs)
         inner = drafter.follow_iter
 
-        def follow_iter(items, every=0):
-            fed.append((yield from inner(items, every)))
+        def follow_iter(items, *args):
+            fed.append((yield from inner(items, *args)))
 
         drafter.follow_iter = follow_iter
 

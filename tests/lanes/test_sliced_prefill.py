@@ -221,9 +221,9 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     drafter = core.spec.drafter
     inner, pieces, fed, drafted = drafter.follow_iter, [], {}, []
 
-    def follow_iter(items, every):  # notes the launch log at each piece of the drafter's
+    def follow_iter(items, every, *args):  # notes the launch log at each piece of the drafter's
         assert every == 1
-        gen = inner(items, every)
+        gen = inner(items, every, *args)
         while True:
             pieces.append((items[0][0].request_id, len(d.launch_log)))
             try:
@@ -290,8 +290,8 @@ async def test_a_request_ending_while_the_drafter_follows_it_stops_the_follow() 
     drafter = core.spec.drafter
     inner, fed, usage = drafter.follow_iter, [], []
 
-    def follow_iter(items, every):
-        gen = inner(items, every)
+    def follow_iter(items, *args):
+        gen = inner(items, *args)
         next(gen)  # the views are claimed
         next(gen)  # the first piece is enqueued
         yield

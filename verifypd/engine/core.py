@@ -279,8 +279,10 @@ class EngineCore:
         most = self.config.spec.follow_decode_max_rows
         if self.spec.drafter is None or not most or plan.lane == "prefill" or self._loaded(most):
             return []
-        reach = max((2, *self.config.spec.catch_up_graphs)) if self.use_cuda_graphs else 2
-        return decode_follow_items(self.spec.drafter, plan, wants, reach)
+        spec = self.config.spec
+        reach = max((2, *spec.catch_up_graphs)) if self.use_cuda_graphs else 2
+        budget = max(spec.chunk_sizes, default=256)
+        return decode_follow_items(self.spec.drafter, plan, wants, reach, budget)
 
     def _loaded(self, most: int | None) -> bool:
         """Beyond ``most`` (read once the step is in flight): another prompt waits, or more
@@ -292,15 +294,18 @@ class EngineCore:
         return sched.prompts_waiting() or sum(s.status in decoding for s in sched.running) > most
 
     def follow_iter(
-        self, items: list[tuple[Sequence, int]], every: int = 0
+        self, items: list[tuple[Sequence, int]], every: int = 0, on_decode: bool = False
     ) -> Generator[None, None, None]:
-        """The drafter's forward over ``items`` (``follow_items``), pausing after every
-        ``every`` layers (0: in one piece). An optimization: if it fails, the drafter catches up
-        when it drafts."""
+        """The drafter's forward over ``items`` (``follow_items``, ``follow_decode_items``:
+        ``on_decode``, run on the decode stream in the proposer's chunk graphs), pausing after
+        every ``every`` layers (0: in one piece). An optimization: if it fails, the drafter
+        catches up when it drafts."""
         if not items:
             return
+        drafter = self.spec.drafter
+        graphs = drafter.chunk_graphs() if on_decode else None
         try:
-            fed = yield from self.spec.drafter.follow_iter(items, every)
+            fed = yield from drafter.follow_iter(items, every, graphs)
         except Exception:
             logger.exception("drafter catch-up behind a prefill failed")
             return

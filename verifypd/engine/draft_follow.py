@@ -41,12 +41,17 @@ def wait_for_follow(views: list[DraftView]) -> None:
 
 
 def decode_follow_items(
-    drafter: DraftModelProposer, plan: StepPlan, wants: Callable[[int], bool], reach: int
+    drafter: DraftModelProposer,
+    plan: StepPlan,
+    wants: Callable[[int], bool],
+    reach: int,
+    budget: int,
 ) -> list[tuple[Sequence, int]]:
-    """(sequence, its tokens but the last) for each plain row of the launched decode step
-    ``plan`` whose drafter is more than ``reach`` tokens behind (the drafter's catch-up graphs
-    reach: nearer, its first draft step replays one) and that ``wants`` names (by seq_id): the
-    drafter catches up on its context behind the step (``SpecConfig.follow_decode_max_rows``).
+    """(sequence, where its drafter's catch-up ends) for each plain row of the launched decode
+    step ``plan`` whose drafter is more than ``reach`` tokens behind (the drafter's catch-up
+    graphs reach: nearer, its first draft step replays one) and that ``wants`` names (by
+    seq_id): the drafter catches up behind the step (``SpecConfig.follow_decode_max_rows``) on
+    at most ``budget`` more tokens of its context, up to all but its last token.
     Rows drafting in the step, and views with drafts not yet verified, chained ones, or a
     forward already queued, are left out: their KV progress is the proposer's."""
     chained = drafter.chained
@@ -64,8 +69,9 @@ def decode_follow_items(
         view = drafter.views.get(seq.seq_id)
         if view is not None and (view.draft_start is not None or view.following_now()):
             continue
-        if seq.num_tokens - (view.num_computed_tokens if view else 0) > reach:
-            out.append((seq, seq.num_tokens - 1))
+        done = view.num_computed_tokens if view else 0
+        if seq.num_tokens - done > reach:
+            out.append((seq, min(seq.num_tokens - 1, done + budget)))
     return out
 
 
@@ -90,18 +96,21 @@ class PromptFollower:
 
     @torch.inference_mode()
     def follow_iter(
-        self, items: list[tuple[Sequence, int]], every: int = 0
+        self,
+        items: list[tuple[Sequence, int]],
+        every: int = 0,
+        graphs: dict[int, StepGraphs] | None = None,
     ) -> Generator[None, None, int]:
         """Catches the drafter up on prompt chunks the target is prefilling: each (seq, end)
         computes the drafter's KV of ``seq``'s tokens up to ``end`` without logits, so the
         request's first speculative round starts steady instead of feeding its whole context
         inside a decode step; returns the tokens fed. Its first ``next`` claims the views
         (``following``: nothing drafts for them) and their blocks, and pauses, so the work can
-        be queued behind earlier ones; the next ones enqueue it: replays of the follow
-        stream's chunk graphs (``follow_graphs``, a pause after each) for contexts at least
-        as long as their smallest q, one eager forward for the rest (and for all without
-        those graphs), pausing after every ``every`` layers (0: in one piece), the event loop
-        free between.
+        be queued behind earlier ones; the next ones enqueue it: replays of chunk graphs
+        (``graphs``; None: the follow stream's own, ``follow_graphs``; a pause after each) for
+        contexts at least as long as their smallest q, one eager forward for the rest (and for
+        all without those graphs), pausing after every ``every`` layers (0: in one piece), the
+        event loop free between.
         A request that has ended by its turn is left out, and one that ends part-way stops it
         (no further piece is enqueued, and its blocks go back once those enqueued have run,
         ``release_held``; the others keep their progress and catch up later). The views
@@ -116,7 +125,7 @@ class PromptFollower:
             if not views:
                 return 0
             fed = sum(v.num_tokens - v.num_computed_tokens for v in views)
-            if not (yield from self._enqueue(views, every)):
+            if not (yield from self._enqueue(views, every, graphs)):
                 return 0
             self._mark_fed(views)
             self.num_followed_tokens += fed
@@ -150,10 +159,12 @@ class PromptFollower:
             v.token_ids = self.drafter._drafter_ids(seq.token_ids[:end])
         return [v for _, v, _ in live]
 
-    def _enqueue(self, views: list[DraftView], every: int) -> Generator[None, None, bool]:
+    def _enqueue(
+        self, views: list[DraftView], every: int, graphs: dict[int, StepGraphs] | None
+    ) -> Generator[None, None, bool]:
         """Enqueues the forward piece by piece, a pause after each; False where a request
         ended part-way stopped it."""
-        pieces = self._follow_pieces(views, every)
+        pieces = self._follow_pieces(views, every, graphs)
         for _ in pieces:
             yield
             if any(self.drafter.views.get(v.seq_id) is not v for v in views):
@@ -181,22 +192,26 @@ class PromptFollower:
                 v.follow_end = v.num_computed_tokens
         self.release_held()
 
-    def _follow_pieces(self, views: list[DraftView], every: int) -> Generator[None, None, None]:
-        smallest = min(self.follow_graphs, default=None)
+    def _follow_pieces(
+        self, views: list[DraftView], every: int, graphs: dict[int, StepGraphs] | None
+    ) -> Generator[None, None, None]:
+        graphs = self.follow_graphs if graphs is None else graphs
+        smallest = min(graphs, default=None)
         replayed = [v for v in views if smallest is not None and v.num_tokens >= smallest]
         eager = [v for v in views if smallest is None or v.num_tokens < smallest]
-        yield from self._follow_replays(replayed)
+        yield from self._follow_replays(replayed, graphs)
         yield from self._follow_eager(eager, every)
 
-    def _follow_replays(self, views: list[DraftView]) -> Generator[None, None, None]:
-        """Feeds each view its context up to its last token in replays of the follow stream's
-        own chunk graphs (``follow_graphs``), pausing after each: a few hundred microseconds of
-        host time a replay where one eager forward over a prompt held the event loop for
-        17-32 ms (a 0.5B drafter on an H100). Each view replays the largest q it is at least
+    def _follow_replays(
+        self, views: list[DraftView], graphs: dict[int, StepGraphs]
+    ) -> Generator[None, None, None]:
+        """Feeds each view its context up to its last token in replays of chunk graphs
+        (``graphs``), pausing after each: a few hundred microseconds of host time a replay
+        where one eager forward over a prompt held the event loop for 17-32 ms (a 0.5B drafter
+        on an H100). Each view replays the largest q it is at least
         q behind, or, less than the smallest q behind, the smallest q re-feeding stored tokens
         (every view's context is at least that long); views of one q replay together, as many
         as the graph holds."""
-        graphs = self.follow_graphs
         sizes = sorted(graphs)
         todo = [v for v in views if v.num_computed_tokens < v.num_tokens]
         while todo:

@@ -241,8 +241,7 @@ def capture_graphs(parts: EngineParts) -> None:
                 spec.chunk_sizes,
                 spec.catch_up_chunks,
             )
-        follows = spec.follow_prefill or spec.follow_decode_max_rows
-        if follows and spec.chunk_sizes:  # the follow stream's own (follow_iter)
+        if spec.follow_prefill and spec.chunk_sizes:  # the follow stream's own (follow_iter)
             drafter.follower.follow_graphs = {
                 q: drafter.runner.new_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False)
                 for q in spec.chunk_sizes

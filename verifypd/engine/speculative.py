@@ -16,6 +16,7 @@ it drafts, ``draft_catch_up``; feeding it prompt chunks behind the target's pref
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from verifypd.engine.runner import ModelRunner, VerifyOutputs
 from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
+
+if TYPE_CHECKING:
+    from verifypd.engine.cuda_graphs import StepGraphs
 
 _uniform_catch_up = uniform_catch_up  # its name here before it moved (kept importable)
 
@@ -90,11 +94,20 @@ class DraftModelProposer:
 
     # ------------------------------------------------------------------ prompt following
     def follow_iter(
-        self, items: list[tuple[Sequence, int]], every: int = 0
+        self,
+        items: list[tuple[Sequence, int]],
+        every: int = 0,
+        graphs: dict[int, StepGraphs] | None = None,
     ) -> Generator[None, None, int]:
-        """Feeds the drafter the prompt chunks the target is prefilling, in pieces
-        (``PromptFollower.follow_iter``); returns the tokens fed."""
-        return self.follower.follow_iter(items, every)
+        """Feeds the drafter the prompt chunks the target is prefilling (or contexts it fell
+        behind on), in pieces (``PromptFollower.follow_iter``); returns the tokens fed."""
+        return self.follower.follow_iter(items, every, graphs)
+
+    def chunk_graphs(self) -> dict[int, StepGraphs]:
+        """The runner's catch-up chunk graphs (``catch_up_chunk``), by q: a catch-up on the
+        decode stream replays these (the follow stream has its own)."""
+        graphs = self.runner.graphs
+        return {q: graphs[q] for q in self.catch_up_chunk if q in graphs}
 
     def release_held(self, wait: bool = False) -> None:
         """Frees ended requests' blocks that no follow can still write to

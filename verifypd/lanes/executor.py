@@ -9,8 +9,7 @@ thread (``ThreadExecutor``). Both run the policy's ``after_launch`` (chained dra
 drafter following prompt chunks, its catch-up behind a decode step's plain rows) on the
 event-loop thread, which alone touches the scheduler and the KV allocator; behind a launch in
 pieces, the drafter's forward over the prompt chunks is itself enqueued in pieces, after the
-launch has returned, and so is its catch-up behind a decode step on GPU (``busy`` until they
-are).
+launch has returned (``busy`` until it is).
 """
 
 from __future__ import annotations
@@ -149,7 +148,7 @@ class StreamExecutor:
             if lane == "verify" and self.streams.streams:
                 follow_drafts(plan, torch.cuda.current_stream())
             pending = self.core.launch(plan)
-            self.policy.after_launch(plan, pending, self._queue_behind)
+            self.policy.after_launch(plan, pending)
             return pending
 
     async def _launch_in_pieces(self, lane: str, plan: StepPlan) -> PendingStep:
@@ -166,17 +165,16 @@ class StreamExecutor:
         return pending
 
     def _queue_behind(self, pieces: Generator[None, None, None]) -> None:
-        """Queues a drafter's forward behind a step (a prompt step's chunks, a decode step's
-        plain rows) to run on the follow stream once those before it have."""
+        """Queues a drafter's forward behind a prompt step to run on the follow stream once
+        those before it have."""
         self._behind.append(pieces)
         if self._behind_task is None:
             self._behind_task = asyncio.create_task(self._run_behind())
 
     async def _run_behind(self) -> None:
-        """Runs the queued forwards behind prompt (and decode) steps in order on the follow
-        stream, below every lane's priority (one at a time: a prompt's next chunk is followed
-        once its last one has been; the first drafting for a request waits for its forward on
-        the GPU)."""
+        """Runs the queued forwards behind prompt steps in order on the follow stream, below
+        every lane's priority (one at a time: a prompt's next chunk is followed once its last
+        one has been; the first drafting for a request waits for its forward on the GPU)."""
         try:
             while self._behind:
                 await self._in_pieces("follow", self._behind.popleft())
@@ -205,7 +203,7 @@ class StreamExecutor:
 
     @property
     def busy(self) -> bool:
-        """A drafter's forward behind a step is queued or being enqueued."""
+        """A drafter's forward behind a prompt step is queued or being enqueued."""
         return self._behind_task is not None
 
     async def _in_pieces(self, lane: str, pieces: Generator[None, None, T]) -> T:

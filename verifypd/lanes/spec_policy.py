@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
 from verifypd.engine.core import EngineCore
@@ -190,21 +190,15 @@ class SpeculationPolicy(SpecListener):
             self._draft_span = (span.stop(), len(drafted), sum(drafted), contended)
         self.observe_draft_cost()
 
-    def after_launch(
-        self,
-        plan: StepPlan,
-        pending: PendingStep,
-        queue: Callable[[Generator[None, None, None]], None] | None = None,
-    ) -> None:
+    def after_launch(self, plan: StepPlan, pending: PendingStep) -> None:
         """What follows a launched step on its stream: the next round's drafts behind a verify
-        (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``),
-        and behind a decode step's plain rows (``follow_decode``: handed to ``queue`` to run
-        on the follow stream; None: run here, behind the step)."""
+        (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)
+        and behind a decode step's plain rows (``follow_decode``)."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
         behind = self.follow_decode(plan)
         if behind is not None:
-            drain(behind) if queue is None else queue(behind)
+            drain(behind)
 
     def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
         """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
@@ -217,18 +211,18 @@ class SpeculationPolicy(SpecListener):
 
     def follow_decode(self, plan: StepPlan) -> Generator[None, None, None] | None:
         """The drafter's catch-up on the contexts of a launched decode step's plain rows that
-        the policy expects to draft for (``SpecConfig.follow_decode_max_rows``), as a generator
-        pausing after each chunk replay; None: nothing to follow. Claimed now."""
+        the policy expects to draft for (``SpecConfig.follow_decode_max_rows``), as a
+        generator to run right behind the step on its stream; None: nothing to follow."""
         wants = getattr(self.controller, "expects_drafting", None)
         items = self.core.follow_decode_items(plan, wants) if wants is not None else []
-        return self._claimed(items, 0)
+        return self._claimed(items, 0, on_decode=True)
 
     def _claimed(
-        self, items: list[tuple[Sequence, int]], every: int
+        self, items: list[tuple[Sequence, int]], every: int, on_decode: bool = False
     ) -> Generator[None, None, None] | None:
         if not items:
             return None
-        pieces = self.core.follow_iter(items, every)
+        pieces = self.core.follow_iter(items, every, on_decode)
         try:
             next(pieces)  # claims the drafter views now: nobody drafts for them meanwhile
         except StopIteration:
