@@ -75,7 +75,8 @@ def test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind):
     spec = engine.core.spec
     assert engine.fed > 0 and spec.num_verifies > 0  # followed, and speculated
     follower = spec.drafter.follower
-    assert follower.follow_graphs and follower.num_follow_replays > 0  # in chunk graphs
+    assert follower.num_follow_replays > 0  # in chunk graphs: the follow stream's own for
+    assert bool(follower.follow_graphs) == (kind == "prefill")  # prompts, the proposer's else
     acceptance = spec.num_accepted / max(spec.num_drafted, 1)
     assert acceptance > 0.9, f"drafts from a wrong drafter KV: acceptance {acceptance:.3f}"
     diverged = [i for i, (a, b) in enumerate(zip(plain, followed, strict=True)) if a != b]
