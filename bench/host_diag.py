@@ -1,0 +1,148 @@
+"""Where the host's time goes while ``bench/mixed.py`` runs: wraps the engine's and lanes' step
+methods (class level, so every engine of the run) and records each call that holds the host
+for at least ``SLOW_S``, each slow ``ModelRunner.launch`` with what it launched, and every GC
+pause of a millisecond or more. Wrapping costs ~1 µs a call: do not read the run's latencies
+as a clean measurement. Arguments are bench/mixed.py's; the summary goes to stdout and to
+``host-diag-<tag>.json`` beside mixed.py's result (``--out``)::
+
+    python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR
+
+A diagnostic for the ITL tail's "slow launches" (docs/performance.md), not a benchmark.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import mixed  # noqa: E402
+from verifypd.controller import goodput  # noqa: E402
+from verifypd.engine import chained_drafts, core, runner, scheduler, speculative  # noqa: E402
+from verifypd.lanes import deltas, dispatcher, spec_policy  # noqa: E402
+
+SLOW_S = 3e-3
+WRAPPED = [
+    (dispatcher.LaneDispatcher, ("_plan", "_draft", "_fold", "_report", "_mark_contention")),
+    (spec_policy.SpeculationPolicy, ("decide", "propose", "after_launch", "step_landed")),
+    (deltas.Deltas, ("emit", "settle", "landed")),
+    (core.EngineCore, ("apply_step", "record_step")),
+    (speculative.DraftModelProposer, ("propose", "chain", "confirm", "_draft_step")),
+    (chained_drafts.DraftChainer, ("adopt", "chain", "confirm")),
+    (runner.ModelRunner, ("prepare", "logits")),
+    (scheduler.Scheduler, ("plan_decode", "plan_prefill", "begin_step", "plan_ahead")),
+    (goodput.GoodputPolicy, ("decide",)),
+]
+
+
+class HostLog:
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.slow: dict[str, list[float]] = collections.defaultdict(list)
+        self.launches: list[dict[str, Any]] = []
+        self.gc_pauses: list[tuple[int, float]] = []
+        self._gc_start: float | None = None
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def timed(self, key: str, f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - t
+                self.calls[key] += 1
+                if took >= SLOW_S:
+                    self.slow[key].append(round(took * 1e3, 2))
+
+        return wrapper
+
+    def install(self) -> None:
+        """Wraps the methods (``uninstall`` puts them back)."""
+        self._saved = []
+        for cls, names in [*WRAPPED, (runner.ModelRunner, ("launch",))]:
+            for name in names:
+                f = cls.__dict__[name]
+                if inspect.iscoroutinefunction(f):  # awaits yield: not host time of its own
+                    continue
+                self._saved.append((cls, name, f))
+                key = f"{cls.__name__}.{name}"
+                setattr(cls, name, self._launch(f) if name == "launch" else self.timed(key, f))
+        gc.callbacks.append(self._gc)
+
+    def uninstall(self) -> None:
+        for cls, name, f in self._saved:
+            setattr(cls, name, f)
+        self._saved = []
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+
+    def _launch(self, f):
+        @functools.wraps(f)
+        def launch(model_runner, plan):
+            t = time.perf_counter()
+            try:
+                return f(model_runner, plan)
+            finally:
+                took = time.perf_counter() - t
+                if took >= SLOW_S:
+                    self.launches.append({
+                        "ms": round(took * 1e3, 2), "lane": plan.lane, "rows": len(plan.seqs),
+                        "tokens": plan.num_tokens, "carries_prompt": bool(plan.carries_prompt),
+                        "drafts": sum(len(e.draft_token_ids) for e in plan.seqs),
+                        "ahead_rows": sum(e.is_ahead for e in plan.seqs),
+                        # graph replays so far: a count that stays put across slow launches
+                        # places them before serving (the start-up's calibration)
+                        "graph_steps_so_far": model_runner.num_graph_steps,
+                    })  # fmt: skip
+
+        return launch
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            took, self._gc_start = time.perf_counter() - self._gc_start, None
+            if took >= 1e-3:
+                self.gc_pauses.append((info.get("generation", -1), round(took * 1e3, 2)))
+
+    def summary(self) -> dict[str, Any]:
+        slow = {
+            k: {"calls": self.calls[k], "slow": len(v), "max_ms": max(v),
+                "slowest_ms": sorted(v)[-15:]}
+            for k, v in self.slow.items()
+        }  # fmt: skip
+        return {"slow_s": SLOW_S, "slow_calls": slow, "slow_launches": self.launches,
+                "gc_pauses_ms": self.gc_pauses}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    log = HostLog()
+    log.install()
+    try:
+        report = mixed.main(argv)
+    finally:
+        log.uninstall()
+    out = {key: report.get(key) for key in ("device", "git_commit", "date_utc")}
+    out["command"] = " ".join(["python bench/host_diag.py", *argv])
+    out.update(log.summary())
+    args = mixed.parse_args(argv)
+    path = Path(args.out) / f"host-diag-{args.tag or 'run'}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != "slow_launches"}, indent=1))
+    print(f"[host_diag] wrote {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""bench/host_diag.py: a tiny CPU sweep with every call counted as slow (threshold 0) records
+the lanes' and engine's calls and the launches by lane, writes its summary, and leaves the
+wrapped classes as they were."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import load_bench
+from test_bench_sweep import SWEEP_TINY
+
+from verifypd.engine.runner import ModelRunner
+from verifypd.lanes.dispatcher import LaneDispatcher
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> None:
+    diag = load_bench("host_diag")
+    monkeypatch.setattr(diag, "SLOW_S", 0.0)
+    before = (LaneDispatcher.__dict__["_plan"], ModelRunner.__dict__["launch"])
+    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
+    out = diag.main([*args, "--out", str(tmp_path), "--tag", "t"])
+    assert (LaneDispatcher.__dict__["_plan"], ModelRunner.__dict__["launch"]) == before
+    saved = json.loads((tmp_path / "host-diag-t.json").read_text())
+    assert saved["command"].startswith("python bench/host_diag.py") and saved["device"] == "cpu"
+    calls = saved["slow_calls"]
+    for key in ("LaneDispatcher._plan", "SpeculationPolicy.decide", "Scheduler.plan_decode"):
+        assert calls[key]["calls"] == calls[key]["slow"] > 0
+    lanes = {launch["lane"] for launch in saved["slow_launches"]}
+    assert {"prefill", "decode"} <= lanes
+    assert out["slow_calls"] == calls
