@@ -309,7 +309,10 @@ class SpecConfig:
     # (below every lane, whole contexts) the policy all but stopped speculating: 20
     # speculating decisions of 2,700 at 5 req/s (H100, 5329751; rows waiting for feeds queued
     # behind back-to-back decode steps, the likely cause). Only while at most this many
-    # sequences decode and no prompt waits; 0: off.
+    # sequences decode and no prompt waits; 0: off. Off by default: the feed moves into the
+    # plain steps, and the tail with it. With 8 (bench/mixed.py mode policy-fdec, hetero,
+    # a4c9fdc) the policy's ITL p99 at 2 / 5 req/s was 9.26 / 17.75 ms against 7.39 / 15.31
+    # without (H200; `off` 5.50 / 14.06), 13.55 / 23.59 against 12.93 / 19.21 (H100).
     follow_decode_max_rows: int = 0
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
@@ -368,7 +371,9 @@ class SpecConfig:
     # ... and no speculating step may take longer than this many plain steps (None: no cap).
     # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the
     # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
-    # 13/20; p99s of 10-83 requests a run are noisy at that margin).
+    # 13/20; p99s of 10-83 requests a run are noisy at that margin). 1.4 on an H100 (mode
+    # policy-cap14, a4c9fdc; the cap counts a catch-up round's feed since then) was `off`:
+    # 10 drafted tokens at 2-8 req/s.
     max_step_ratio: float | None = None
     # The goodput policy speculates for nobody while prompt work is in flight or queued (a
     # prefill chunk sharing the GPU with the round). Off by default: in four same-run H100
