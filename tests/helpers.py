@@ -159,6 +159,26 @@ async def generate_all(
         await engine.stop()
 
 
+def spy_drafter(engine: Any) -> tuple[list[int], list[int]]:
+    """(tokens each drafter forward behind a step fed, the most tokens a view fed in each
+    proposal's first draft step), recorded as the ``AsyncEngine`` runs."""
+    drafter = engine.core.spec.drafter
+    fed: list[int] = []
+    catch_ups: list[int] = []
+    follow, propose = drafter.follow_iter, drafter.propose
+
+    def follow_spy(items: Any, *args: Any) -> Any:
+        fed.append((yield from follow(items, *args)))
+        return fed[-1]
+
+    def propose_spy(*args: Any) -> None:
+        propose(*args)
+        catch_ups.append(drafter.last_catch_up)
+
+    drafter.follow_iter, drafter.propose = follow_spy, propose_spy
+    return fed, catch_ups
+
+
 def assert_engine_clean(engine: Any) -> None:
     """No request left in an ``AsyncEngine`` and every KV block back (the drafter's too)."""
     engine.check_integrity()

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 import torch
-from helpers import generate_all, pin_costs, tiny_config, tiny_draft_spec
+from helpers import generate_all, pin_costs, spy_drafter, tiny_config, tiny_draft_spec
 
 from verifypd.config import SpecConfig
 from verifypd.controller import AcceptanceEstimate
@@ -32,25 +32,6 @@ def _engine(rows: int, useless_drafter: bool = False) -> AsyncEngine:
     return engine
 
 
-def _spy(engine: AsyncEngine) -> tuple[list[int], list[int]]:
-    """(tokens each drafter forward behind a step fed, tokens each proposal's first draft step
-    fed per view at most), recorded as the engine runs."""
-    drafter = engine.core.spec.drafter
-    fed, catch_ups = [], []
-    follow, propose = drafter.follow_iter, drafter.propose
-
-    def follow_spy(items, *args):
-        fed.append((yield from follow(items, *args)))
-        return fed[-1]
-
-    def propose_spy(*args):
-        propose(*args)
-        catch_ups.append(drafter.last_catch_up)
-
-    drafter.follow_iter, drafter.propose = follow_spy, propose_spy
-    return fed, catch_ups
-
-
 @pytest.fixture(scope="module")
 def reference() -> list[list[int]]:
     return asyncio.run(generate_all(AsyncEngine(tiny_config()), PROMPTS, GREEDY))
@@ -60,14 +41,14 @@ async def test_the_drafter_catches_up_behind_plain_steps_and_rounds_start_steady
     """A row's second token is plain (``second_token_plain``): behind that step the drafter
     is fed its prompt, so no proposal feeds a whole context; without the follow they do."""
     engine = _engine(rows=8)
-    fed, catch_ups = _spy(engine)
+    fed, catch_ups = spy_drafter(engine)
     assert await generate_all(engine, PROMPTS, GREEDY) == reference
     assert sum(fed) >= sum(len(p) for p in PROMPTS)  # every prompt, behind a plain step
     assert catch_ups and max(catch_ups) <= 2
     assert engine.core.spec.num_drafted > 0
 
     engine = _engine(rows=0)
-    fed, catch_ups = _spy(engine)
+    fed, catch_ups = spy_drafter(engine)
     assert await generate_all(engine, PROMPTS, GREEDY) == reference
     assert not fed and max(catch_ups) >= min(len(p) for p in PROMPTS)
 
@@ -75,7 +56,7 @@ async def test_the_drafter_catches_up_behind_plain_steps_and_rounds_start_steady
 async def test_a_parked_policy_has_the_drafter_follow_nobody(reference):
     engine = _engine(rows=8, useless_drafter=True)
     engine.core.controller.population = AcceptanceEstimate(0.02, 0.0)  # many rejected verifies
-    fed, _ = _spy(engine)
+    fed, _ = spy_drafter(engine)
     assert await generate_all(engine, PROMPTS, GREEDY) == reference  # lossless anyway
     assert not fed
 

@@ -9,7 +9,14 @@ import asyncio
 
 import pytest
 import torch
-from helpers import MemoryBound, generate_all, pin_costs, tiny_config, tiny_draft_spec
+from helpers import (
+    MemoryBound,
+    generate_all,
+    pin_costs,
+    spy_drafter,
+    tiny_config,
+    tiny_draft_spec,
+)
 
 from verifypd.config import SchedulerConfig
 from verifypd.controller import AcceptanceEstimate, GoodputPolicy
@@ -91,19 +98,7 @@ async def test_separate_verify_lane_when_mixed_steps_are_dear_is_lossless(refere
 
 async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(reference):
     engine = _engine(follow=True)
-    drafter = engine.core.spec.drafter
-    fed, catch_ups = [], []
-    follow, propose = drafter.follow_iter, drafter.propose
-
-    def follow_spy(items, *args):
-        fed.append((yield from follow(items, *args)))
-        return fed[-1]
-
-    def propose_spy(*args):
-        propose(*args)
-        catch_ups.append(drafter.last_catch_up)
-
-    drafter.follow_iter, drafter.propose = follow_spy, propose_spy
+    fed, catch_ups = spy_drafter(engine)
     assert await _run(engine) == reference
     assert sum(fed) == sum(len(p) for p in PROMPTS)  # every prompt token, once
     assert catch_ups and max(catch_ups) <= 2  # no proposal fed a whole context
@@ -111,16 +106,8 @@ async def test_the_drafter_follows_prefill_and_drafts_from_a_steady_start(refere
 
 async def test_a_useless_drafter_parks_the_policy_and_stops_following_prefill(reference):
     engine = _engine(useless_drafter=True, follow=True)
-    policy, drafter = engine.core.controller, engine.core.spec.drafter
-    policy.population = AcceptanceEstimate(0.02, 0.0)  # as after many rejected verifies
-    fed = []
-    follow = drafter.follow_iter
-
-    def follow_spy(items, *args):
-        fed.append((yield from follow(items, *args)))
-        return fed[-1]
-
-    drafter.follow_iter = follow_spy
+    engine.core.controller.population = AcceptanceEstimate(0.02, 0.0)  # many rejected verifies
+    fed, _ = spy_drafter(engine)
     assert await _run(engine) == reference  # lossless whatever the drafter proposes
     assert not fed  # parked: the drafter never followed a prefill
     assert engine.core.spec.num_drafted <= 3 * len(PROMPTS)  # probes at most
