@@ -273,13 +273,14 @@ class EngineCore:
     def follow_decode_items(
         self, plan: StepPlan, wants: Callable[[int], bool]
     ) -> list[tuple[Sequence, int]]:
-        """(sequence, its tokens but the last) for each plain row of the launched step ``plan``
-        whose drafter catches up behind it (``draft_follow.decode_follow_items``;
-        ``SpecConfig.follow_decode_max_rows``: only at light load); read at launch."""
-        most = self.config.spec.follow_decode_max_rows
+        """(sequence, where its drafter's catch-up ends) for each plain row of the launched step
+        ``plan`` whose drafter catches up behind it, one chunk at most
+        (``draft_follow.decode_follow_items``; ``SpecConfig.follow_decode_max_rows``: only at
+        light load); read at launch."""
+        spec = self.config.spec
+        most = spec.follow_decode_max_rows
         if self.spec.drafter is None or not most or plan.lane == "prefill" or self._loaded(most):
             return []
-        spec = self.config.spec
         reach = max((2, *spec.catch_up_graphs)) if self.use_cuda_graphs else 2
         budget = max(spec.chunk_sizes, default=256)
         return decode_follow_items(self.spec.drafter, plan, wants, reach, budget)
