@@ -20,7 +20,7 @@ from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
-from verifypd.engine.draft_follow import decode_follow_items
+from verifypd.engine.draft_follow import decode_follow_items, prompt_follow_items
 from verifypd.engine.logprobs import check_num_logprobs, fold_logprobs
 from verifypd.engine.model import drain
 from verifypd.engine.outputs import OutputProcessor, SeqOutputState
@@ -258,41 +258,19 @@ class EngineCore:
         ``plan`` the drafter follows (``SpecConfig.follow_prefill``, only at light load with
         ``follow_prefill_max_rows``); read at launch."""
         spec = self.config.spec
-        if (
-            self.spec.drafter is None
-            or not spec.follow_prefill
-            or self._loaded(spec.follow_prefill_max_rows)
-        ):
+        if self.spec.drafter is None or not spec.follow_prefill:
             return []
-        return [
-            (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
-            for e in plan.seqs
-            if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
-        ]
+        return prompt_follow_items(self.scheduler, plan, expects, spec.follow_prefill_max_rows)
 
     def follow_decode_items(
         self, plan: StepPlan, wants: Callable[[int], bool]
     ) -> list[tuple[Sequence, int]]:
-        """(sequence, where its drafter's catch-up ends) for each plain row of the launched step
-        ``plan`` whose drafter catches up behind it, one chunk at most
-        (``draft_follow.decode_follow_items``; ``SpecConfig.follow_decode_max_rows``: only at
-        light load); read at launch."""
-        spec = self.config.spec
-        most = spec.follow_decode_max_rows
-        if self.spec.drafter is None or not most or plan.lane == "prefill" or self._loaded(most):
+        """(sequence, where its drafter's catch-up ends) for the plain rows of the launched step
+        ``plan`` the drafter catches up behind (``draft_follow.decode_follow_items``)."""
+        if self.spec.drafter is None or plan.lane == "prefill":
             return []
-        reach = max((2, *spec.catch_up_graphs)) if self.use_cuda_graphs else 2
-        budget = max(spec.chunk_sizes, default=256)
-        return decode_follow_items(self.spec.drafter, plan, wants, reach, budget)
-
-    def _loaded(self, most: int | None) -> bool:
-        """Beyond ``most`` (read once the step is in flight): another prompt waits, or more
-        sequences decode (None: never)."""
-        sched = self.scheduler
-        if most is None:
-            return False
-        decoding = (SeqStatus.DECODING, SeqStatus.VERIFYING)
-        return sched.prompts_waiting() or sum(s.status in decoding for s in sched.running) > most
+        return decode_follow_items(self.spec.drafter, self.scheduler, plan, wants,
+                                   self.config.spec, self.use_cuda_graphs)  # fmt: skip
 
     def follow_iter(
         self, items: list[tuple[Sequence, int]], every: int = 0, on_decode: bool = False

@@ -14,10 +14,12 @@ import torch
 
 from verifypd.engine.draft_catch_up import replay
 from verifypd.engine.draft_view import DraftView
-from verifypd.types import ScheduledSeq, Sequence, StepPlan
+from verifypd.types import ScheduledSeq, SeqStatus, Sequence, StepPlan
 
 if TYPE_CHECKING:
+    from verifypd.config import SpecConfig
     from verifypd.engine.cuda_graphs import StepGraphs
+    from verifypd.engine.scheduler import Scheduler
     from verifypd.engine.speculative import DraftModelProposer
 
 Claim = tuple[Sequence, DraftView, int]  # (sequence, its view, the prompt length fed up to)
@@ -40,20 +42,51 @@ def wait_for_follow(views: list[DraftView]) -> None:
             v.ready = None
 
 
+def beyond_light_load(scheduler: Scheduler, most: int | None) -> bool:
+    """Another prompt waits (queued or part-prefilled, read once the step is in flight), or
+    more than ``most`` sequences decode (None: never beyond)."""
+    if most is None:
+        return False
+    decoding = (SeqStatus.DECODING, SeqStatus.VERIFYING)
+    running = scheduler.running
+    return scheduler.prompts_waiting() or sum(s.status in decoding for s in running) > most
+
+
+def prompt_follow_items(
+    scheduler: Scheduler, plan: StepPlan, expects: Callable[[int], bool], most: int | None
+) -> list[tuple[Sequence, int]]:
+    """(sequence, its prompt tokens once ``plan`` has run) for each prompt chunk of ``plan``
+    whose request ``expects`` names (by seq_id), unless ``beyond_light_load``."""
+    if beyond_light_load(scheduler, most):
+        return []
+    return [
+        (e.seq, e.seq.num_computed_tokens + e.num_new_tokens)
+        for e in plan.seqs
+        if e.seq.status is SeqStatus.PREFILLING and expects(e.seq.seq_id)
+    ]
+
+
 def decode_follow_items(
     drafter: DraftModelProposer,
+    scheduler: Scheduler,
     plan: StepPlan,
     wants: Callable[[int], bool],
-    reach: int,
-    budget: int,
+    spec: SpecConfig,
+    graphs: bool,
 ) -> list[tuple[Sequence, int]]:
     """(sequence, where its drafter's catch-up ends) for each plain row of the launched decode
-    step ``plan`` whose drafter is more than ``reach`` tokens behind (the drafter's catch-up
-    graphs reach: nearer, its first draft step replays one) and that ``wants`` names (by
-    seq_id): the drafter catches up behind the step (``SpecConfig.follow_decode_max_rows``) on
-    at most ``budget`` more tokens of its context, up to all but its last token.
-    Rows drafting in the step, and views with drafts not yet verified, chained ones, or a
-    forward already queued, are left out: their KV progress is the proposer's."""
+    step ``plan`` whose drafter is beyond the catch-up graphs' reach (``graphs``: captured;
+    nearer, its first draft step replays one) and that ``wants`` names (by seq_id): the drafter
+    catches up behind the step on at most one chunk (the largest ``catch_up_chunk``) more of
+    its context, up to all but its last token; only at light load
+    (``SpecConfig.follow_decode_max_rows``, 0: never). Rows drafting in the step, and views
+    with drafts not yet verified, chained ones, or a forward already queued, are left out:
+    their KV progress is the proposer's."""
+    most = spec.follow_decode_max_rows
+    if not most or beyond_light_load(scheduler, most):
+        return []
+    reach = max((2, *spec.catch_up_graphs)) if graphs else 2
+    budget = max(spec.chunk_sizes, default=256)
     chained = drafter.chained
     out = []
     for e in plan.seqs:
