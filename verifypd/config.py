@@ -538,9 +538,16 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                              (ENV_WARM_PROMPT_GEMMS, "warm_prompt_gemms")):  # fmt: skip
         if name in environ:
             out[field_name] = environ[name] != "0"
-    for name, field_name in ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
-                             (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
-                             (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout")):  # fmt: skip
+    out.update(_env_ints(environ, ((ENV_PREFILL_SLICE_LAYERS, "prefill_slice_layers"),
+                                   (ENV_PROMPT_TOKEN_BUCKET, "prompt_token_bucket"),
+                                   (ENV_PREFILL_SM_CARVEOUT, "prefill_sm_carveout"))))  # fmt: skip
+    return out
+
+
+def _env_ints(environ: Mapping[str, str], fields: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    """The (variable, field) pairs set in ``environ``, each an int >= 0 (else ValueError)."""
+    out = {}
+    for name, field_name in fields:
         if name in environ:
             text = environ[name].strip()
             if not text.isdigit():
@@ -557,13 +564,9 @@ def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
-    for name, field_name in ((ENV_FOLLOW_PREFILL_MAX_ROWS, "follow_prefill_max_rows"),
-                             (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows")):  # fmt: skip
-        if name in environ:
-            text = environ[name].strip()
-            if not text.isdigit():
-                raise ValueError(f"{name} must be an int >= 0, got {text!r}")
-            out[field_name] = int(text)
+    rows = ((ENV_FOLLOW_PREFILL_MAX_ROWS, "follow_prefill_max_rows"),
+            (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows"))  # fmt: skip
+    out.update(_env_ints(environ, rows))
     if ENV_TAIL_TOLERANCE in environ:
         text = environ[ENV_TAIL_TOLERANCE].strip()
         try:

@@ -161,15 +161,10 @@ class StreamExecutor:
             self.policy.chain_after(plan, pending)
         behind = self.policy.follow_behind(plan, self.slice_layers)
         if behind is not None:
-            self._queue_behind(behind)
+            self._behind.append(behind)
+            if self._behind_task is None:
+                self._behind_task = asyncio.create_task(self._run_behind())
         return pending
-
-    def _queue_behind(self, pieces: Generator[None, None, None]) -> None:
-        """Queues a drafter's forward behind a prompt step to run on the follow stream once
-        those before it have."""
-        self._behind.append(pieces)
-        if self._behind_task is None:
-            self._behind_task = asyncio.create_task(self._run_behind())
 
     async def _run_behind(self) -> None:
         """Runs the queued forwards behind prompt steps in order on the follow stream, below

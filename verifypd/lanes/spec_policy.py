@@ -196,9 +196,7 @@ class SpeculationPolicy(SpecListener):
         and behind a decode step's plain rows (``follow_decode``)."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
-        behind = self.follow_decode(plan)
-        if behind is not None:
-            drain(behind)
+        self.follow_decode(plan)
 
     def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
         """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
@@ -207,27 +205,23 @@ class SpeculationPolicy(SpecListener):
         follow. Who is followed is read, and their drafter views claimed, now."""
         expects = getattr(self.controller, "expects_speculation", None)
         items = self.core.follow_items(plan, expects) if expects is not None else []
-        return self._claimed(items, every)
-
-    def follow_decode(self, plan: StepPlan) -> Generator[None, None, None] | None:
-        """The drafter's catch-up on the contexts of a launched decode step's plain rows that
-        the policy expects to draft for (``SpecConfig.follow_decode_max_rows``), as a
-        generator to run right behind the step on its stream; None: nothing to follow."""
-        wants = getattr(self.controller, "expects_drafting", None)
-        items = self.core.follow_decode_items(plan, wants) if wants is not None else []
-        return self._claimed(items, 0, on_decode=True)
-
-    def _claimed(
-        self, items: list[tuple[Sequence, int]], every: int, on_decode: bool = False
-    ) -> Generator[None, None, None] | None:
         if not items:
             return None
-        pieces = self.core.follow_iter(items, every, on_decode)
+        pieces = self.core.follow_iter(items, every)
         try:
             next(pieces)  # claims the drafter views now: nobody drafts for them meanwhile
         except StopIteration:
             return None
         return pieces
+
+    def follow_decode(self, plan: StepPlan) -> None:
+        """The drafter's catch-up, right behind a launched decode step on its stream, on the
+        contexts of its plain rows that the policy expects to draft for
+        (``SpecConfig.follow_decode_max_rows``)."""
+        wants = getattr(self.controller, "expects_drafting", None)
+        if wants is not None:
+            items = self.core.follow_decode_items(plan, wants)
+            drain(self.core.follow_iter(items, on_decode=True))
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
