@@ -51,8 +51,8 @@ from verifypd.types import SamplingParams  # noqa: E402
 SCRIPT = "spec_off_cost"
 SERVERS = {"A": "no-drafter", "B": "drafter"}
 TARGETS = {"throughput": 0.03, "ttft_p99": 0.05, "itl_p99": 0.05}  # allowed relative loss
-METRIC_KEYS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-               "chunk_gap_p99_ms")  # fmt: skip
+METRIC_KEYS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "ttft_first_wave_p99_ms",
+               "ttft_later_p99_ms", "itl_p50_ms", "itl_p99_ms", "chunk_gap_p99_ms")  # fmt: skip
 # Cumulative series of /metrics that say what speculation did (deltas over the measured run).
 SPEC_SERIES = re.compile(
     r"^verifypd_\w*(spec|controller|policy|decision)\w*_(total|count|sum|bucket)$"
@@ -186,7 +186,7 @@ async def drive(args, base: str, proc, t0: float, measured, warm) -> dict[str, A
         after = await scrape(base)
     return {
         "startup_s": startup_s,
-        **run_stats(traces, t_start),
+        **run_stats(traces, t_start, args.concurrency),
         "spec": spec_deltas(before, after),
     }
 
@@ -205,18 +205,58 @@ async def scrape(base: str) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- statistics
-def run_stats(traces: list[Trace], t_start: float) -> dict[str, Any]:
+def run_stats(traces: list[Trace], t_start: float, concurrency: int) -> dict[str, Any]:
     load, lat = load_stats(traces, t_start), latency_stats(traces)
+    waves = ttft_by_wave(traces, concurrency)
     return {
         "output_tok_s": load["output_tok_s"],
         "ttft_p50_ms": lat["ttft_ms"]["p50"], "ttft_p99_ms": lat["ttft_ms"]["p99"],
+        "ttft_first_wave_p99_ms": waves["first_wave"]["p99"],
+        "ttft_later_p99_ms": waves["later"]["p99"],
         "itl_p50_ms": lat["itl_ms"]["p50"], "itl_p99_ms": lat["itl_ms"]["p99"],
         "chunk_gap_p99_ms": lat["delta_gap_ms"]["p99"],
         "num_requests": load["num_requests"], "num_finished": load["num_finished"],
         "num_errors": load["num_errors"], "output_tokens": load["output_tokens"],
         "requested_output_tokens": load["requested_output_tokens"], "span_s": load["span_s"],
         "latency": lat,
+        "ttft_by_wave": waves,
+        "per_request": per_request(traces, t_start),
     }  # fmt: skip
+
+
+def per_request(traces: list[Trace], t_start: float) -> list[list[float | int | None]]:
+    """[sent s after the run's start, prompt tokens, TTFT ms] per request, in send order (where
+    in the run a TTFT tail falls)."""
+    rows = [
+        [round(t.arrival - t_start, 4), t.prompt_len, _ms(t.ttft_s)]
+        for t in traces
+        if t.deltas
+    ]
+    return sorted(rows, key=lambda r: r[0])
+
+
+def ttft_by_wave(traces: list[Trace], concurrency: int) -> dict[str, Any]:
+    """TTFT of the first wave (the ``concurrency`` requests sent together at the start) against
+    the rest (sent as others finished): whether a p99 is the opening burst's."""
+    sent = sorted((t for t in traces if t.deltas), key=lambda t: t.arrival)
+    out = {}
+    for name, part in (("first_wave", sent[:concurrency]), ("later", sent[concurrency:])):
+        ttft = [t.ttft_s * 1e3 for t in part]
+        out[name] = {
+            "n": len(ttft),
+            "p50": float(np.percentile(ttft, 50)) if ttft else None,
+            "p99": float(np.percentile(ttft, 99)) if ttft else None,
+            "max": max(ttft, default=None),
+        }
+    ranked = sorted(sent, key=lambda t: t.ttft_s, reverse=True)
+    top = ranked[: max(1, len(sent) // 100)]  # the requests at or above the p99
+    out["p99_requests_in_first_wave"] = sum(sent.index(t) < concurrency for t in top)
+    out["p99_requests"] = len(top)
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 3)
 
 
 def spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
@@ -259,10 +299,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     servers = {}
     for name in SERVERS.values():
         mine = [r for r in runs if r["server"] == name]
-        servers[name] = {k: _mean([r[k] for r in mine]) for k in METRIC_KEYS}
+        servers[name] = {k: _mean([r.get(k) for r in mine]) for k in METRIC_KEYS}
         servers[name]["runs"] = [r["index"] for r in mine]
         servers[name].update(_totals(mine))
-        servers[name]["spread"] = {k: _spread([r[k] for r in mine]) for k in METRIC_KEYS}
+        servers[name]["spread"] = {k: _spread([r.get(k) for r in mine]) for k in METRIC_KEYS}
     a, b = servers["no-drafter"], servers["drafter"]
     ratios = {k: _ratio(b[k], a[k]) for k in METRIC_KEYS}
     checks = {

@@ -29,6 +29,8 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
         assert run["output_tokens"] == run["requested_output_tokens"] == 16
         assert run["output_tok_s"] > 0 and run["ttft_p99_ms"] > 0 and run["itl_p99_ms"] > 0
         assert any("sizing the KV" in line for line in run["server_log"])
+        assert len(run["per_request"]) == 4 and all(r[2] > 0 for r in run["per_request"])
+        assert run["ttft_by_wave"]["first_wave"]["n"] == 2 and run["ttft_by_wave"]["later"]["n"] == 2
     off, on = report["runs"]
     assert off["spec"]["drafted_tokens"] == 0 and on["spec"]["draft_len_decisions"] > 0
     assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())
@@ -71,6 +73,23 @@ def test_abba_averages_each_server_and_reports_its_spread() -> None:
     assert s["servers"]["no-drafter"]["spread"]["output_tok_s"] == pytest.approx(200 / 2100)
     assert s["ratios"]["ttft_p99_ms"] == pytest.approx(1.1)
     assert s["verdicts"]["ttft_p99"] == "MISS" and s["verdicts"]["throughput"] == "MISS"
+
+
+def test_ttft_by_wave_finds_the_opening_bursts_tail() -> None:
+    Trace = bench.Trace
+    traces = []
+    for i, (sent, ttft) in enumerate([(0.0, 0.30), (0.0, 0.02), (0.5, 0.05), (0.6, 0.04)]):
+        t = Trace(f"r{i}", "closed", 10 + i, 4, sent)
+        t.deltas = [(sent + ttft, 1)]
+        traces.append(t)
+    waves = bench.ttft_by_wave(traces, concurrency=2)
+    assert waves["first_wave"]["n"] == 2 and waves["first_wave"]["max"] == pytest.approx(300)
+    assert waves["later"]["max"] == pytest.approx(50)
+    assert waves["p99_requests"] == 1 and waves["p99_requests_in_first_wave"] == 1
+    traces[2].deltas = [(0.5 + 0.9, 1)]  # now a later request holds the tail
+    assert bench.ttft_by_wave(traces, concurrency=2)["p99_requests_in_first_wave"] == 0
+    rows = bench.per_request(traces, t_start=0.0)
+    assert [r[0] for r in rows] == [0.0, 0.0, 0.5, 0.6] and rows[2] == [0.5, 12, 900.0]
 
 
 def test_spec_deltas_from_metrics_series() -> None:
