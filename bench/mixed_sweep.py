@@ -23,7 +23,13 @@ from loadgen import run_load
 from process_counters import ProcessCounters
 from result_files import SidecarRun
 from sweep import SweepPlan, burn_in, run_trace, summary_row
-from sweep_criteria import criteria, criteria_lines, policy_variants
+from sweep_criteria import (
+    criteria,
+    criteria_lines,
+    goodput_gain_by_tpot_slo,
+    goodput_ladder_lines,
+    policy_variants,
+)
 from sweep_report import columnar, plot_all, table
 from ttft_anatomy import StepLog, anatomy
 
@@ -147,6 +153,11 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
     rows = report["sweep"]
     report["criteria"] = criteria(rows)
     text = table(rows) + "\n\n" + "\n".join(criteria_lines(report["criteria"]))
+    ladder = goodput_gain_by_tpot_slo(rows)
+    report["goodput_gain_by_tpot_slo"] = ladder
+    if ladder:
+        text += "\nhetero goodput gain by TPOT target (TTFT target kept):\n"
+        text += "\n".join(goodput_ladder_lines(ladder))
     variants = policy_variants(rows)
     if variants:
         report["criteria_variants"] = {v: criteria(rows, v) for v in variants}

@@ -228,9 +228,7 @@ def per_request(traces: list[Trace], t_start: float) -> list[list[float | int | 
     """[sent s after the run's start, prompt tokens, TTFT ms] per request, in send order (where
     in the run a TTFT tail falls)."""
     rows = [
-        [round(t.arrival - t_start, 4), t.prompt_len, _ms(t.ttft_s)]
-        for t in traces
-        if t.deltas
+        [round(t.arrival - t_start, 4), t.prompt_len, _ms(t.ttft_s)] for t in traces if t.deltas
     ]
     return sorted(rows, key=lambda r: r[0])
 

@@ -205,12 +205,21 @@ async def run_trace(
 
 
 # ----------------------------------------------------------------------------- one row
-def goodput(traces: list, span_s: float | None, plan: SweepPlan) -> tuple[float | None, int]:
+# TPOT targets (ms) the goodput is also given at, with the plan's TTFT target: where between a
+# lax SLO (every mode meets it below saturation) and one tighter than a plain step speculation
+# starts to decide which requests meet it.
+TPOT_SLO_LADDER_MS = (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0)
+
+
+def goodput(
+    traces: list, span_s: float | None, plan: SweepPlan, tpot_ms: float | None = None
+) -> tuple[float | None, int]:
     """DistServe's goodput: finished requests/s meeting TTFT <= X and TPOT <= Y (a one-token
-    output has no TPOT and meets that half)."""
+    output has no TPOT and meets that half); Y is the plan's unless ``tpot_ms`` is given."""
+    y = plan.slo_tpot_ms if tpot_ms is None else tpot_ms
     met = [t for t in traces if t.finish_reason in ("length", "stop") and t.ttft_s is not None
            and t.ttft_s * 1e3 <= plan.slo_ttft_ms
-           and (t.tpot_s is None or t.tpot_s * 1e3 <= plan.slo_tpot_ms)]  # fmt: skip
+           and (t.tpot_s is None or t.tpot_s * 1e3 <= y)]  # fmt: skip
     return (len(met) / span_s if span_s else None), len(met)
 
 
@@ -231,6 +240,9 @@ def summary_row(
     row |= {
         "goodput_rps": good,
         "slo_attainment": num_met / n if n else None,
+        "goodput_by_tpot_slo": {
+            f"{y:g}": goodput(traces, load["span_s"], plan, y)[0] for y in TPOT_SLO_LADDER_MS
+        },
         "output_tok_s": load["output_tok_s"],
         "num_requests": n,
         "num_finished": load["num_finished"],

@@ -88,6 +88,47 @@ def hetero_goodput_gain(rows: list[dict[str, Any]], policy: str = "policy", gain
     return _verdict(checks, f"needs the hetero profile with {policy!r} and another mode")
 
 
+def goodput_gain_by_tpot_slo(
+    rows: list[dict[str, Any]], policy: str = "policy", gain: float = 0.15
+) -> list[dict[str, Any]]:
+    """``hetero_goodput_gain`` at each TPOT target of the rows' ``goodput_by_tpot_slo`` (the
+    plan's TTFT target kept): per (temperature, TPOT target) the rate where the policy's goodput
+    is furthest ahead of (or least behind) every other mode's. Not a verdict: the stated SLO's
+    is ``hetero_goodput_gain``; this says at which targets speculation decides goodput. Against
+    the modes that are not a policy variant (``_judged``)."""
+    out: dict[tuple[float, str], dict[str, Any]] = {}
+    for (profile, temp, rate), modes in sorted(_groups(_judged(rows, policy)).items()):
+        if profile != "hetero" or policy not in modes or len(modes) < 2:
+            continue
+        for slo, mine in (modes[policy].get("goodput_by_tpot_slo") or {}).items():
+            others = {m: (r.get("goodput_by_tpot_slo") or {}).get(slo) for m, r in modes.items()}
+            others = {m: v for m, v in others.items() if m != policy and v is not None}
+            if mine is None or not others:
+                continue
+            best_mode = max(others, key=others.get)
+            best = others[best_mode]
+            g = mine / best - 1 if best else (float("inf") if mine else 0.0)
+            cur = out.get((temp, slo))
+            if cur is None or g > cur["gain"]:
+                out[(temp, slo)] = {"temperature": temp, "tpot_slo_ms": float(slo), "rate": rate,
+                                    "policy": mine, "best_other": best, "best_mode": best_mode,
+                                    "gain": g, "ok": g >= gain}  # fmt: skip
+    return sorted(out.values(), key=lambda c: (c["temperature"], c["tpot_slo_ms"]))
+
+
+def goodput_ladder_lines(checks: list[dict[str, Any]]) -> list[str]:
+    """One line per (temperature, TPOT target): the policy's best goodput gain and where."""
+    lines = []
+    for c in checks:
+        mark = "+15%" if c["ok"] else "    "
+        lines.append(
+            f"  {mark} T={c['temperature']:g} TPOT <= {c['tpot_slo_ms']:g} ms: "
+            f"{c['gain']:+.0%} at {c['rate']:g} req/s (policy {_fmt(c['policy'])}, "
+            f"best other {c['best_mode']} {_fmt(c['best_other'])} req/s)"
+        )
+    return lines
+
+
 def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: float = 1.5):
     """At the lightest rate, policy's TPOT p50 at least ``factor`` x faster than ``off``; the
     verdict is on ``hetero`` (the issue's target), other profiles are listed (``judged``)."""

@@ -30,7 +30,8 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
         assert run["output_tok_s"] > 0 and run["ttft_p99_ms"] > 0 and run["itl_p99_ms"] > 0
         assert any("sizing the KV" in line for line in run["server_log"])
         assert len(run["per_request"]) == 4 and all(r[2] > 0 for r in run["per_request"])
-        assert run["ttft_by_wave"]["first_wave"]["n"] == 2 and run["ttft_by_wave"]["later"]["n"] == 2
+        waves = run["ttft_by_wave"]
+        assert waves["first_wave"]["n"] == 2 and waves["later"]["n"] == 2
     off, on = report["runs"]
     assert off["spec"]["drafted_tokens"] == 0 and on["spec"]["draft_len_decisions"] > 0
     assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())

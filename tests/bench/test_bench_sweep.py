@@ -74,6 +74,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert len(rows) == len(keys) == 2 * 2 * 3
     for r in rows:
         assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        ladder = r["goodput_by_tpot_slo"]  # non-decreasing as the TPOT target loosens
+        assert list(ladder) == [f"{y:g}" for y in load_bench("sweep").TPOT_SLO_LADDER_MS]
+        assert list(ladder.values()) == sorted(ladder.values())
+        assert ladder["15"] == r["goodput_rps"]  # the plan's TPOT target is on the ladder
         assert r["num_finished"] == r["num_requests"] > 0 and r["ttft_p99_ms"] > 0
         slow = r["slowest"]  # the p99's company, slowest first, with the profile's alpha
         assert set(slow) == {"ttft", "tpot"} and 1 <= len(slow["ttft"]) <= 4
@@ -118,6 +122,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     want = [plan.alphas(rate, p, 4) for rate in (20.0, 40.0) for p in ("uniform-0.8", "hetero")]
     assert alphas == [a for w in want for a in w] and want[0] == [0.8] * 4
     assert len(set(want[1] + want[3])) > 1  # hetero: mixed alphas (the check above can fail)
+    assert {c["tpot_slo_ms"] for c in data["goodput_gain_by_tpot_slo"]} <= {3.0, 4.0, 5.0, 6.0,
+                                                                         8.0, 10.0, 15.0, 20.0,
+                                                                         30.0}  # fmt: skip
+    assert len(data["goodput_gain_by_tpot_slo"]) == 9  # hetero, T = 0: one per target
     crit = data["criteria"]
     assert set(crit) == {"policy_within_5pct_of_best", "hetero_goodput_gain_15pct",
                          "light_load_tpot_p50_1p5x_off"}  # fmt: skip
@@ -159,6 +167,33 @@ def _plan(sweep, **kw):
                 temperatures=(0.0,), num_requests=3000, run_seconds=0.0, drain_timeout=1.0,
                 slo_ttft_ms=100.0, slo_tpot_ms=10.0)  # fmt: skip
     return sweep.SweepPlan(**{**base, **kw})
+
+
+def test_goodput_at_each_tpot_target_of_the_ladder() -> None:
+    sweep = load_bench("sweep")
+    plan = SimpleNamespace(slo_ttft_ms=300.0, slo_tpot_ms=15.0)
+
+    def trace(ttft_s: float, tpot_s: float):
+        return SimpleNamespace(finish_reason="length", ttft_s=ttft_s, tpot_s=tpot_s)
+
+    traces = [trace(0.1, 0.0035), trace(0.1, 0.0045), trace(0.1, 0.012), trace(0.5, 0.003)]
+    assert sweep.goodput(traces, 2.0, plan) == (1.5, 3)  # the stated SLO: TTFT 300, TPOT 15
+    assert sweep.goodput(traces, 2.0, plan, 4.0) == (0.5, 1)
+    assert sweep.goodput(traces, 2.0, plan, 3.0) == (0.0, 0)  # the 3 ms one is past 300 ms
+    crit = load_bench("sweep_criteria")
+    ladder = lambda mode, rate, **g: {**_row(mode, rate), "goodput_by_tpot_slo": g}  # noqa: E731
+    rows = [ladder("off", 2, **{"4": 1.0, "15": 2.0}), ladder("policy", 2, **{"4": 1.6, "15": 2.0}),
+            ladder("three-fixed", 2, **{"4": 1.2, "15": 1.9}),
+            ladder("off", 8, **{"4": 2.0, "15": 8.0}), ladder("policy", 8, **{"4": 2.1, "15": 7.0}),
+            ladder("policy-x", 8, **{"4": 9.0, "15": 9.0})]  # fmt: skip
+    got = {c["tpot_slo_ms"]: c for c in crit.goodput_gain_by_tpot_slo(rows)}
+    assert set(got) == {4.0, 15.0}
+    assert got[4.0]["rate"] == 2 and got[4.0]["best_mode"] == "three-fixed"  # not policy-x
+    assert got[4.0]["gain"] == pytest.approx(1.6 / 1.2 - 1) and got[4.0]["ok"]
+    assert got[15.0]["gain"] == pytest.approx(0.0) and not got[15.0]["ok"]  # its best rate, 2
+    lines = crit.goodput_ladder_lines(list(got.values()))
+    assert lines[0].startswith("  +15% T=0 TPOT <= 4 ms: +33% at 2 req/s")
+    assert crit.goodput_gain_by_tpot_slo([_row("off", 2), _row("policy", 2)]) == []
 
 
 def test_plan_traces_and_profiles() -> None:
