@@ -236,6 +236,10 @@ MODES = {
     # with no per-request cap, runs a prompt that arrives alone): the default since a41665c.
     "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
     "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
+    # A backlog lifts the pack limit: while the oldest queued prompt has waited 50 ms or more,
+    # prompt steps pack FCFS up to the budget (SchedulerConfig.prefill_pack_backlog_s).
+    "off-burst": Mode("three", False, sched_options=(("prefill_pack_backlog_s", 0.05),)),
+    "policy-burst": _policy_with(sched=(("prefill_pack_backlog_s", 0.05),)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.
     "off-split1k": Mode("three", False, engine_options=_SPLIT1K),

@@ -195,6 +195,10 @@ class SchedulerConfig:
     # lost (H100, 390e365: TTFT p99 +11 % at 8-14 req/s, a long prompt's two chunks each
     # beside decode steps); with 4,096 it is the default (above).
     prefill_pack_tokens: int | None = 512
+    # While the oldest queued prompt has waited longer than this (a burst: prompts queue
+    # behind one another), the limit above is lifted and prompt steps pack FCFS up to the
+    # budget: fewer, fuller prompt steps drain the queue sooner. None: never lifted.
+    prefill_pack_backlog_s: float | None = None
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
     max_request_kv_share: float = 0.5
@@ -212,6 +216,9 @@ class SchedulerConfig:
             raise ValueError("min_prefill_budget must be positive")
         if not 0.0 <= self.prefill_bound_lift <= 1.0:
             raise ValueError("prefill_bound_lift must be in [0, 1]")
+        backlog = self.prefill_pack_backlog_s
+        if backlog is not None and not backlog >= 0.0:
+            raise ValueError(f"prefill_pack_backlog_s must be >= 0 (or None), got {backlog!r}")
         pack = self.prefill_pack_tokens
         if pack is not None and (type(pack) is not int or pack < 0):
             raise ValueError(f"prefill_pack_tokens must be an int >= 0 or None, got {pack!r}")

@@ -202,6 +202,23 @@ def test_the_pack_limit_keeps_the_budget_and_the_running_cap():
     assert _chunks(s2.plan_prefill(5, 8, pack=8)) == [("r0", 2), ("r1", 2)]  # 1 left: none fit
 
 
+def test_a_backlog_lifts_the_pack_limit():
+    # a heads the step; b and c (not ending within the room) would each head a later step,
+    # unless the oldest queued prompt has waited past the backlog threshold.
+    s = _sched(num_blocks=64, budget=64, chunk=8)
+    s.prefill_pack_tokens, s.prefill_pack_backlog_s = 2, 0.1
+    for i, (rid, n) in enumerate([("a", 8), ("b", 6), ("c", 6)]):
+        s.add(_seq(n, rid, t=10.0 + 0.01 * i, start=10 * i + 1))
+    assert s.prefill_pack(now=10.05) == 2  # a waited 50 ms: not a backlog
+    assert s.prefill_pack(now=10.2) is None  # 200 ms: pack FCFS to the budget
+    step = s.plan_prefill(64, 8, s.prefill_pack(now=10.2))
+    assert _chunks(step) == [("a", 8), ("b", 6), ("c", 6)]
+    assert s.prefill_pack(now=99.0) == 2  # nothing queued: the limit again
+    s.prefill_pack_backlog_s = None
+    s.add(_seq(4, "d", t=0.0, start=90))
+    assert s.prefill_pack(now=99.0) == 2  # never lifted
+
+
 def test_the_pack_limit_is_validated():
     from verifypd.config import SchedulerConfig
 
@@ -211,6 +228,10 @@ def test_the_pack_limit_is_validated():
     for bad in (-1, 1.5, "512"):
         with pytest.raises(ValueError, match="prefill_pack_tokens"):
             SchedulerConfig(prefill_pack_tokens=bad)
+    assert SchedulerConfig().prefill_pack_backlog_s is None
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="prefill_pack_backlog_s"):
+            SchedulerConfig(prefill_pack_backlog_s=bad)
 
 
 def test_prompts_waiting_counts_queued_and_part_prefilled_prompts_not_in_flight():

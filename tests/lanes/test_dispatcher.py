@@ -211,9 +211,10 @@ async def test_deltas_go_first_while_another_lane_keeps_the_gpu_busy(tiny_core):
     del d.in_flight["verify"]
 
 
-async def _prefill_steps(pack):
+async def _prefill_steps(pack, backlog=None, waited=0.0):
     cfg = tiny_config(scheduler=SchedulerConfig(max_prefill_chunk=8, max_num_batched_tokens=64,
-                                                prefill_pack_tokens=pack))  # fmt: skip
+                                                prefill_pack_tokens=pack,
+                                                prefill_pack_backlog_s=backlog))  # fmt: skip
     core = EngineCore(cfg)
     steps: list[list[tuple[str, int]]] = []
 
@@ -223,11 +224,13 @@ async def _prefill_steps(pack):
         return core.runner.launch(plan)
 
     tokens: dict[str, list[int]] = {"a": [], "b": []}
-    d = LaneDispatcher(core, launch, lambda o: tokens[o.request_id].extend(o.new_token_ids), 0.5)
     clock = FakeClock()
+    d = LaneDispatcher(core, launch, lambda o: tokens[o.request_id].extend(o.new_token_ids), 0.5,
+                       clock=clock)  # fmt: skip
     _add(core, "a", 12, clock, max_tokens=6)
     await d.tick()  # a's first chunk
     _add(core, "b", 20, clock, max_tokens=6)
+    clock.now += waited  # how long b has queued when the lane plans its next step
     for _ in range(100):
         if not core.has_unfinished():
             break
@@ -246,3 +249,8 @@ async def test_the_prefill_lane_packs_prompts_by_the_config():
     assert packed[:3] == [[("a", 8)], [("a", 4)], [("b", 8)]]
     assert fcfs[:2] == [[("a", 8)], [("a", 4), ("b", 8)]]
     assert packed_tokens == fcfs_tokens and all(len(t) == 6 for t in packed_tokens.values())
+    # A backlog lifts the room: b queued 0.2 s, past the 0.1 s threshold, joins a's last chunk.
+    lifted, lifted_tokens = await _prefill_steps(4, backlog=0.1, waited=0.2)
+    assert lifted[:2] == fcfs[:2] and lifted_tokens == fcfs_tokens
+    kept, _ = await _prefill_steps(4, backlog=0.1, waited=0.05)  # not yet a backlog
+    assert kept[:3] == packed[:3]

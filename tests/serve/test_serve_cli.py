@@ -59,6 +59,9 @@ def test_all_options_reach_the_config() -> None:
     assert (chunking.max_num_batched_tokens, chunking.max_prefill_chunk) == (4096, 2048)
     assert chunking.prefill_pack_tokens is None  # FCFS packing
     assert config_from_args(parse("--prefill-pack-tokens", "0")).scheduler.prefill_pack_tokens == 0
+    assert config.scheduler.prefill_pack_backlog_s is None
+    burst = parse("--prefill-pack-backlog-s", "0.05")
+    assert config_from_args(burst).scheduler.prefill_pack_backlog_s == 0.05
     assert config.prefill_sm_carveout == 0
     assert config_from_args(parse("--prefill-sm-carveout", "16")).prefill_sm_carveout == 16
     assert config.prefill_sm_carveout_in_backlog is False

@@ -46,12 +46,14 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         observer: Observer | None = None,
         prefill_pack_tokens: int | None = None,
+        prefill_pack_backlog_s: float | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
         self.prefill_pack_tokens = prefill_pack_tokens  # the prefill lane's ``pack``
+        self.prefill_pack_backlog_s = prefill_pack_backlog_s  # ... lifted past this wait
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.observer = observer or Observer()
@@ -170,6 +172,17 @@ class Scheduler:
         if not candidates:
             return None
         return max(candidates, key=lambda s: (-s.params.priority, s.arrival_time, s.seq_id))
+
+    def prefill_pack(self, now: float | None = None) -> int | None:
+        """The prefill lane's ``pack`` for its next step: ``prefill_pack_tokens``, or None
+        (FCFS up to the budget) while the oldest queued prompt has waited longer than
+        ``prefill_pack_backlog_s``."""
+        lift = self.prefill_pack_backlog_s
+        if lift is not None and self.waiting:
+            now = time.monotonic() if now is None else now
+            if now - min(s.arrival_time for s in self.waiting) > lift:
+                return None
+        return self.prefill_pack_tokens
 
     def plan_prefill(
         self, token_budget: int, num_running_budget: int, pack: int | None = None

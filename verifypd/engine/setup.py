@@ -105,6 +105,7 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
         eos_token_ids=eos,
         observer=observer,
         prefill_pack_tokens=config.scheduler.prefill_pack_tokens,
+        prefill_pack_backlog_s=config.scheduler.prefill_pack_backlog_s,
     )
     runner = ModelRunner(
         loaded.model,

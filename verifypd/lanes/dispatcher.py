@@ -241,7 +241,7 @@ class LaneDispatcher:
         if self._prompt_waits_for_decode():
             return None
         budget, sched = self.core.prefill_budget(), self.sched
-        entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack_tokens)
+        entries = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack(self.clock()))
         return StepPlan("prefill", entries) if entries else None
 
     def _plan_decode(self) -> StepPlan | None:

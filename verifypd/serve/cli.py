@@ -28,6 +28,10 @@ def int_or_none(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
 
 
+def float_or_none(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
 def token_sizes(text: str) -> tuple[int, ...]:
     """``--prompt-in-decode-tokens``: comma-separated sizes, or ``none`` (never)."""
     if text.strip().lower() == "none":
@@ -136,6 +140,9 @@ SCHEDULER_FLAGS = (
      "beside a prompt step's first chunk, only chunks that end their prompt, up to N tokens; "
      "none: every waiting chunk, first come first served, up to the step's budget (with "
      "--max-prefill-chunk 2048: lower ITL p99, higher TTFT p99 under load)"),
+    ("--prefill-pack-backlog-s", "prefill_pack_backlog_s", float_or_none,
+     "while the oldest queued prompt has waited longer than this, prompt steps pack every "
+     "waiting chunk up to the step's budget (a burst); none: never"),
 )  # fmt: skip
 
 
@@ -218,6 +225,7 @@ def config_from_args(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_prefill_chunk=args.max_prefill_chunk,
             prefill_pack_tokens=args.prefill_pack_tokens,
+            prefill_pack_backlog_s=args.prefill_pack_backlog_s,
             max_model_len=args.max_model_len,
             max_request_kv_share=args.max_request_kv_share,
         ),
