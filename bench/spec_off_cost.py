@@ -278,6 +278,8 @@ def spec_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, 
         "mean_draft_len": by_name.get("verifypd_controller_draft_length_sum", 0.0) / decisions
         if decisions else None,
         "policy_decisions": policy_decisions(delta),
+        # the policy's own host time over the run (the event loop waits for each decision)
+        "policy_decide_s": by_name.get("verifypd_spec_policy_decide_seconds_sum", 0.0),
         "series": {k: v for k, v in sorted(delta.items()) if v and "_bucket" not in k},
     }  # fmt: skip
 

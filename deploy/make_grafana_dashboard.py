@@ -136,10 +136,12 @@ def series() -> list[dict]:
               [q(ratio("verifypd_prefix_cache_hits_total", "verifypd_prefix_cache_queries_total"),
                  "hit rate"),
                q(f"sum(rate(verifypd_preemptions_total{SEL}[{RATE}]))", "preemptions/s")]),
-        panel("timeseries", "Server event loop: lag and GC pauses",
+        panel("timeseries", "Server event loop: lag, GC pauses, policy decisions",
               quantiles("verifypd_event_loop_lag_seconds", "", (0.5, 0.99))
               + [quantile("verifypd_gc_pause_seconds", 0.99, "generation",
-                          "gc gen {{generation}} p99")], "s"),
+                          "gc gen {{generation}} p99"),
+                 quantile("verifypd_spec_policy_decide_seconds", 0.99, "",
+                          "speculation policy decision p99")], "s"),
     ]  # fmt: skip
 
 

@@ -34,6 +34,7 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
         assert waves["first_wave"]["n"] == 2 and waves["later"]["n"] == 2
     off, on = report["runs"]
     assert off["spec"]["drafted_tokens"] == 0 and on["spec"]["draft_len_decisions"] > 0
+    assert on["spec"]["policy_decide_s"] > 0 and off["spec"]["policy_decide_s"] == 0
     assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())
     assert any("drafter" in line for line in on["server_log"] if "sizing the KV" in line)
     assert "--draft-model" in on["command"] and "--draft-model" not in off["command"]

@@ -27,6 +27,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
                0.25, 0.5, 1.0)  # fmt: skip
 LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+DECIDE_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 
 # name -> (kind, help, extra label, buckets)
@@ -46,6 +47,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         "Speculation policy decisions (one per decode step), by reason",
         "decision",
         None,
+    ),
+    "spec_policy_decide_seconds": (
+        Histogram,
+        "Host time of one speculation policy decision (the event loop waits for it)",
+        None,
+        DECIDE_BUCKETS,
     ),
     "spec_draft_tokens": (Counter, "Draft tokens proposed", None, None),
     "spec_accepted_tokens": (Counter, "Draft tokens accepted", None, None),
@@ -208,6 +215,9 @@ class PrometheusObserver(Observer):
     def spec_decision(self, reason: str, fused: bool, draft_len: int) -> None:
         decision = f"{reason}_{'fused' if fused else 'separate'}" if draft_len else reason
         self._labeled("spec_policy_decisions", decision=decision).inc()
+
+    def policy_decide(self, seconds: float) -> None:
+        self._m["spec_policy_decide_seconds"].observe(seconds)
 
     def drafter_temperature(self, temperature: float) -> None:
         self._m["controller_drafter_temperature"].set(temperature)
