@@ -205,6 +205,14 @@ MODES = {
     # (SpecConfig.follow_decode_max_rows: no catch-up rounds at light load), and both.
     "policy-cap14": _policy_with(spec=(("max_step_ratio", 1.4),)),
     "policy-fdec": _policy_with(spec=(("follow_decode_max_rows", 8),)),
+    # ... 64 tokens a row a step (SpecConfig.follow_decode_tokens): less added to each plain
+    # step, over more steps; and with the step cap of 1.4 plain steps.
+    "policy-fdec64": _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("follow_decode_tokens", 64))
+    ),
+    "policy-fdec64-cap14": _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("follow_decode_tokens", 64), ("max_step_ratio", 1.4))
+    ),
     "policy-fdec-cap14": _policy_with(
         spec=(("follow_decode_max_rows", 8), ("max_step_ratio", 1.4))
     ),

@@ -46,7 +46,10 @@ def test_spec_env_overrides_map_the_policy_knobs() -> None:
     assert spec_env_overrides(rows) == {"follow_prefill_max_rows": 4}
     decode = {"VERIFYPD_FOLLOW_DECODE_MAX_ROWS": "8"}
     assert spec_env_overrides(decode) == {"follow_decode_max_rows": 8}
-    for name in ("VERIFYPD_FOLLOW_PREFILL_MAX_ROWS", "VERIFYPD_FOLLOW_DECODE_MAX_ROWS"):
+    feed = {"VERIFYPD_FOLLOW_DECODE_TOKENS": "64"}
+    assert spec_env_overrides(feed) == {"follow_decode_tokens": 64}
+    for name in ("VERIFYPD_FOLLOW_PREFILL_MAX_ROWS", "VERIFYPD_FOLLOW_DECODE_MAX_ROWS",
+                 "VERIFYPD_FOLLOW_DECODE_TOKENS"):  # fmt: skip
         for bad in ("-1", "1.5", "four", ""):
             with pytest.raises(ValueError, match=name):
                 spec_env_overrides({name: bad})

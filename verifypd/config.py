@@ -321,6 +321,10 @@ class SpecConfig:
     # a4c9fdc) the policy's ITL p99 at 2 / 5 req/s was 9.26 / 17.75 ms against 7.39 / 15.31
     # without (H200; `off` 5.50 / 14.06), 13.55 / 23.59 against 12.93 / 19.21 (H100).
     follow_decode_max_rows: int = 0
+    # ... and the tokens fed to a row behind one step: one of ``catch_up_chunk``'s sizes (one
+    # chunk-graph replay of that q); None: the largest. A smaller chunk adds less to each
+    # plain step (a 64-token replay beside a 256-token one) over more steps.
+    follow_decode_tokens: int | None = None
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
@@ -486,6 +490,12 @@ class SpecConfig:
         rows = self.follow_decode_max_rows
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise ValueError(f"follow_decode_max_rows must be an int >= 0, got {rows!r}")
+        feed = self.follow_decode_tokens
+        if feed is not None and feed not in self.chunk_sizes:
+            raise ValueError(
+                f"follow_decode_tokens must be None or one of catch_up_chunk's sizes "
+                f"{self.chunk_sizes}, got {feed!r}"
+            )
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
@@ -516,6 +526,7 @@ MAX_SM_CARVEOUT = 128
 ENV_FOLLOW_PREFILL = "VERIFYPD_FOLLOW_PREFILL"
 ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
 ENV_FOLLOW_DECODE_MAX_ROWS = "VERIFYPD_FOLLOW_DECODE_MAX_ROWS"
+ENV_FOLLOW_DECODE_TOKENS = "VERIFYPD_FOLLOW_DECODE_TOKENS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
 ENV_PROMPT_IN_DECODE_EAGER = "VERIFYPD_PROMPT_IN_DECODE_EAGER"
 ENV_WARM_PROMPT_GEMMS = "VERIFYPD_WARM_PROMPT_GEMMS"
@@ -565,14 +576,15 @@ def _env_ints(environ: Mapping[str, str], fields: tuple[tuple[str, str], ...]) -
 
 def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on),
-    ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS`` and ``VERIFYPD_FOLLOW_DECODE_MAX_ROWS`` (ints >= 0)
-    and ``VERIFYPD_TAIL_TOLERANCE`` (a float), for A/Bs against a server (the knobs have no
-    flag)."""
+    ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS``, ``VERIFYPD_FOLLOW_DECODE_MAX_ROWS`` and
+    ``VERIFYPD_FOLLOW_DECODE_TOKENS`` (ints >= 0) and ``VERIFYPD_TAIL_TOLERANCE`` (a float),
+    for A/Bs against a server (the knobs have no flag)."""
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
     rows = ((ENV_FOLLOW_PREFILL_MAX_ROWS, "follow_prefill_max_rows"),
-            (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows"))  # fmt: skip
+            (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows"),
+            (ENV_FOLLOW_DECODE_TOKENS, "follow_decode_tokens"))  # fmt: skip
     out.update(_env_ints(environ, rows))
     if ENV_TAIL_TOLERANCE in environ:
         text = environ[ENV_TAIL_TOLERANCE].strip()

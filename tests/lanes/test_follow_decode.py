@@ -105,10 +105,16 @@ def test_the_drafter_follows_a_decode_steps_plain_rows_only_at_light_load(
     assert core.follow_decode_items(step, lambda seq_id: False) == []
 
 
-def test_a_long_context_is_fed_one_chunk_a_step():
-    """At most the largest ``catch_up_chunk`` (256) more tokens a step: a 600-token prompt's
-    drafter catches up over three plain steps, then is not followed again."""
-    core = EngineCore(tiny_config(spec=tiny_draft_spec(follow_decode_max_rows=4)))
+@pytest.mark.parametrize(
+    "feed, want",
+    [(None, [[256], [512], [602], []]), (64, [[64], [128], [192], [256]])],
+)
+def test_a_long_context_is_fed_one_chunk_a_step(feed, want):
+    """At most the largest ``catch_up_chunk`` (256) more tokens a step, or
+    ``follow_decode_tokens``: a 600-token prompt's drafter catches up over three plain steps
+    (then is not followed again), or 64 tokens a step."""
+    spec = tiny_draft_spec(follow_decode_max_rows=4, follow_decode_tokens=feed)
+    core = EngineCore(tiny_config(spec=spec))
     prompt = [1 + i % 500 for i in range(600)]
     core.add_request("long", prompt, SamplingParams(max_tokens=16, ignore_eos=True))
     while core.scheduler.waiting or not core.decodable():
@@ -124,7 +130,9 @@ def test_a_long_context_is_fed_one_chunk_a_step():
         for _ in core.follow_iter(items, on_decode=True):
             pass
         core.apply_step(step, core.launch(step).result())
-    assert ends == [[256], [512], [602], []]  # 602: all but the last of 600 + 3 tokens
+    assert ends == want  # 602: all but the last of 600 + 3 tokens
+    fed = core.spec.drafter.views[core.decodable()[0].seq_id].num_computed_tokens
+    assert fed == max(e for step in want for e in step)
 
 
 def test_a_view_being_fed_behind_a_step_is_not_drafted_for():
@@ -150,3 +158,10 @@ def test_a_view_being_fed_behind_a_step_is_not_drafted_for():
 def test_follow_decode_max_rows_is_validated(bad):
     with pytest.raises(ValueError, match="follow_decode_max_rows"):
         SpecConfig(follow_decode_max_rows=bad)
+
+
+@pytest.mark.parametrize("bad", [0, 32, 100, "64"])
+def test_follow_decode_tokens_is_one_of_the_chunk_sizes(bad):
+    assert SpecConfig(follow_decode_tokens=64).follow_decode_tokens == 64
+    with pytest.raises(ValueError, match="follow_decode_tokens"):
+        SpecConfig(follow_decode_tokens=bad)

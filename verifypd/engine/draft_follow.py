@@ -77,16 +77,16 @@ def decode_follow_items(
     """(sequence, where its drafter's catch-up ends) for each plain row of the launched decode
     step ``plan`` whose drafter is beyond the catch-up graphs' reach (``graphs``: captured;
     nearer, its first draft step replays one) and that ``wants`` names (by seq_id): the drafter
-    catches up behind the step on at most one chunk (the largest ``catch_up_chunk``) more of
-    its context, up to all but its last token; only at light load
-    (``SpecConfig.follow_decode_max_rows``, 0: never). Rows drafting in the step, and views
-    with drafts not yet verified, chained ones, or a forward already queued, are left out:
-    their KV progress is the proposer's."""
+    catches up behind the step on at most one chunk (``SpecConfig.follow_decode_tokens``, or
+    the largest ``catch_up_chunk``) more of its context, up to all but its last token; only at
+    light load (``SpecConfig.follow_decode_max_rows``, 0: never). Rows drafting in the step,
+    and views with drafts not yet verified, chained ones, or a forward already queued, are
+    left out: their KV progress is the proposer's."""
     most = spec.follow_decode_max_rows
     if not most or beyond_light_load(scheduler, most):
         return []
     reach = max((2, *spec.catch_up_graphs)) if graphs else 2
-    budget = max(spec.chunk_sizes, default=256)
+    budget = spec.follow_decode_tokens or max(spec.chunk_sizes, default=256)
     chained = drafter.chained
     out = []
     for e in plan.seqs:
