@@ -323,7 +323,9 @@ class SpecConfig:
     follow_decode_max_rows: int = 0
     # ... and the tokens fed to a row behind one step: one of ``catch_up_chunk``'s sizes (one
     # chunk-graph replay of that q); None: the largest. A smaller chunk adds less to each
-    # plain step (a 64-token replay beside a 256-token one) over more steps.
+    # plain step over more steps. 64 was no better (H200, 57beec5, mode policy-fdec64): ITL
+    # p99 at 2 / 5 req/s 9.58 / 16.4 ms against the policy's 8.80 / 15.4 (`off` 5.68 / 15.5),
+    # TPOT p50 at 2 req/s 3.69 against 3.32.
     follow_decode_tokens: int | None = None
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
