@@ -165,6 +165,14 @@ MODES = {
     "policy-follow-light": _policy_with(
         spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
+    # ... with the step cap of 1.4 / 1.5 plain steps: drafters fed behind the prompt step are
+    # steady, so their first round needs no catch-up feed the cap would count.
+    "policy-follow-light-cap14": _policy_with(
+        spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4), ("max_step_ratio", 1.4))
+    ),
+    "policy-follow-light-cap15": _policy_with(
+        spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4), ("max_step_ratio", 1.5))
+    ),
     # A row's second token from a step that waits for no drafts beyond the rider bound
     # (SpecConfig.second_token_plain, on by default since 2026-11-27), alone, with the
     # light-load follow, and the policy without it.
