@@ -102,7 +102,9 @@ class Mode:
     controller: bool = False
     chain_drafts: bool | None = None  # None: the engine's default (on for GPU)
     policy: str | None = None  # SpecConfig.policy; None: its default
-    spec_options: tuple[tuple[str, float | bool | tuple | None], ...] = ()  # SpecConfig fields
+    spec_options: tuple[
+        tuple[str, float | bool | str | tuple | None], ...
+    ] = ()  # SpecConfig fields
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
     # EngineConfig fields set
     engine_options: tuple[tuple[str, bool | int | str | tuple | KernelConfig | None], ...] = ()
@@ -169,6 +171,23 @@ MODES = {
     # steady, so their first round needs no catch-up feed the cap would count.
     "policy-follow-light-cap14": _policy_with(
         spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4), ("max_step_ratio", 1.4))
+    ),
+    # ... the drafter's forward on the prompt step's own stream, right behind it
+    # (SpecConfig.follow_prefill_stream = "prefill"), and with the cap of 1.5.
+    "policy-follow-light-onprefill": _policy_with(
+        spec=(
+            ("follow_prefill", True),
+            ("follow_prefill_max_rows", 4),
+            ("follow_prefill_stream", "prefill"),
+        )  # fmt: skip
+    ),
+    "policy-follow-light-onprefill-cap15": _policy_with(
+        spec=(
+            ("follow_prefill", True),
+            ("follow_prefill_max_rows", 4),
+            ("follow_prefill_stream", "prefill"),
+            ("max_step_ratio", 1.5),
+        )  # fmt: skip
     ),
     "policy-follow-light-cap15": _policy_with(
         spec=(("follow_prefill", True), ("follow_prefill_max_rows", 4), ("max_step_ratio", 1.5))

@@ -305,6 +305,11 @@ class SpecConfig:
     # 15.4 at 5 (plain steps slowed by the follow's forwards beside them). Unset (mode
     # policy-follow-light; VERIFYPD_FOLLOW_PREFILL_MAX_ROWS for a server).
     follow_prefill_max_rows: int | None = None
+    # Where the drafter's forward behind a prompt step runs: "follow", its own stream below
+    # every lane (it then runs beside the decode steps after the prompt step); "prefill", the
+    # prompt step's stream right behind it (beside the same decode steps the prompt step
+    # already shares the GPU with, and ahead of the next prompt step).
+    follow_prefill_stream: Literal["follow", "prefill"] = "follow"
     # The drafter catches up behind decode steps too: right after a decode step is launched,
     # on its stream, each of its plain rows whose drafter is more than the catch-up graphs
     # reach behind (a request fresh from its prefill, one that decoded plainly for a while)
@@ -489,6 +494,11 @@ class SpecConfig:
         rows = self.follow_prefill_max_rows
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
             raise ValueError(f"follow_prefill_max_rows must be an int >= 0 or None, got {rows!r}")
+        if self.follow_prefill_stream not in ("follow", "prefill"):
+            raise ValueError(
+                f"follow_prefill_stream must be 'follow' or 'prefill', "
+                f"got {self.follow_prefill_stream!r}"
+            )
         rows = self.follow_decode_max_rows
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise ValueError(f"follow_decode_max_rows must be an int >= 0, got {rows!r}")

@@ -85,3 +85,10 @@ def test_follow_prefill_max_rows_is_validated(bad):
     with pytest.raises(ValueError, match="follow_prefill_max_rows"):
         SpecConfig(follow_prefill_max_rows=bad)
     assert SpecConfig(follow_prefill_max_rows=None).follow_prefill_max_rows is None
+
+
+@pytest.mark.parametrize("bad", ["decode", "", None, 1])
+def test_follow_prefill_stream_is_follow_or_prefill(bad):
+    assert SpecConfig(follow_prefill_stream="prefill").follow_prefill_stream == "prefill"
+    with pytest.raises(ValueError, match="follow_prefill_stream"):
+        SpecConfig(follow_prefill_stream=bad)

@@ -204,14 +204,26 @@ async def test_a_first_token_goes_out_before_anything_more_is_launched() -> None
     assert d.launch_log == ["prefill", "decode", "decode"] and len(outputs) == 2
 
 
-async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
+@pytest.mark.parametrize("stream", ["follow", "prefill"])
+async def test_the_drafter_follows_a_prompt_step_in_pieces(
+    stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With ``follow_prefill`` the drafter's KV of a prompt is computed behind its prompt step,
     after the launch has returned (the step lands meanwhile), in pieces of
-    ``prefill_slice_layers`` (other steps launch in between); nothing drafts for the request
-    until it is enqueued, and its first speculative round needs no catch-up. Lossless, nothing
-    leaked."""
+    ``prefill_slice_layers`` (other steps launch in between), on the follow stream or the
+    prompt step's own (``follow_prefill_stream``); nothing drafts for the request until it is
+    enqueued, and its first speculative round needs no catch-up. Lossless, nothing leaked."""
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
-                           initial_draft_len=3, follow_prefill=True)  # fmt: skip
+                           initial_draft_len=3, follow_prefill=True,
+                           follow_prefill_stream=stream)  # fmt: skip
+    lanes: list[str] = []
+    in_pieces = StreamExecutor._in_pieces
+
+    def noted(self, lane, pieces):
+        lanes.append(lane)
+        return in_pieces(self, lane, pieces)
+
+    monkeypatch.setattr(StreamExecutor, "_in_pieces", noted)
     sched = SchedulerConfig(max_prefill_chunk=64, max_num_batched_tokens=64)
     fed_metric = _FedTokens()
     core = EngineCore(tiny_config(spec=spec, scheduler=sched, prefill_slice_layers=1), fed_metric)
@@ -250,6 +262,9 @@ async def test_the_drafter_follows_a_prompt_step_in_pieces() -> None:
     assert fed == {"a": [4], "b": [64, 100]}  # every prompt token, chunk by chunk, in order
     assert (drafter.follower.num_followed_tokens, drafter.follower.num_follows_stopped) == (104, 0)
     assert fed_metric.tokens == [4, 64, 36]  # verifypd_spec_drafter_prompt_tokens_total
+    # the prompt steps' pieces, and the drafter's forwards behind them on the chosen stream
+    assert lanes.count(stream) == (3 if stream == "follow" else 6)
+    assert set(lanes) == {"prefill", stream}
     b = [at for rid, at in pieces if rid == "b"]
     assert len(b) == 6  # a chunk: claimed at its launch, then the drafter's two layers
     assert d.launch_log[b[0] : b[-1]]  # a step launched while the drafter's was enqueued

@@ -137,8 +137,10 @@ class StreamExecutor:
                 )
         self.num_carved = 0  # prompt launches (or pieces of one) enqueued with the carve-out
         self.background_lanes = frozenset(("prefill",) if self.slice_layers else ())
-        # The drafter's forwards behind prompt steps, run one after another by one task.
+        # The drafter's forwards behind prompt steps, run one after another by one task, on
+        # the follow stream or the prompt step's own (SpecConfig.follow_prefill_stream).
         self._behind: collections.deque[Generator[None, None, None]] = collections.deque()
+        self._behind_lane = core.config.spec.follow_prefill_stream
         self._behind_task: asyncio.Task | None = None
 
     async def launch(self, lane: str, plan: StepPlan) -> PendingStep:
@@ -168,11 +170,12 @@ class StreamExecutor:
 
     async def _run_behind(self) -> None:
         """Runs the queued forwards behind prompt steps in order on the follow stream, below
-        every lane's priority (one at a time: a prompt's next chunk is followed once its last
-        one has been; the first drafting for a request waits for its forward on the GPU)."""
+        every lane's priority, or on the prefill lane's (one at a time: a prompt's next chunk
+        is followed once its last one has been; the first drafting for a request waits for
+        its forward on the GPU)."""
         try:
             while self._behind:
-                await self._in_pieces("follow", self._behind.popleft())
+                await self._in_pieces(self._behind_lane, self._behind.popleft())
         finally:
             self._behind_task = None
 
