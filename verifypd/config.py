@@ -217,7 +217,8 @@ class SchedulerConfig:
         if not 0.0 <= self.prefill_bound_lift <= 1.0:
             raise ValueError("prefill_bound_lift must be in [0, 1]")
         backlog = self.prefill_pack_backlog_s
-        if backlog is not None and not backlog >= 0.0:
+        number = isinstance(backlog, (int, float)) and not isinstance(backlog, bool)
+        if backlog is not None and not (number and backlog >= 0.0):
             raise ValueError(f"prefill_pack_backlog_s must be >= 0 (or None), got {backlog!r}")
         pack = self.prefill_pack_tokens
         if pack is not None and (type(pack) is not int or pack < 0):

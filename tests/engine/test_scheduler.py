@@ -229,7 +229,8 @@ def test_the_pack_limit_is_validated():
         with pytest.raises(ValueError, match="prefill_pack_tokens"):
             SchedulerConfig(prefill_pack_tokens=bad)
     assert SchedulerConfig().prefill_pack_backlog_s is None
-    for bad in (-0.1, float("nan")):
+    assert SchedulerConfig(prefill_pack_backlog_s=0).prefill_pack_backlog_s == 0
+    for bad in (-0.1, float("nan"), True, "0.1"):
         with pytest.raises(ValueError, match="prefill_pack_backlog_s"):
             SchedulerConfig(prefill_pack_backlog_s=bad)
 
