@@ -68,6 +68,11 @@ def within_best(rows: list[dict[str, Any]], policy: str = "policy", tol: float =
     return _verdict(checks, f"needs mode {policy!r} and another mode")
 
 
+def _gain(mine: float, best: float) -> float:
+    """The policy's goodput over the best other mode's, minus 1 (inf when only it has any)."""
+    return mine / best - 1 if best else (float("inf") if mine else 0.0)
+
+
 def hetero_goodput_gain(rows: list[dict[str, Any]], policy: str = "policy", gain: float = 0.15):
     """With ``hetero``: per temperature, is there a rate where policy's goodput beats every
     other mode's by ``gain``? One check per temperature (its best rate)."""
@@ -79,7 +84,7 @@ def hetero_goodput_gain(rows: list[dict[str, Any]], policy: str = "policy", gain
         mine = modes[policy].get("goodput_rps") or 0.0
         best_mode, best = max(((m, r.get("goodput_rps") or 0.0) for m, r in modes.items()
                                if m != policy), key=lambda x: x[1])  # fmt: skip
-        g = mine / best - 1 if best else (float("inf") if mine else 0.0)
+        g = _gain(mine, best)
         by_temp.setdefault(temp, []).append({"rate": rate, "policy": mine, "best_other": best,
                                              "best_mode": best_mode, "gain": g})  # fmt: skip
     for temp, cands in sorted(by_temp.items()):
@@ -107,7 +112,7 @@ def goodput_gain_by_tpot_slo(
                 continue
             best_mode = max(others, key=others.get)
             best = others[best_mode]
-            g = mine / best - 1 if best else (float("inf") if mine else 0.0)
+            g = _gain(mine, best)
             cur = out.get((temp, slo))
             if cur is None or g > cur["gain"]:
                 out[(temp, slo)] = {"temperature": temp, "tpot_slo_ms": float(slo), "rate": rate,
