@@ -149,6 +149,16 @@ MODES = {
     # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
     # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
     # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
+    # The drafter's context window (SpecConfig.draft_window): a prompt's first 4 and last 64 /
+    # 128 / 256 tokens, so its pass over a 3k-token prompt feeds 68-260 tokens; with the light-
+    # load follow behind prompt steps too (its forward then small beside the decode steps).
+    "policy-win64": _policy_with(spec=(("draft_window", 64),)),
+    "policy-win128": _policy_with(spec=(("draft_window", 128),)),
+    "policy-win256": _policy_with(spec=(("draft_window", 256),)),
+    "policy-win128-follow-light": _policy_with(
+        spec=(("draft_window", 128), ("follow_prefill", True), ("follow_prefill_max_rows", 4))
+    ),
+    "three-fixed-win128": Mode("three", True, spec_options=(("draft_window", 128),)),
     "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
     # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the

@@ -335,6 +335,14 @@ class SpecConfig:
     # p99 at 2 / 5 req/s 9.58 / 16.4 ms against the policy's 8.80 / 15.4 (`off` 5.68 / 15.5),
     # TPOT p50 at 2 req/s 3.69 against 3.32.
     follow_decode_tokens: int | None = None
+    # The drafter's context window (draft model): a view of a prompt longer than
+    # ``draft_window_sink`` + ``draft_window`` tokens holds its first ``draft_window_sink``
+    # and last ``draft_window`` tokens (and every token after them); the middle is never fed
+    # (``engine.draft_view``). The drafter's pass over a long prompt then costs at most
+    # sink + window tokens; output is lossless whatever the window (the target verifies
+    # against the whole context), only acceptance can fall. None: the whole context.
+    draft_window: int | None = None
+    draft_window_sink: int = 4
     # Draft the next round on the device right behind each verify (draft model, greedy
     # drafting): None = on GPU, where it hides the host's turnaround between rounds.
     chain_drafts: bool | None = None
@@ -511,6 +519,11 @@ class SpecConfig:
                 f"follow_decode_tokens must be None or one of catch_up_chunk's sizes "
                 f"{self.chunk_sizes}, got {feed!r}"
             )
+        window, sink = self.draft_window, self.draft_window_sink
+        if window is not None and (type(window) is not int or window < 1):
+            raise ValueError(f"draft_window must be an int >= 1 or None, got {window!r}")
+        if type(sink) is not int or sink < 0:
+            raise ValueError(f"draft_window_sink must be an int >= 0, got {sink!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:

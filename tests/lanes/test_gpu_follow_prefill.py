@@ -26,12 +26,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _config(follow: bool | None, decode_rows: int = 0) -> EngineConfig:
+def _config(follow: bool | None, decode_rows: int = 0, window: int | None = None) -> EngineConfig:
     """``follow`` None: no speculation; else the goodput policy, the drafter following prompt
-    steps or not, and decode steps at up to ``decode_rows`` rows."""
+    steps or not, and decode steps at up to ``decode_rows`` rows (with the drafter's context
+    ``window``)."""
     spec = SpecConfig() if follow is None else SpecConfig(
         method="draft", draft_model="dummy:tiny", max_draft_len=4, initial_draft_len=4,
         policy="goodput", follow_prefill=follow, follow_decode_max_rows=decode_rows,
+        draft_window=window,
     )  # fmt: skip
     return EngineConfig(
         model="dummy:tiny", device="cuda", dtype="float32", spec=spec, prefill_slice_layers=1,
@@ -41,10 +43,12 @@ def _config(follow: bool | None, decode_rows: int = 0) -> EngineConfig:
     )  # fmt: skip
 
 
-async def _run(follow: bool | None, decode_rows: int = 0) -> tuple[list[list[int]], AsyncEngine]:
+async def _run(
+    follow: bool | None, decode_rows: int = 0, window: int | None = None
+) -> tuple[list[list[int]], AsyncEngine]:
     from helpers import generate_all, pin_costs  # tests/ (on the path under pytest, or by __main__)
 
-    engine = AsyncEngine(_config(follow, decode_rows))
+    engine = AsyncEngine(_config(follow, decode_rows, window))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 500, int(rng.integers(8, 300))).tolist() for _ in range(16)]
     fed: list[int] = []
@@ -83,6 +87,19 @@ def test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind):
     assert not diverged, f"requests {diverged} differ from plain greedy decoding"
 
 
+def test_a_windowed_drafter_on_the_gpu_is_lossless_and_feeds_only_windows():
+    """``SpecConfig.draft_window`` = 32 (sink 4): the follow behind prompt steps, the chunk
+    and chain graphs all run on views whose positions are their own. The drafter is the
+    target, but it no longer sees whole prompts, so acceptance is not asserted."""
+    plain, _ = asyncio.run(_run(None))
+    windowed, engine = asyncio.run(_run(True, window=32))
+    spec = engine.core.spec
+    assert engine.fed > 0 and spec.num_verifies > 0
+    assert engine.fed <= 16 * (32 + 4) + 16 * 48  # windows (and decoded tokens), not prompts
+    diverged = [i for i, (a, b) in enumerate(zip(plain, windowed, strict=True)) if a != b]
+    assert not diverged, f"requests {diverged} differ from plain greedy decoding"
+
+
 if __name__ == "__main__":
     import sys
     from pathlib import Path
@@ -90,4 +107,5 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     for kind in ("prefill", "decode"):
         test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind)
+    test_a_windowed_drafter_on_the_gpu_is_lossless_and_feeds_only_windows()
     print("ok")

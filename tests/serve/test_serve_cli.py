@@ -181,3 +181,11 @@ def test_policy_knobs_reach_the_server_config_from_the_environment(
     monkeypatch.setenv("VERIFYPD_TAIL_TOLERANCE", "0.1")
     spec = config_from_args(args).spec
     assert spec.follow_prefill and spec.tail_tolerance == 0.1
+
+
+def test_draft_window_flag() -> None:
+    args = parse("--draft-model", "dummy:tiny", "--draft-window", "256")
+    assert config_from_args(args).spec.draft_window == 256
+    assert config_from_args(parse()).spec.draft_window is None
+    with pytest.raises(ValueError, match="draft_window"):
+        config_from_args(parse("--draft-model", "dummy:tiny", "--draft-window", "0"))

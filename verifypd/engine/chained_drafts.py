@@ -67,10 +67,11 @@ class DraftChainer:
         for k, i in enumerate(verified.seqs):
             e = verify.seqs[i]
             view = self.drafter.views.get(e.seq.seq_id)
-            n, width = e.seq.num_tokens, len(e.draft_token_ids)
+            if view is None:
+                continue
+            n, width = view.local(e.seq.num_tokens), len(e.draft_token_ids)  # the view's count
             if (
-                view is None
-                or not e.seq.params.is_greedy
+                not e.seq.params.is_greedy
                 or n + width + num_drafts > max_len
                 or view.num_computed_tokens < n + width - 1
                 or not self.drafter.kv.allocate(view.block_table, n + width + num_drafts)
@@ -105,7 +106,7 @@ class DraftChainer:
             matrix=matrix,
             ready=self.drafter._record_work(),
             rows={v.seq_id: r for r, (_, v, _, _) in enumerate(picks)},
-            base={v.seq_id: (n, w) for _, v, n, w in picks},
+            base={v.seq_id: (v.seq_end(n), w) for _, v, n, w in picks},
         )
         self.drafter._graph_ready = False
         return len(picks)
@@ -213,8 +214,8 @@ class DraftChainer:
             e.draft_token_ids = [DRAFT_ON_DEVICE] * m
             e.drafts = DeviceDrafts(c.matrix[c.rows[sid], :m], None, c.ready)
             view = self.drafter.views[sid]
-            view.num_computed_tokens = e.seq.num_tokens + c.num_drafts - 1
-            view.draft_start = e.seq.num_tokens
+            view.draft_start = view.local(e.seq.num_tokens)
+            view.num_computed_tokens = view.draft_start + c.num_drafts - 1
             adopted.add(id(e))
         self.num_adopted += bool(adopted)
         return adopted

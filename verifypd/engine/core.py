@@ -205,13 +205,13 @@ class EngineCore:
 
     # ------------------------------------------------------------------ drafting verbs
     def drafter_behind(self, seq: Sequence) -> int:
-        """Tokens the draft model must feed for ``seq`` before it drafts (its whole context
-        when it never has); 1 without a draft model (n-gram lookup has nothing to catch up)."""
+        """Tokens the draft model must feed for ``seq`` before it drafts (its whole context,
+        or window, when it never has); 1 without a draft model (n-gram lookup has nothing to
+        catch up)."""
         drafter = self.spec.drafter
         if drafter is None:
             return 1
-        view = drafter.views.get(seq.seq_id)
-        return seq.num_tokens - view.num_computed_tokens if view else seq.num_tokens
+        return drafter.behind(seq)
 
     @property
     def drafts_on_device(self) -> bool:

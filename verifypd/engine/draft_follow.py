@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from verifypd.engine.scheduler import Scheduler
     from verifypd.engine.speculative import DraftModelProposer
 
-Claim = tuple[Sequence, DraftView, int]  # (sequence, its view, the prompt length fed up to)
+# (sequence, its view, the sequence's tokens fed up to: the view's ``local`` count of them)
+Claim = tuple[Sequence, DraftView, int]
 
 
 def _recorded_event(is_cuda: bool):
@@ -102,9 +103,10 @@ def decode_follow_items(
         view = drafter.views.get(seq.seq_id)
         if view is not None and (view.draft_start is not None or view.following_now()):
             continue
-        done = view.num_computed_tokens if view else 0
-        if seq.num_tokens - done > reach:
-            out.append((seq, min(seq.num_tokens - 1, done + budget)))
+        view = view or drafter.view_of(seq)
+        done, total = view.num_computed_tokens, view.local(seq.num_tokens)
+        if total - done > reach:
+            out.append((seq, view.seq_end(min(total - 1, done + budget))))
     return out
 
 
@@ -171,9 +173,8 @@ class PromptFollower:
         ended, the view is (being) fed that far already, or the blocks are not there."""
         if seq.status.is_finished:
             return None
-        view = self.drafter.views.get(seq.seq_id)
-        if view is None:
-            view = self.drafter.views[seq.seq_id] = DraftView(seq)
+        view = self.drafter.view_of(seq)
+        end = view.local(end)
         if max(view.num_computed_tokens, view.follow_end) >= end:
             return None
         if not self.drafter.kv.allocate(view.block_table, end):
@@ -187,9 +188,9 @@ class PromptFollower:
         given the tokens up to it."""
         views = self.drafter.views
         live = [(seq, v, end) for seq, v, end in claimed
-                if views.get(seq.seq_id) is v and v.num_computed_tokens < end]  # fmt: skip
+                if views.get(seq.seq_id) is v and v.num_computed_tokens < v.local(end)]  # fmt: skip
         for seq, v, end in live:
-            v.token_ids = self.drafter._drafter_ids(seq.token_ids[:end])
+            v.token_ids = self.drafter._drafter_ids(v.ids_of(seq.token_ids[:end]))
         return [v for _, v, _ in live]
 
     def _enqueue(

@@ -1,5 +1,14 @@
 """The drafter's view of a target sequence (``DraftView``): shared by the proposer
 (``speculative``), its catch-up (``draft_catch_up``) and its prompt following (``draft_follow``).
+
+With a context window (``SpecConfig.draft_window``) a view of a long prompt leaves out the
+prompt's middle: it holds the prompt's first ``draft_window_sink`` tokens, then its last
+``draft_window`` tokens and every token after them, numbered from 0 in the drafter's KV (RoPE
+scores depend only on the distance between positions, so the window's own distances are the
+sequence's; only the jump from the sink to the window shrinks, as in StreamingLLM). The drafter
+then never feeds the middle: its pass over a long prompt costs at most sink + window tokens.
+Drafts stay drafts: the target verifies them against the whole context, so output is lossless
+whatever the window; only acceptance can fall.
 """
 
 from __future__ import annotations
@@ -9,11 +18,23 @@ from verifypd.types import Sequence
 _DRAFT_SEED_SALT = 0x5DEECE66D  # drafter noise must not reuse the target's sampling stream
 
 
-class DraftView:
-    """The drafter's copy of a target sequence: same tokens, its own KV progress and blocks."""
+def window_skip(seq: Sequence, window: int | None, sink: int) -> int:
+    """Prompt tokens a view of ``seq`` leaves out: those between the first ``sink`` and the
+    last ``window`` (0 without a window, or for a prompt no longer than sink + window)."""
+    if window is None:
+        return 0
+    return max(0, seq.num_prompt_tokens - sink - window)
 
-    def __init__(self, seq: Sequence) -> None:
+
+class DraftView:
+    """The drafter's copy of a target sequence: same tokens (but a window's left-out middle,
+    ``skip`` tokens after the first ``sink``), its own KV progress and blocks. Its counts and
+    positions are its own; ``local`` maps a sequence's token count onto them."""
+
+    def __init__(self, seq: Sequence, window: int | None = None, sink: int = 0) -> None:
         self.seq_id = seq.seq_id
+        self.sink = sink
+        self.skip = window_skip(seq, window, sink)
         self.token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
@@ -31,6 +52,22 @@ class DraftView:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def local(self, n: int) -> int:
+        """The view's count of the sequence's first ``n`` tokens."""
+        if n <= self.sink:
+            return n
+        return max(self.sink, n - self.skip)
+
+    def seq_end(self, k: int) -> int:
+        """A sequence's token count whose ``local`` count is the view's ``k`` (the smallest)."""
+        return k if k <= self.sink else k + self.skip
+
+    def ids_of(self, token_ids: list[int]) -> list[int]:
+        """The view's tokens of a sequence's ``token_ids`` (the middle left out)."""
+        if not self.skip:
+            return list(token_ids)
+        return token_ids[: self.sink] + token_ids[self.sink + self.skip :]
 
     def following_now(self) -> bool:
         """A forward behind its prompt chunks is being enqueued, or has not run yet on the

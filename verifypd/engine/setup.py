@@ -122,6 +122,8 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
     drafter = None
     if draft is not None:  # its own pool of as many blocks as the target's (sized together)
         drafter = DraftModelProposer(draft, pool.num_blocks, pool.block_size, device, dtype)
+        drafter.window = config.spec.draft_window
+        drafter.window_sink = config.spec.draft_window_sink
     parts = EngineParts(
         config, device, dtype, ops, loaded, max_model_len, use_cuda_graphs, sizing, pool, kv,
         scheduler, runner, grammars, SpecDecoder(config.spec, drafter),

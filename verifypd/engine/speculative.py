@@ -27,7 +27,7 @@ from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.draft_catch_up import chunked_catch_up, uniform_catch_up
 from verifypd.engine.draft_follow import PromptFollower, wait_for_follow
-from verifypd.engine.draft_view import DraftView
+from verifypd.engine.draft_view import DraftView, window_skip
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
@@ -56,6 +56,10 @@ class DraftModelProposer:
         self.block_size = block_size
         self.vocab_size = cfg.vocab_size
         self.views: dict[int, DraftView] = {}
+        # The context window of its views (``SpecConfig.draft_window``, set at setup): a
+        # prompt's first ``window_sink`` and last ``window`` tokens; None: whole contexts.
+        self.window: int | None = None
+        self.window_sink = 0
         self._graph_ready = False  # the last draft step replayed the q = 1 graph
         self.last_catch_up = 0  # most tokens a view had to feed in the last proposal's 1st step
         # Set with the drafter's graphs (``setup.capture_graphs``): the chunk graphs' q, and
@@ -196,20 +200,33 @@ class DraftModelProposer:
         return logits.argmax(dim=-1)
 
     def _prepare_view(self, seq: Sequence, num_drafts: int) -> DraftView | None:
-        view = self.views.get(seq.seq_id)
-        if view is None:
-            view = self.views[seq.seq_id] = DraftView(seq)
+        view = self.view_of(seq)
         if view.following:  # a forward behind a step is being enqueued for it: it feeds the view
             return None
-        view.token_ids = self._drafter_ids(seq.token_ids)
-        known = seq.num_tokens - 1
+        view.token_ids = self._drafter_ids(view.ids_of(seq.token_ids))
+        known = view.num_tokens - 1
         if view.draft_start is not None:  # drafts whose verify never landed: none is known
             known, view.draft_start = min(known, view.draft_start), None
         view.num_computed_tokens = min(view.num_computed_tokens, known)
         self.kv.truncate(view.block_table, view.num_computed_tokens)
-        if not self.kv.allocate(view.block_table, seq.num_tokens + num_drafts - 1):
+        if not self.kv.allocate(view.block_table, view.num_tokens + num_drafts - 1):
             return None
         return view
+
+    def view_of(self, seq: Sequence) -> DraftView:
+        """``seq``'s view, made (with the context window) on first use."""
+        view = self.views.get(seq.seq_id)
+        if view is None:
+            view = self.views[seq.seq_id] = DraftView(seq, self.window, self.window_sink)
+        return view
+
+    def behind(self, seq: Sequence) -> int:
+        """Tokens the drafter must feed for ``seq`` before it drafts (its whole view when it
+        never has: the window's, with one)."""
+        view = self.views.get(seq.seq_id)
+        if view is not None:
+            return view.local(seq.num_tokens) - view.num_computed_tokens
+        return seq.num_tokens - window_skip(seq, self.window, self.window_sink)
 
     def _drafter_ids(self, token_ids: list[int]) -> list[int]:
         """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""

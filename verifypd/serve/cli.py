@@ -66,6 +66,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="fixed draft length L (turns the controller off); default: the controller picks L",
     )
     add(
+        "--draft-window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the draft model sees a long prompt's first 4 and last N tokens only (its pass "
+        "over a prompt costs at most N + 4 tokens; output stays lossless, acceptance may "
+        "fall); default: the whole context",
+    )
+    add(
         "--synthetic-acceptance",
         type=float,
         default=None,
@@ -205,6 +214,7 @@ def config_from_args(
         method=method,
         draft_model=draft_model,
         synthetic_acceptance=args.synthetic_acceptance,
+        draft_window=args.draft_window,
         **fixed,
         **spec_env_overrides(os.environ),
     )
