@@ -90,6 +90,7 @@ from verifypd.config import (  # noqa: E402
     SchedulerConfig,
     SpecConfig,
 )
+from verifypd.controller import AcceptanceEstimate  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "mixed"
@@ -108,6 +109,9 @@ class Mode:
     sched_options: tuple[tuple[str, float | None], ...] = ()  # SchedulerConfig fields set
     # EngineConfig fields set
     engine_options: tuple[tuple[str, bool | int | str | tuple | KernelConfig | None], ...] = ()
+    # Benchmark only: the goodput policy's population α reset to this at the start of every
+    # run (a population stuck below what pays, forced; None: as the engine left it).
+    population_prior: float | None = None
 
 
 _CHUNK2K_FCFS = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", None))
@@ -134,6 +138,8 @@ def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...
     return _policy_with(engine=engine)
 
 
+MODES_POLICY = Mode("three", True, True, policy="goodput")
+
 MODES = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
@@ -145,7 +151,7 @@ MODES = {
     "three-ctrl-unchained": Mode("three", True, True, chain_drafts=False),
     # The sweep's names (issue 14): single-fixed and three-fixed as above.
     "off": Mode("three", False),
-    "policy": Mode("three", True, True, policy="goodput"),
+    "policy": MODES_POLICY,
     # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
     # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
     # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
@@ -159,6 +165,15 @@ MODES = {
         spec=(("draft_window", 128), ("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
     "three-fixed-win128": Mode("three", True, spec_options=(("draft_window", 128),)),
+    # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
+    # requests with no verify of their own probed only while the population is parked.
+    "policy-nostale": _policy_with(spec=(("probe_when_stale", False),)),
+    # ... both with every run starting from a population α of 0.3 (below what pays on an H100
+    # at 8 req/s): the stuck state that the stale probe gets out of.
+    "policy-stuck": dataclasses.replace(MODES_POLICY, population_prior=0.3),
+    "policy-nostale-stuck": dataclasses.replace(
+        _policy_with(spec=(("probe_when_stale", False),)), population_prior=0.3
+    ),
     "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
     # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the
@@ -597,6 +612,17 @@ def mode_config(args, name: str) -> EngineConfig:
                      "ttft_budget_s": args.ttft_budget_s, **dict(mode.sched_options)}  # fmt: skip
     sched = dataclasses.replace(cfg.scheduler, **sched_options)
     return cfg.replace(scheduler=sched, **dict(mode.engine_options))
+
+
+def reset_population(core, name: str) -> None:
+    """Before each measured run: the population α of a mode that sets ``population_prior``
+    (as the goodput policy starts it: the prior counts as ``population_prior_count`` verifies)."""
+    prior = MODES[name].population_prior
+    policy = core.controller
+    if prior is not None and hasattr(policy, "population"):
+        g = policy.goodput
+        policy.population = AcceptanceEstimate(g.population_weight, prior,
+                                               g.population_prior_count)  # fmt: skip
 
 
 def guard_draft_vocab(core) -> dict[str, Any] | None:

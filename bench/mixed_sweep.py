@@ -201,6 +201,7 @@ def engine_sweep(
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
             core.kv.reset_prefix_cache()  # a replayed trace must not hit the last run's cache
+            bench.reset_population(core, name)
             recorder.reset()
             if steps is not None:
                 steps.reset()

@@ -451,6 +451,11 @@ class SpecConfig:
     # req/s within 5 % or lower in 7 of 8 cells (1.09x at 14 once), not lower at 2 (the
     # light-load tail is now plain rows alone, as for `off`).
     second_token_plain: bool = True
+    # The goodput policy probes requests with no verify of their own also while nothing has
+    # drafted for a probe interval, not only while the population is parked
+    # (GoodputConfig.probe_when_stale): a population α below what pays otherwise holds every
+    # new request back for good. On by default since 2026-11-28.
+    probe_when_stale: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -519,6 +524,8 @@ class SpecConfig:
                 f"follow_decode_tokens must be None or one of catch_up_chunk's sizes "
                 f"{self.chunk_sizes}, got {feed!r}"
             )
+        if not isinstance(self.probe_when_stale, bool):
+            raise ValueError(f"probe_when_stale must be a bool, got {self.probe_when_stale!r}")
         window, sink = self.draft_window, self.draft_window_sink
         if window is not None and (type(window) is not int or window < 1):
             raise ValueError(f"draft_window must be an int >= 1 or None, got {window!r}")

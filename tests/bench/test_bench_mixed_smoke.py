@@ -175,3 +175,23 @@ def test_every_mode_builds_a_config_and_scheduler_variants_set_their_fields() ->
         for base in ("off", "policy"):
             carved = mixed.mode_config(args, f"{base}-carve{n}")
             assert carved == mixed.mode_config(args, base).replace(prefill_sm_carveout=n)
+
+
+def test_stuck_modes_start_every_run_from_a_low_population_prior() -> None:
+    """``policy-stuck`` / ``policy-nostale-stuck``: the goodput policy's population α is reset
+    to 0.3 before each run (``reset_population``); other modes keep what the engine learnt."""
+    from verifypd.lanes.async_engine import AsyncEngine
+
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny",
+                             "--draft-model", "dummy:tiny"])  # fmt: skip
+    core = AsyncEngine(mixed.mode_config(args, "policy-nostale-stuck")).core
+    assert core.config.spec.probe_when_stale is False
+    core.controller.population.update(4, 4)
+    mixed.reset_population(core, "policy-nostale-stuck")
+    assert core.controller.population.value == pytest.approx(0.3)
+    core.controller.population.update(4, 4)
+    learnt = core.controller.population.value
+    mixed.reset_population(core, "policy")
+    assert core.controller.population.value == learnt > 0.3
+    assert mixed.mode_config(args, "policy-stuck").spec.probe_when_stale is True

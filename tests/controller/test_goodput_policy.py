@@ -800,3 +800,95 @@ def test_waiting_rider_max_steps_is_validated(bad):
 def test_catch_up_every_steps_is_validated(bad):
     with pytest.raises(ValueError, match="catch_up_every_steps"):
         SpecConfig(catch_up_every_steps=bad)
+
+
+# -- a population stuck below what pays --------------------------------------------------------
+
+DEAR_DRAFTS = Shape(draft=3e-3)  # α ≈ 0.3 does not pay here, α ≈ 0.9 does
+
+
+def _stuck_policy(stale: bool, probe_min_steps: int = 16, **goodput):
+    """A population taught α ≈ 0.3 by four earlier requests (above the parking floor, below
+    what pays), then four new requests."""
+    policy = _policy(DEAR_DRAFTS, probe_min_steps=probe_min_steps, probe_when_stale=stale,
+                     **goodput)  # fmt: skip
+    old = _add(policy, 4)
+    for i in old:
+        _teach(policy, i, 0.3, verifies=200)
+        policy.remove_request(i)
+    assert policy.goodput.accept_floor < policy.population.value < 0.35
+    return policy, _add(policy, 4, start=10)
+
+
+def _run_verifying(policy, ids, alpha, steps, seed=0):
+    rng, reasons = random.Random(seed), []
+    for _ in range(steps):
+        d = policy.decide(_views(ids))
+        reasons.append(d.reason)
+        for i, n in d.draft_lens.items():
+            if n:
+                k = 0
+                while k < n and rng.random() < alpha:
+                    k += 1
+                policy.observe_acceptance(i, n, k)
+    return reasons
+
+
+def test_a_population_stuck_below_what_pays_is_probed_back():
+    """New requests start at the population's α; below what pays, nothing drafts and nothing
+    moves it (without the stale probe: for good). The stale probe drafts for the requests
+    without evidence once a probe interval has passed; they accept, and speculation resumes."""
+    policy, ids = _stuck_policy(stale=False)
+    assert set(_run_verifying(policy, ids, 0.9, 400)) == {"no_gain"}
+
+    policy, ids = _stuck_policy(stale=True)
+    reasons = _run_verifying(policy, ids, 0.9, 400)
+    assert reasons.index("probe") == 16 - 1 and reasons.count("probe") == 1
+    assert reasons[16:].count("speculate") >= 380
+    assert policy.population.value > 0.8
+
+
+def test_a_stale_probe_drafts_only_requests_without_evidence_and_backs_off():
+    """A request with its own low α̂ is not probed again (it rides: the rider bound is loosened
+    here, else its one token bounds the probe's step); probes that find nothing back off
+    exponentially, so traffic the drafter cannot predict costs a few probes."""
+    policy, ids = _stuck_policy(stale=True, probe_min_steps=8, rider_slack=1.0)
+    _teach(policy, ids[0], 0.2, verifies=50)  # its own evidence: it does not pay
+    probed = set()
+    for _ in range(2000):
+        d = policy.decide(_views(ids))
+        for i, n in d.draft_lens.items():
+            if n:
+                assert d.reason == "probe"
+                probed.add(i)
+                policy.observe_acceptance(i, n, 0)  # nothing accepted
+    assert ids[0] not in probed and probed == set(ids[1:])
+    assert policy.decisions["probe"] == 1  # the others have evidence now: no more probes
+    new = _add(policy, 2, start=50)  # new requests are probed, less and less often
+    for step in range(4000):
+        d = policy.decide(_views(ids + new))
+        for i, n in d.draft_lens.items():
+            if n:
+                policy.observe_acceptance(i, n, 0)
+        if step % 200 == 199:
+            new = [*new[1:], *_add(policy, 1, start=100 + step)]
+    assert 3 <= policy.decisions["probe"] <= 12
+    assert policy._probe_interval > 8
+
+
+def test_probe_when_stale_reaches_the_policy_and_is_checked():
+    assert GoodputConfig().probe_when_stale is True
+    with pytest.raises(ValueError, match="probe_when_stale"):
+        GoodputConfig(probe_when_stale=1)
+    with pytest.raises(ValueError, match="probe_when_stale"):
+        SpecConfig(probe_when_stale="no")
+
+
+def test_a_stale_probe_keeps_the_rider_bound():
+    """A plain row (a request with its own evidence that does not pay) rides in every step: a
+    probe's step would stretch its token beyond (1 + rider_slack) plain steps, so none runs."""
+    policy, ids = _stuck_policy(stale=True, probe_min_steps=8)
+    _teach(policy, ids[0], 0.2, verifies=50)
+    assert set(_run_verifying(policy, ids, 0.9, 200)) == {"no_gain"}
+    policy.remove_request(ids[0])
+    assert "probe" in _run_verifying(policy, ids[1:], 0.9, 200)

@@ -131,6 +131,8 @@ class GoodputPolicy(DraftController):
         self._probe_interval = self.goodput.probe_min_steps
         self._next_probe = self.goodput.probe_min_steps
         self._probed: set[int] = set()  # seq ids drafted in the last probe, not yet verified
+        self._last_spec_step = 0  # the last decision that drafted
+        self._exploring = False  # this step probes while stale (``_candidates``)
         self._next_catch_up = 0
         self._no_gain: tuple[tuple, int] | None = None  # (candidates' key, held until step)
         self.num_searches = 0  # full plan searches (the rest: blocked, no candidates, held)
@@ -195,6 +197,8 @@ class GoodputPolicy(DraftController):
         t0 = self.costs.decode(len(batch), contended)
         decision = self._decide(batch, load, t0, contended)
         decision.plain_step_s = t0
+        if decision.draft_len:
+            self._last_spec_step = self.num_steps
         self._record(decision, batch)
         self._time_cadence(decision, t0)
         return decision
@@ -228,8 +232,12 @@ class GoodputPolicy(DraftController):
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
+        floor = bar * len(batch) / t0
+        if self._exploring and any(c.probe for c in cands):
+            # a stale probe explores: its requests only, any plan within the guard
+            cands, floor = [c for c in cands if c.probe], 0.0
         search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
-        best = search.best(len(batch), cands, t0, bar * len(batch) / t0, self._waiting)
+        best = search.best(len(batch), cands, t0, floor, self._waiting)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -273,10 +281,19 @@ class GoodputPolicy(DraftController):
         """Requests that may speculate now, highest α̂ first (ties by seq id: deterministic).
         While the population is parked (its α below ``accept_floor``: the drafter does not
         predict this traffic) a request whose own α̂ is below the floor too only on a probe
-        step, planned at ``probe_alpha``."""
+        step, planned at ``probe_alpha``. While it is not parked but nothing has drafted for
+        a probe interval (``stale``: a prior below what pays holds every new request back,
+        and without drafts nothing moves it), a request with no verify of its own is planned
+        at ``probe_alpha`` on a probe step (``GoodputConfig.probe_when_stale``)."""
         g = self.goodput
         parked = self.population.value < g.accept_floor
-        probing = parked and self.num_steps >= self._next_probe and not self._probed
+        stale = (
+            g.probe_when_stale
+            and not parked
+            and self.num_steps - self._last_spec_step >= self._probe_interval
+        )
+        probing = (parked or stale) and self.num_steps >= self._next_probe and not self._probed
+        self._exploring = stale and probing
         catching_up = self.num_steps >= self._next_catch_up and not (
             g.catch_up_yields_to_prefill and load.prefill_running
         )
@@ -303,6 +320,10 @@ class GoodputPolicy(DraftController):
                 out.append(Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
                 continue
             alpha = st.acceptance.value
+            if self._exploring and not st.acceptance.num_updates and alpha < g.probe_alpha:
+                out.append(Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
+                                      probe=True))  # fmt: skip
+                continue
             if parked and alpha < g.accept_floor:  # only its own evidence, or a probe
                 if not probing:
                     continue

@@ -16,6 +16,13 @@ class GoodputConfig:
     probe_min_steps: int = 64  # first probe interval; doubles while probes find nothing
     probe_max_steps: int = 4096
     probe_alpha: float = 0.5  # α a probed request is planned with
+    # Probe requests with no verify of their own, at ``probe_alpha``, also while the population
+    # is not parked but nothing has drafted for a probe interval: new requests start at the
+    # population's α, and a population α below what pays (yet above the floor) otherwise
+    # holds every request back for good, since only drafts move it (an H100 sweep, 978a2b8:
+    # stuck at 0.41 after a run of low-α hetero requests, the policy drafted nothing for the
+    # engine's remaining three runs, uniform α = 0.8 included).
+    probe_when_stale: bool = True
     population_weight: float = 0.02  # EWMA weight of one verify in the population's α
     # The population's prior α (ControllerConfig.initial_acceptance) counts as this many
     # verifies, not as the EWMA's whole memory: a drafter that does not predict the traffic
@@ -146,6 +153,7 @@ class GoodputConfig:
             (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
             (0.0 <= self.follow_min_alpha <= 1.0, "follow_min_alpha in [0, 1]"),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
+            (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
             (

@@ -63,6 +63,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         drafts_beside_decode=spec.drafts_beside_decode,
         contention_costs=spec.contention_costs,
         second_token_plain=spec.second_token_plain,
+        probe_when_stale=spec.probe_when_stale,
     )
 
 
