@@ -892,3 +892,21 @@ def test_a_stale_probe_keeps_the_rider_bound():
     assert set(_run_verifying(policy, ids, 0.9, 200)) == {"no_gain"}
     policy.remove_request(ids[0])
     assert "probe" in _run_verifying(policy, ids[1:], 0.9, 200)
+
+
+def test_a_stale_probe_feeds_far_drafters_in_a_catch_up_round():
+    """Requests that never drafted have drafters a whole prompt behind: the probe is their
+    catch-up round (its feed a one-off, not priced as every step's), and a row at its last
+    token rides outside the guard (as a rider it would bound the probe's step)."""
+    policy, ids = _stuck_policy(stale=True)
+    last = _add(policy, 1, start=90)[0]
+    views = [SeqView(i, 300) for i in ids] + [SeqView(last, 1200, tokens_left=1)]
+    reasons = []
+    for _ in range(2 * policy.goodput.probe_min_steps):
+        d = policy.decide(views)
+        reasons.append(d.reason)
+        if d.draft_len:
+            break
+    assert reasons[-1] == "catch_up" and set(reasons[:-1]) == {"no_gain"}
+    assert {i for i, n in d.draft_lens.items() if n} == set(ids)
+    assert len(reasons) == policy.goodput.probe_min_steps

@@ -232,12 +232,14 @@ class GoodputPolicy(DraftController):
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
-        floor = bar * len(batch) / t0
+        floor, outside = bar * len(batch) / t0, 0
         if self._exploring and any(c.probe for c in cands):
-            # a stale probe explores: its requests only, any plan within the guard
+            # a stale probe explores: its requests only, any plan within the guard; rows at
+            # their last token ride outside it, as always
+            outside = sum(c.last for c in cands)
             cands, floor = [c for c in cands if c.probe], 0.0
         search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
-        best = search.best(len(batch), cands, t0, floor, self._waiting)
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -322,7 +324,7 @@ class GoodputPolicy(DraftController):
             alpha = st.acceptance.value
             if self._exploring and not st.acceptance.num_updates and alpha < g.probe_alpha:
                 out.append(Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
-                                      probe=True))  # fmt: skip
+                                      probe=True, far=far))  # fmt: skip
                 continue
             if parked and alpha < g.accept_floor:  # only its own evidence, or a probe
                 if not probing:

@@ -106,18 +106,25 @@ class PlanSearch:
     contended: bool = False
 
     def best(
-        self, rows: int, cands: list[Candidate], t0: float, floor: float, waiting: int
+        self,
+        rows: int,
+        cands: list[Candidate],
+        t0: float,
+        floor: float,
+        waiting: int,
+        outside: int = 0,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
-        tokens per second (None: none does); ``waiting`` rows wait for their drafter. Work per
+        tokens per second (None: none does); ``waiting`` rows wait for their drafter, and
+        ``outside`` more rows ride outside the rider bound whatever the setting. Work per
         step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
         step."""
         g, c = self.goodput, self.contended
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
-        exempt = waiting if g.waiting_riders_exempt else 0
+        exempt = (waiting if g.waiting_riders_exempt else 0) + outside
         groups = group_candidates(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
         best: Plan | None = None
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
