@@ -43,6 +43,7 @@ TOPICS = {
     "latency": "latency",
     "spec": "spec",
     "spec_off_cost": "spec",
+    "draft_window": "spec",
     "mixed": "mixed",
     "offline": "offline",
     "overlap": "profile",

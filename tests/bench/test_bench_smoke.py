@@ -280,3 +280,20 @@ def test_kernels_dry_run_times_the_prompt_attention_the_engine_runs(tmp_path: Pa
     prompt = [r for r in rows if r["kernel"].endswith("_attn") and "keys" in r]
     assert {r["keys"] for r in prompt} == {"own rows", "pages"}
     assert sum(r["keys"] == "pages" for r in prompt) == 1
+
+
+@pytest.mark.slow
+def test_draft_window(tmp_path: Path) -> None:
+    """SmolLM2 drafting for itself: with the whole context every draft is accepted; a window
+    shorter than the prompts accepts fewer; output is plain greedy's either way."""
+    argv = ["--device", "cpu", "--no-ceilings", "--windows", "none,16", "--passage-chars",
+            "600", "--max-tokens", "6", "--out", str(tmp_path)]  # fmt: skip
+    load_bench("draft_window").main(argv)
+    data = json.loads((tmp_path / "draft_window-cpu.json").read_text())
+    assert META_KEYS <= set(data) and data["complete"] is True
+    assert min(data["prompt_tokens"]) > 16 + 4  # every prompt is cut by the window
+    whole, cut = data["results"]["none"], data["results"]["16"]
+    assert whole["lossless"] and cut["lossless"]
+    assert whole["drafted"] > 0 and whole["acceptance"] > 0.9
+    assert cut["window"] == 16 and cut["acceptance"] < whole["acceptance"]
+    assert (tmp_path / "draft_window-cpu.png").is_file()
