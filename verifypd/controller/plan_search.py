@@ -130,19 +130,21 @@ class PlanSearch:
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
         plans: list[Plan] | None = [] if g.tail_tolerance else None
-        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up),
-        # priced once, not at every L.
+        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up,
+        # the other rows' decode step), priced once, not at every L.
         fixed = [
             (
                 self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0),
                 self.costs.draft(grp.end, c),
                 self.costs.catch_up(grp.steady, c),
+                self.costs.decode(rows - grp.end, c),
             )
             for grp in groups
         ]
         for L in range(1, self.max_draft_len + 1):
             tokens, least = float(rows), math.inf
-            for grp, (one_off, draft_step_s, steady_s) in zip(groups, fixed, strict=True):
+            whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
+            for grp, (one_off, draft_step_s, steady_s, others_s) in zip(groups, fixed, strict=True):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
@@ -151,12 +153,12 @@ class PlanSearch:
                 # plain rows wait for their one token: the whole step, or (drafts beside the
                 # decode step) their own decode step
                 riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
-                for fused, step_s in self._step_times(rows, k, L, draft_s):
+                for fused, step_s in self._step_times(rows, k, L, draft_s, others_s, whole):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + one_off / g.amortize_steps)
                     wait = step_s
                     if g.drafts_beside_decode and not fused:
-                        wait = self.costs.decode(rows - k, c) + g.round_overhead_s
+                        wait = others_s + g.round_overhead_s
                     # the cap bounds the whole step: a catch-up round's context feed too
                     if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue
@@ -172,10 +174,13 @@ class PlanSearch:
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
 
-    def _step_times(self, rows: int, k: int, L: int, draft_s: float) -> list[tuple[bool, float]]:
-        """(fused, seconds) of one round: the fused step and the separate decode + verify."""
+    def _step_times(
+        self, rows: int, k: int, L: int, draft_s: float, others_s: float, whole_s: float
+    ) -> tuple[tuple[bool, float], tuple[bool, float]]:
+        """(fused, seconds) of one round: the fused step and the separate decode + verify
+        (``others_s``: the other rows' decode step; ``whole_s``: all rows' verify at 1 + L)."""
         c, busy = self.costs, self.contended
         uniform = k == rows or self.goodput.padded_fused
-        fwd = c.verify(rows, 1 + L, busy) if uniform else c.mixed(rows, rows + k * L, busy)
-        separate = draft_s + c.decode(rows - k, busy) + c.verify(k, 1 + L, busy)
-        return [(True, draft_s + fwd), (False, separate)]
+        fwd = whole_s if uniform else c.mixed(rows, rows + k * L, busy)
+        separate = draft_s + others_s + c.verify(k, 1 + L, busy)
+        return (True, draft_s + fwd), (False, separate)
