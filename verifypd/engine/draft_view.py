@@ -64,9 +64,10 @@ class DraftView:
         return k if k <= self.sink else k + self.skip
 
     def ids_of(self, token_ids: list[int]) -> list[int]:
-        """The view's tokens of a sequence's ``token_ids`` (the middle left out)."""
+        """The view's tokens of a sequence's ``token_ids`` (the middle left out; without a
+        window ``token_ids`` itself, not a copy: the callers map it to the drafter's ids)."""
         if not self.skip:
-            return list(token_ids)
+            return token_ids
         return token_ids[: self.sink] + token_ids[self.sink + self.skip :]
 
     def following_now(self) -> bool:
