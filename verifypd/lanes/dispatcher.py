@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
+from verifypd.lanes.ahead_launch import launch_ahead
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
@@ -271,41 +272,9 @@ class LaneDispatcher:
         return True
 
     async def _launch_ahead(self) -> bool:
-        """Launches the next decode step behind the one in flight (``decode_ahead``): its
-        entries planned ahead of the host (``Scheduler.plan_ahead``), then every decodable
-        sequence not in flight. False when there is nothing to launch ahead."""
-        head, prompt = self.in_flight.get("decode"), self.in_flight.get("prefill")
-        if self.decode_gap_beside_prefill_s > 0.0 and self._beside_long_prompt():
-            return False  # decode steps are spaced out beside it
-        if not self.ahead.may_ask(head, prompt, self.core):
-            return False
-        if self.policy.enabled and self._speculates_next(head):
-            return False
-        entries = self.sched.plan_ahead(head.plan, head.pending.sampled_at)
-        if not entries:
-            return False
-        entries += self.sched.plan_decode(NO_SPECULATION)
-        self.rides.ride(entries)
-        plan = StepPlan("decode", entries, prev_ids=head.pending.device_ids)
-        self.sched.begin_step(plan)
-        self._log_launch("decode")
-        self.deltas.drafted_last = False
-        self.core.observer.decode_ahead()
-        flight = InFlight(plan, None, self.clock(), prompt is not None)
-        self.ahead.launched(flight)
-        self._last_decode_launch = flight.start
-        try:
-            flight.pending = await self._launch_fn("decode", plan)
-        except RequestFailure as failure:  # some requests' own inputs: the rest wait
-            self.ahead.step = None
-            self.sched.abandon(plan)  # nothing of it ran; the others plan again later
-            self.failures.end_requests(failure.request_ids)
-            return False
-        except Exception:
-            self.ahead.step = None
-            self.failures.fail(plan)
-            return False
-        return True
+        """The next decode step behind the one in flight (``lanes.ahead_launch``); False when
+        there is nothing to launch ahead."""
+        return await launch_ahead(self)
 
     def _prompt_waits_for_decode(self) -> bool:
         """The prefill lane leaves the next prompt to the decode lane (``lanes.prompt_rides``)."""
@@ -318,21 +287,6 @@ class LaneDispatcher:
         )
         return self.rides.leaves_to_decode("decode" in self.in_flight, drafting,
                                            self._prefill_wait())  # fmt: skip
-
-    def _speculates_next(self, head: InFlight) -> bool:
-        """The step after ``head`` speculates (a round under way, or the policy decides so for
-        its batch now): it waits for its tokens and drafts. The decision is kept for it: a
-        decision has side effects (catch-up rounds, probes, the no-gain hold), so it is not
-        asked again when that step is planned (asked twice, the second answer lost every
-        catch-up round the first one scheduled)."""
-        if self.verify_queue or "verify" in self.in_flight:
-            return True
-        batch = [e.seq for e in head.plan.seqs if e.seq.status is SeqStatus.DECODING]
-        batch += self.core.decodable()
-        decision = self.policy.decide(self._prefill_signal(), batch)
-        if decision.lens:
-            self.ahead.keep(decision, batch)
-        return bool(decision.lens)
 
     def _log_launch(self, lane: str) -> None:
         self.launch_log.append(lane)
