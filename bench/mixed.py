@@ -139,6 +139,7 @@ def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...
 
 
 MODES_POLICY = Mode("three", True, True, policy="goodput")
+_NOSTALE = _policy_with(spec=(("probe_when_stale", False),))
 
 MODES = {
     "three-ctrl": Mode("three", True, True),
@@ -152,9 +153,6 @@ MODES = {
     # The sweep's names (issue 14): single-fixed and three-fixed as above.
     "off": Mode("three", False),
     "policy": MODES_POLICY,
-    # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
-    # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
-    # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
     # The drafter's context window (SpecConfig.draft_window): a prompt's first 4 and last 64 /
     # 128 / 256 tokens, so its pass over a 3k-token prompt feeds 68-260 tokens; with the light-
     # load follow behind prompt steps too (its forward then small beside the decode steps).
@@ -167,13 +165,14 @@ MODES = {
     "three-fixed-win128": Mode("three", True, spec_options=(("draft_window", 128),)),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
-    "policy-nostale": _policy_with(spec=(("probe_when_stale", False),)),
+    "policy-nostale": _NOSTALE,
     # ... both with every run starting from a population α of 0.3 (below what pays on an H100
     # at 8 req/s): the stuck state that the stale probe gets out of.
     "policy-stuck": dataclasses.replace(MODES_POLICY, population_prior=0.3),
-    "policy-nostale-stuck": dataclasses.replace(
-        _policy_with(spec=(("probe_when_stale", False),)), population_prior=0.3
-    ),
+    "policy-nostale-stuck": dataclasses.replace(_NOSTALE, population_prior=0.3),
+    # Variants for A/Bs in the same run: the goodput policy with the looser latency guard of
+    # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
+    # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
     "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
     # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the
