@@ -163,6 +163,11 @@ MODES = {
         spec=(("draft_window", 128), ("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
     "three-fixed-win128": Mode("three", True, spec_options=(("draft_window", 128),)),
+    # The ITL tail's budget (SpecConfig.tail_budget, --spec-tail-budget): speculation's late
+    # tokens (more than 1.05 plain steps after the one before) kept to 0.2 / 0.5 / 1 % of all.
+    "policy-budget2": _policy_with(spec=(("tail_budget", 0.002),)),
+    "policy-budget5": _policy_with(spec=(("tail_budget", 0.005),)),
+    "policy-budget10": _policy_with(spec=(("tail_budget", 0.01),)),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
     "policy-nostale": _NOSTALE,

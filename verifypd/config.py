@@ -456,6 +456,12 @@ class SpecConfig:
     # (GoodputConfig.probe_when_stale): a population α below what pays otherwise holds every
     # new request back for good. On by default since 2026-11-28.
     probe_when_stale: bool = True
+    # The ITL tail's budget (GoodputConfig.tail_budget; None: none, the default): at most about
+    # this share of all tokens may come more than ``tail_ratio`` plain steps after the one
+    # before because of speculation. With 0.005 the ITL p99 stays a plain step's, at the cost
+    # of the speedup of requests whose drafts are often rejected (``--spec-tail-budget``).
+    tail_budget: float | None = None
+    tail_ratio: float = 1.05
 
     def __post_init__(self) -> None:
         if self.method not in ("off", "ngram", "draft"):
@@ -533,6 +539,10 @@ class SpecConfig:
             raise ValueError(f"draft_window_sink must be an int >= 0, got {sink!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
+            raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
+        if not self.tail_ratio >= 1.0:
+            raise ValueError(f"tail_ratio must be >= 1, got {self.tail_ratio!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
             raise ValueError(f"tail_tolerance must be in [0, 1), got {self.tail_tolerance!r}")
 

@@ -49,3 +49,4 @@ class BatchDecision:
     predicted_step_s: float = 0.0
     predicted_tokens: float = 0.0
     plain_step_s: float = 0.0
+    late_tokens: float = 0.0  # expected tokens later than the ITL tail's bound (tail_budget)

@@ -61,6 +61,7 @@ from verifypd.controller.draft_controller import (
 from verifypd.controller.goodput_config import GoodputConfig
 from verifypd.controller.plan_search import Candidate, PlanSearch, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
+from verifypd.controller.tail_budget import TailBudget
 
 
 class GoodputPolicy(DraftController):
@@ -82,6 +83,7 @@ class GoodputPolicy(DraftController):
                                              config.initial_acceptance,
                                              self.goodput.population_prior_count)  # fmt: skip
         self.decisions = dict.fromkeys(REASONS, 0)
+        self.tail = TailBudget(self.goodput.tail_budget, self.goodput.tail_window_tokens)
         self.num_fused = 0
         self.last: BatchDecision | None = None
         self._probe_interval = self.goodput.probe_min_steps
@@ -155,6 +157,9 @@ class GoodputPolicy(DraftController):
         decision.plain_step_s = t0
         if decision.draft_len:
             self._last_spec_step = self.num_steps
+            self.tail.spend(decision.predicted_tokens, decision.late_tokens)
+        else:
+            self.tail.spend(len(batch), 0.0)
         self._record(decision, batch)
         self._time_cadence(decision, t0)
         return decision
@@ -195,7 +200,8 @@ class GoodputPolicy(DraftController):
             outside = sum(c.last for c in cands)
             cands, floor = [c for c in cands if c.probe], 0.0
         search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside)
+        credit = self.tail.available()
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, credit)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -212,7 +218,8 @@ class GoodputPolicy(DraftController):
         if any(c.far for c in chosen):
             self._next_catch_up = self.num_steps + g.catch_up_every_steps
             reason = "catch_up"
-        return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens)
+        return BatchDecision(lens, best.fused, reason, best.draft_len, best.step_s, best.tokens,
+                             late_tokens=best.late)  # fmt: skip
 
     def _key(self, batch: list[SeqView], cands: list[Candidate]) -> tuple:
         """What a "no gain" verdict depends on besides the costs' levels (built only while a
@@ -342,6 +349,7 @@ class GoodputPolicy(DraftController):
                 "predicted_step_s": d.predicted_step_s if d else None,
                 "plain_step_s": d.plain_step_s if d else None,
                 "probe_interval": self._probe_interval,
+                "tail_credit": self.tail.available() if self.tail.share is not None else None,
                 "cost_levels": levels,
                 # the same as scalars (benchmark timelines keep scalars only)
                 **{f"cost_{k}": v for k, v in levels.items()},

@@ -133,6 +133,15 @@ class GoodputConfig:
     # plain steps with a 0.5B drafter beside a 7B target) a request accepting less yields no
     # more tokens per second than plain decoding, and its drafter's forwards would be wasted.
     follow_min_alpha: float = 0.3
+    # The ITL tail's budget (``verifypd.controller.tail_budget``; None: none): at most about
+    # this share of the tokens delivered may come later than ``tail_ratio`` plain steps after
+    # the one before because of speculation (a round whose drafts are rejected, a plain row
+    # riding in a round). Plans whose expected late tokens exceed the credit are not taken;
+    # the credit grows by the share per token delivered and holds at most
+    # share · ``tail_window_tokens`` late tokens.
+    tail_budget: float | None = None
+    tail_ratio: float = 1.05
+    tail_window_tokens: int = 2048
 
     def __post_init__(self) -> None:
         checks = [
@@ -152,6 +161,14 @@ class GoodputConfig:
             (self.round_overhead_s >= 0.0, "round_overhead_s >= 0"),
             (0.0 <= self.tail_tolerance < 1.0, "tail_tolerance in [0, 1)"),
             (0.0 <= self.follow_min_alpha <= 1.0, "follow_min_alpha in [0, 1]"),
+            (
+                self.tail_budget is None or 0.0 <= self.tail_budget < 1.0,
+                "tail_budget in [0, 1) or None",
+            ),  # fmt: skip
+            (
+                self.tail_ratio >= 1.0 and self.tail_window_tokens >= 1,
+                "tail ratio >= 1, window >= 1",
+            ),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

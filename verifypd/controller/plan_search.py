@@ -7,11 +7,12 @@ in, a ``Plan`` or None out: it reads the policy's knobs and the cost model, and 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.controller.goodput_config import GoodputConfig
 from verifypd.controller.policy import expected_tokens
+from verifypd.controller.tail_budget import late_tokens
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Plan:
     k: int
     draft_len: int
     fused: bool
+    late: float = 0.0  # expected tokens later than the tail's bound (``tail_budget``)
 
 
 @dataclass
@@ -113,14 +115,16 @@ class PlanSearch:
         floor: float,
         waiting: int,
         outside: int = 0,
+        late_credit: float = math.inf,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
         tokens per second (None: none does); ``waiting`` rows wait for their drafter, and
-        ``outside`` more rows ride outside the rider bound whatever the setting. Work per
-        step is O(buckets · L_max), not O(B · L_max): it runs on the host before every decode
-        step."""
+        ``outside`` more rows ride outside the rider bound whatever the setting. A plan whose
+        expected late tokens (``Tail``) exceed ``late_credit`` is not taken. Work per step is
+        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step
+        (with a finite ``late_credit``, O(buckets² · L_max) on rounds longer than the bound)."""
         g, c = self.goodput, self.contended
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
@@ -141,12 +145,17 @@ class PlanSearch:
             )
             for grp in groups
         ]
+        tail = Tail(g.tail_ratio * t0, rows) if late_credit < math.inf else None
         for L in range(1, self.max_draft_len + 1):
             tokens, least = float(rows), math.inf
+            if tail is not None:
+                tail.groups.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
             for grp, (one_off, draft_step_s, steady_s, others_s) in zip(groups, fixed, strict=True):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
+                if tail is not None:
+                    tail.groups.append((grp.count, grp.mean_alpha))
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
@@ -164,7 +173,13 @@ class PlanSearch:
                         continue
                     if plans is None and best is not None and value <= best.value:
                         continue  # the first of equals stays: deterministic
-                    plan = Plan(value, step_s + one_off, tokens, k, L, fused)
+                    late = 0.0
+                    if tail is not None:  # riders beside a fused round wait for its feed too
+                        gap = wait if wait < step_s else step_s + one_off
+                        late = tail.late(k, L, step_s + one_off, gap)
+                    if late > late_credit:
+                        continue
+                    plan = Plan(value, step_s + one_off, tokens, k, L, fused, late)
                     if best is None or value > best.value:
                         best = plan
                     if plans is not None:
@@ -184,3 +199,25 @@ class PlanSearch:
         fwd = whole_s if uniform else c.mixed(rows, rows + k * L, busy)
         separate = draft_s + others_s + c.verify(k, 1 + L, busy)
         return (True, draft_s + fwd), (False, separate)
+
+
+@dataclass
+class Tail:
+    """One search's pricing of late tokens (``verifypd.controller.tail_budget``): tokens that
+    come more than ``bound_s`` after the one before. ``groups``: (speculating rows, mean α̂)
+    of the groups in the set so far, at the L being searched."""
+
+    bound_s: float
+    rows: int
+    groups: list[tuple[int, float]] = field(default_factory=list)
+
+    def late(self, k: int, L: int, step_s: float, wait_s: float) -> float:
+        """Late tokens of the first ``k`` candidates speculating with ``L`` in a round of
+        ``step_s``: speculators whose round gives too few tokens for its length, rows at
+        their last token (one token after the round), and plain riders waiting ``wait_s``."""
+        late = float(self.rows - k) if wait_s > self.bound_s else 0.0
+        if step_s <= self.bound_s:
+            return late
+        spec = sum(n for n, _ in self.groups)
+        ratio = step_s / self.bound_s
+        return late + (k - spec) + sum(n * late_tokens(a, L, ratio) for n, a in self.groups)

@@ -75,6 +75,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "fall); default: the whole context",
     )
     add(
+        "--spec-tail-budget",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="the speculation policy keeps the tokens that speculation makes late (more than "
+        "1.05 plain decode steps after the one before) to about SHARE of all tokens, e.g. "
+        "0.005: the ITL p99 stays a plain step's, requests whose drafts are often rejected "
+        "speculate less; default: no budget",
+    )
+    add(
         "--synthetic-acceptance",
         type=float,
         default=None,
@@ -215,6 +225,7 @@ def config_from_args(
         draft_model=draft_model,
         synthetic_acceptance=args.synthetic_acceptance,
         draft_window=args.draft_window,
+        tail_budget=args.spec_tail_budget,
         **fixed,
         **spec_env_overrides(os.environ),
     )
