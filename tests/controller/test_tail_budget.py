@@ -162,7 +162,7 @@ def test_rounds_within_the_plain_steps_own_tail_are_free():
     them): with a zero budget the policy decodes plainly until it has timed them, then takes
     rounds up to 1.4 plain steps long, late-free."""
     clock = FakeClock()
-    policy = _policy(Shape(), clock=clock, tail_budget=0.0)
+    policy = _policy(Shape(), clock=clock, tail_budget=0.0, tail_plain_quantile=99.0)
     ids = _add(policy, 4)
     for i in ids:
         _teach(policy, i, 0.8)

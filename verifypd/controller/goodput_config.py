@@ -145,7 +145,7 @@ class GoodputConfig:
     tail_budget: float | None = None
     tail_ratio: float = 1.05
     tail_window_tokens: int = 2048
-    tail_plain_quantile: float | None = 99.0
+    tail_plain_quantile: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
