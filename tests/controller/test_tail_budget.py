@@ -5,7 +5,6 @@ while it still speculates where rounds are short or the credit allows."""
 import random
 
 import pytest
-from controller_sim import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_goodput_policy import Shape, _add, _policy, _teach, _views
@@ -142,36 +141,3 @@ def test_the_budget_reaches_the_policy_and_is_checked():
             SpecConfig(**bad)
         with pytest.raises(ValueError, match="tail"):
             GoodputConfig(**bad)
-
-
-def test_the_bound_follows_the_plain_steps_own_tail_once_timed():
-    budget = TailBudget(0.0, 100, ratio=1.05, quantile=99.0, clock=FakeClock())
-    for i in range(TailBudget.MIN_SAMPLES - 1):
-        budget.observe_plain(1.4 if i % 20 == 0 else 1.0)
-    assert budget.bound_s(0.01) == pytest.approx(0.0105)  # too few plain steps timed yet
-    budget.observe_plain(1.0)
-    assert budget.bound_s(0.01) == pytest.approx(0.014)  # their p99: 1.4 predicted steps
-    fixed = TailBudget(0.0, 100, ratio=1.05, quantile=None, clock=FakeClock())
-    for _ in range(200):
-        fixed.observe_plain(1.4)
-    assert fixed.bound_s(0.01) == pytest.approx(0.0105)
-
-
-def test_rounds_within_the_plain_steps_own_tail_are_free():
-    """Plain steps that take 1.4 predicted steps one time in twenty (prompts landing beside
-    them): with a zero budget the policy decodes plainly until it has timed them, then takes
-    rounds up to 1.4 plain steps long, late-free."""
-    clock = FakeClock()
-    policy = _policy(Shape(), clock=clock, tail_budget=0.0, tail_plain_quantile=99.0)
-    ids = _add(policy, 4)
-    for i in ids:
-        _teach(policy, i, 0.8)
-    assert policy.decide(_views(ids)).reason == "no_gain"
-    others = _add(policy, 4, start=10, speculate=False)
-    for step in range(150):
-        d = policy.decide(_views(others))
-        assert d.reason == "no_candidates"
-        clock.advance(d.plain_step_s * (1.4 if step % 20 == 0 else 1.0))
-    d = policy.decide(_views(ids))
-    assert d.reason == "speculate" and d.late_tokens == 0.0
-    assert 1.05 * d.plain_step_s < d.predicted_step_s <= 1.4 * d.plain_step_s

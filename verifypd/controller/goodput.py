@@ -83,9 +83,7 @@ class GoodputPolicy(DraftController):
                                              config.initial_acceptance,
                                              self.goodput.population_prior_count)  # fmt: skip
         self.decisions = dict.fromkeys(REASONS, 0)
-        g = self.goodput
-        self.tail = TailBudget(g.tail_budget, g.tail_window_tokens, g.tail_ratio,
-                               g.tail_plain_quantile, clock)  # fmt: skip
+        self.tail = TailBudget(self.goodput.tail_budget, self.goodput.tail_window_tokens)
         self.num_fused = 0
         self.last: BatchDecision | None = None
         self._probe_interval = self.goodput.probe_min_steps
@@ -173,8 +171,6 @@ class GoodputPolicy(DraftController):
             if now - at < 10 * predicted:  # not an idle gap between requests
                 c = self.cadence[kind]
                 c[0], c[1], c[2] = c[0] + 1, c[1] + now - at, c[2] + predicted
-                if kind == "plain":
-                    self.tail.observe_plain((now - at) / predicted)
         kind = "spec" if d.draft_len else "plain"
         self._last_decision = (now, kind, d.predicted_step_s if d.draft_len else t0)
 
@@ -204,8 +200,8 @@ class GoodputPolicy(DraftController):
             outside = sum(c.last for c in cands)
             cands, floor = [c for c in cands if c.probe], 0.0
         search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
-        credit, bound = self.tail.available(), self.tail.bound_s(t0)
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, credit, bound)
+        credit = self.tail.available()
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, credit)
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain
@@ -340,7 +336,6 @@ class GoodputPolicy(DraftController):
         snap = super().snapshot()
         d = self.last
         levels = self.costs.snapshot()
-        budgeted = self.tail.share is not None
         snap.update(
             {
                 "policy": "goodput",
@@ -354,8 +349,7 @@ class GoodputPolicy(DraftController):
                 "predicted_step_s": d.predicted_step_s if d else None,
                 "plain_step_s": d.plain_step_s if d else None,
                 "probe_interval": self._probe_interval,
-                "tail_credit": self.tail.available() if budgeted else None,
-                "tail_bound_s": self.tail.bound_s(d.plain_step_s) if d and budgeted else None,
+                "tail_credit": self.tail.available() if self.tail.share is not None else None,
                 "cost_levels": levels,
                 # the same as scalars (benchmark timelines keep scalars only)
                 **{f"cost_{k}": v for k, v in levels.items()},

@@ -138,14 +138,10 @@ class GoodputConfig:
     # the one before because of speculation (a round whose drafts are rejected, a plain row
     # riding in a round). Plans whose expected late tokens exceed the credit are not taken;
     # the credit grows by the share per token delivered and holds at most
-    # share · ``tail_window_tokens`` late tokens. The bound is the longer of ``tail_ratio``
-    # plain steps and this quantile of the plain steps' own cadence over their prediction
-    # (None: ``tail_ratio`` alone): a round no longer than the plain steps' own tail does not
-    # move the ITL p99.
+    # share · ``tail_window_tokens`` late tokens.
     tail_budget: float | None = None
     tail_ratio: float = 1.05
     tail_window_tokens: int = 2048
-    tail_plain_quantile: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -173,10 +169,6 @@ class GoodputConfig:
                 self.tail_ratio >= 1.0 and self.tail_window_tokens >= 1,
                 "tail ratio >= 1, window >= 1",
             ),
-            (
-                self.tail_plain_quantile is None or 0.0 < self.tail_plain_quantile <= 100.0,
-                "tail_plain_quantile in (0, 100] or None",
-            ),  # fmt: skip
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

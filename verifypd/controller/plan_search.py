@@ -116,15 +116,13 @@ class PlanSearch:
         waiting: int,
         outside: int = 0,
         late_credit: float = math.inf,
-        tail_bound_s: float = math.inf,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
         tokens per second (None: none does); ``waiting`` rows wait for their drafter, and
         ``outside`` more rows ride outside the rider bound whatever the setting. A plan whose
-        expected late tokens (``Tail``: tokens later than ``tail_bound_s`` after the one
-        before) exceed ``late_credit`` is not taken. Work per step is
+        expected late tokens (``Tail``) exceed ``late_credit`` is not taken. Work per step is
         O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step
         (with a finite ``late_credit``, O(buckets² · L_max) on rounds longer than the bound)."""
         g, c = self.goodput, self.contended
@@ -147,7 +145,7 @@ class PlanSearch:
             )
             for grp in groups
         ]
-        tail = Tail(tail_bound_s, rows) if late_credit < math.inf else None
+        tail = Tail(g.tail_ratio * t0, rows) if late_credit < math.inf else None
         for L in range(1, self.max_draft_len + 1):
             tokens, least = float(rows), math.inf
             if tail is not None:

@@ -20,10 +20,7 @@ so a quiet spell does not bank a burst of slow rounds.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-
-from verifypd.controller.signals import WindowPercentile
+from dataclasses import dataclass
 
 
 def late_tokens(alpha: float, draft_len: int, step_ratio: float) -> float:
@@ -40,32 +37,21 @@ def late_tokens(alpha: float, draft_len: int, step_ratio: float) -> float:
     return out
 
 
+@dataclass
 class TailBudget:
-    """The credit of late tokens (None ``share``: no budget, every plan affordable), and the
-    bound a token is late beyond: ``ratio`` plain steps, or the ``quantile`` of the plain steps'
-    own cadence against their prediction where that is longer (at light load a plain step that
-    a prompt lands beside takes 1.3-1.5 predicted steps, and the ITL p99 without speculation
-    is such a step: a round shorter than it does not move the p99)."""
+    """The credit of late tokens (None ``share``: no budget, every plan affordable)."""
 
-    MIN_SAMPLES = 100  # plain steps timed before their quantile is read
+    share: float | None
+    window_tokens: int
+    credit: float = math.nan  # starts full
 
-    def __init__(
-        self,
-        share: float | None,
-        window_tokens: int,
-        ratio: float = 1.05,
-        quantile: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if share is not None and not 0.0 <= share < 1.0:
-            raise ValueError(f"tail budget share must be in [0, 1) or None, got {share!r}")
-        if window_tokens < 1:
-            raise ValueError(f"tail budget window must be >= 1 token, got {window_tokens!r}")
-        self.share, self.window_tokens, self.ratio, self.quantile = (
-            share, window_tokens, ratio, quantile,
-        )  # fmt: skip
-        self.credit = self.cap  # starts full
-        self.plain = WindowPercentile(300.0, clock, max_samples=1024)
+    def __post_init__(self) -> None:
+        if self.share is not None and not 0.0 <= self.share < 1.0:
+            raise ValueError(f"tail budget share must be in [0, 1) or None, got {self.share!r}")
+        if self.window_tokens < 1:
+            raise ValueError(f"tail budget window must be >= 1 token, got {self.window_tokens!r}")
+        if math.isnan(self.credit):
+            self.credit = self.cap
 
     @property
     def cap(self) -> float:
@@ -78,15 +64,3 @@ class TailBudget:
         """One decision delivered ``tokens`` (expected), ``late`` of them late."""
         if self.share is not None:
             self.credit = min(self.cap, self.credit + self.share * tokens - late)
-
-    def observe_plain(self, ratio: float) -> None:
-        """A plain step's cadence (the time to the next decision) over its prediction."""
-        if self.share is not None and self.quantile is not None:
-            self.plain.add(ratio)
-
-    def bound_s(self, t0: float) -> float:
-        """Seconds after the token before which a token is late, for a plain step of ``t0``."""
-        ratio = self.ratio
-        if self.quantile is not None and self.plain.count >= self.MIN_SAMPLES:
-            ratio = max(ratio, self.plain.percentile(self.quantile) or ratio)
-        return ratio * t0
