@@ -183,17 +183,16 @@ def test_policy_knobs_reach_the_server_config_from_the_environment(
     assert spec.follow_prefill and spec.tail_tolerance == 0.1
 
 
-def test_spec_tail_budget_flag() -> None:
-    args = parse("--draft-model", "dummy:tiny", "--spec-tail-budget", "0.005")
-    assert config_from_args(args).spec.tail_budget == 0.005
-    assert config_from_args(parse()).spec.tail_budget is None
-    with pytest.raises(ValueError, match="tail_budget"):
-        config_from_args(parse("--draft-model", "dummy:tiny", "--spec-tail-budget", "1.5"))
-
-
-def test_draft_window_flag() -> None:
-    args = parse("--draft-model", "dummy:tiny", "--draft-window", "256")
-    assert config_from_args(args).spec.draft_window == 256
-    assert config_from_args(parse()).spec.draft_window is None
-    with pytest.raises(ValueError, match="draft_window"):
-        config_from_args(parse("--draft-model", "dummy:tiny", "--draft-window", "0"))
+@pytest.mark.parametrize(
+    ("flag", "field", "good", "value", "bad"),
+    [
+        ("--spec-tail-budget", "tail_budget", "0.005", 0.005, "1.5"),
+        ("--draft-window", "draft_window", "256", 256, "0"),
+    ],
+)
+def test_spec_policy_flags(flag, field, good, value, bad) -> None:
+    args = parse("--draft-model", "dummy:tiny", flag, good)
+    assert getattr(config_from_args(args).spec, field) == value
+    assert getattr(config_from_args(parse()).spec, field) is None
+    with pytest.raises(ValueError, match=field):
+        config_from_args(parse("--draft-model", "dummy:tiny", flag, bad))
