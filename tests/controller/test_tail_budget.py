@@ -88,6 +88,9 @@ def test_the_policy_keeps_speculations_late_tokens_to_the_budget():
     assert free_spec == 3000 and free > 0.03
     # the credit is spent, not hoarded (the window's starting credit is 2 of ~12k tokens)
     assert 30 < kept_spec < 300 and 0.6 * 0.005 < kept < 1.3 * 0.005
+    # every step that did not speculate says why: the budget (never a held "no gain")
+    assert policy.decisions["tail_budget"] == 3000 - kept_spec
+    assert policy.decisions["no_gain"] == 0
 
 
 def test_a_zero_budget_still_takes_rounds_within_the_bound():
@@ -114,7 +117,7 @@ def test_a_plain_rider_in_a_long_round_is_a_late_token():
     """One request may not speculate: it rides in every round (the rider bound loosened), and
     each long round makes its token late. A credit below one token refuses such a round even
     where the speculator alone would be cheap in late tokens."""
-    for window, expect in ((50, "no_gain"), (300, "speculate")):  # credit 0.5 / 3 late tokens
+    for window, expect in ((50, "tail_budget"), (300, "speculate")):  # credit 0.5 / 3 late
         policy = _policy(Shape(), tail_budget=0.01, tail_window_tokens=window, rider_slack=1.0)
         (fast,) = _add(policy, 1)
         (plain,) = _add(policy, 1, start=1, speculate=False)

@@ -16,6 +16,7 @@ REASONS = (
     "batch_too_large",  # more rows than the verify graphs hold
     "probe",  # a probe of parked (or stale) requests was drafted
     "catch_up",  # a catch-up round: drafters far behind fed their context
+    "tail_budget",  # a plan would pay, but its late tokens exceed the ITL tail's credit
 )
 
 

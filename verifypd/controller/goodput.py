@@ -59,7 +59,7 @@ from verifypd.controller.draft_controller import (
     build_controller,
 )
 from verifypd.controller.goodput_config import GoodputConfig
-from verifypd.controller.plan_search import Candidate, PlanSearch, split_by_round_budget
+from verifypd.controller.plan_search import Candidate, PlanSearch, Tail, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
 from verifypd.controller.tail_budget import TailBudget
 
@@ -200,8 +200,13 @@ class GoodputPolicy(DraftController):
             outside = sum(c.last for c in cands)
             cands, floor = [c for c in cands if c.probe], 0.0
         search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
-        credit = self.tail.available()
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, credit)
+        tail = None
+        if self.tail.share is not None:
+            tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail)
+        if best is None and tail is not None and tail.refused:
+            no_gain.reason = "tail_budget"  # searched again next step: the credit grows
+            return no_gain
         if best is None:
             self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
             return no_gain

@@ -115,16 +115,17 @@ class PlanSearch:
         floor: float,
         waiting: int,
         outside: int = 0,
-        late_credit: float = math.inf,
+        tail: Tail | None = None,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
         ``tail_tolerance``, the shortest step among those close to it), if it beats ``floor``
         tokens per second (None: none does); ``waiting`` rows wait for their drafter, and
-        ``outside`` more rows ride outside the rider bound whatever the setting. A plan whose
-        expected late tokens (``Tail``) exceed ``late_credit`` is not taken. Work per step is
-        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step
-        (with a finite ``late_credit``, O(buckets² · L_max) on rounds longer than the bound)."""
+        ``outside`` more rows ride outside the rider bound whatever the setting. With a
+        ``tail`` (the ITL tail's budget), a plan whose expected late tokens exceed its credit
+        is not taken (counted in ``tail.refused``). Work per step is O(buckets · L_max), not
+        O(B · L_max): it runs on the host before every decode step (with a ``tail``,
+        O(buckets² · L_max) on rounds longer than its bound)."""
         g, c = self.goodput, self.contended
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
@@ -145,7 +146,6 @@ class PlanSearch:
             )
             for grp in groups
         ]
-        tail = Tail(g.tail_ratio * t0, rows) if late_credit < math.inf else None
         for L in range(1, self.max_draft_len + 1):
             tokens, least = float(rows), math.inf
             if tail is not None:
@@ -177,7 +177,8 @@ class PlanSearch:
                     if tail is not None:  # riders beside a fused round wait for its feed too
                         gap = wait if wait < step_s else step_s + one_off
                         late = tail.late(k, L, step_s + one_off, gap)
-                    if late > late_credit:
+                    if tail is not None and late > tail.credit:
+                        tail.refused += 1
                         continue
                     plan = Plan(value, step_s + one_off, tokens, k, L, fused, late)
                     if best is None or value > best.value:
@@ -204,12 +205,15 @@ class PlanSearch:
 @dataclass
 class Tail:
     """One search's pricing of late tokens (``verifypd.controller.tail_budget``): tokens that
-    come more than ``bound_s`` after the one before. ``groups``: (speculating rows, mean α̂)
-    of the groups in the set so far, at the L being searched."""
+    come more than ``bound_s`` after the one before, at most ``credit`` of them a plan.
+    ``groups``: (speculating rows, mean α̂) of the groups in the set so far, at the L being
+    searched; ``refused``: plans that passed every other rule but cost more than the credit."""
 
     bound_s: float
     rows: int
+    credit: float
     groups: list[tuple[int, float]] = field(default_factory=list)
+    refused: int = 0
 
     def late(self, k: int, L: int, step_s: float, wait_s: float) -> float:
         """Late tokens of the first ``k`` candidates speculating with ``L`` in a round of

@@ -81,8 +81,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SHARE",
         help="the speculation policy keeps the tokens that speculation makes late (more than "
         "1.05 plain decode steps after the one before) to about SHARE of all tokens, e.g. "
-        "0.005: the ITL p99 stays a plain step's, requests whose drafts are often rejected "
-        "speculate less; default: no budget",
+        "0.002: the ITL p99 stays a plain step's, and speculation is given up wherever its "
+        "rounds are longer than that; default: no budget",
     )
     add(
         "--synthetic-acceptance",

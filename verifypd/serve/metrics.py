@@ -106,7 +106,7 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
 # The goodput policy's reasons for speculating nobody (verifypd.controller.goodput.REASONS);
 # a speculating step is counted as speculate|catch_up|probe with _fused or _separate.
 POLICY_OFF_REASONS = ("no_gain", "no_candidates", "latency_guard", "prefill_pressure",
-                      "prefill_running", "batch_too_large")  # fmt: skip
+                      "prefill_running", "batch_too_large", "tail_budget")  # fmt: skip
 PRESET_LABELS = {"lane": LANES, "reason": FINISH_REASONS, "decision": POLICY_OFF_REASONS,
                  "generation": ("0", "1", "2")}  # fmt: skip
 
