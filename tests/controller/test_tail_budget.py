@@ -144,3 +144,20 @@ def test_the_budget_reaches_the_policy_and_is_checked():
             SpecConfig(**bad)
         with pytest.raises(ValueError, match="tail"):
             GoodputConfig(**bad)
+
+
+def test_a_refusal_is_held_only_until_the_credit_covers_the_cheapest_refused_plan():
+    """Steps stopped by the credit alone keep the verdict without a search (the search is
+    host time before every decode step) until the credit has grown to the cheapest refused
+    plan: the same decisions as searching every step, with a fraction of the searches."""
+    runs = {}
+    for hold in (1, 8):
+        policy = _policy(Shape(), tail_budget=0.005, tail_window_tokens=400,
+                         no_gain_hold_steps=hold)  # fmt: skip
+        ids = _add(policy, 4)
+        for i in ids:
+            _teach(policy, i, 0.8)
+        runs[hold] = [policy.decide(_views(ids)).draft_len for _ in range(1500)], policy
+    (every, searched), (held, holding) = runs[1], runs[8]
+    assert held == every and sum(map(bool, held)) >= 15
+    assert holding.num_searches < searched.num_searches / 4

@@ -46,6 +46,7 @@ Deterministic given its inputs and the injected clock; every decision carries it
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,7 +93,10 @@ class GoodputPolicy(DraftController):
         self._last_spec_step = 0  # the last decision that drafted
         self._exploring = False  # this step probes while stale (``_candidates``)
         self._next_catch_up = 0
-        self._no_gain: tuple[tuple, int] | None = None  # (candidates' key, held until step)
+        # A verdict of no plan held while the candidates stay: (their key, held until step,
+        # reason, credit it waits for: the tail budget's refusals end once the credit covers
+        # the cheapest refused plan)
+        self._no_gain: tuple[tuple, int, str, float] | None = None
         self.num_searches = 0  # full plan searches (the rest: blocked, no candidates, held)
         self._waiting = 0  # rows of the last batch waiting for a catch-up round
         # seq id -> the decision from which it has waited for its drafter (rows of the last
@@ -189,7 +193,9 @@ class GoodputPolicy(DraftController):
                                 predicted_tokens=float(len(batch)))  # fmt: skip
         held = self._no_gain
         if held is not None and self.num_steps < held[1] and held[0] == self._key(batch, cands):
-            return no_gain
+            if held[2] == "no_gain" or self.tail.available() < held[3]:
+                no_gain.reason = held[2]
+                return no_gain
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
         bar = (1.0 - g.keep_margin) if speculating else (1.0 + g.gain_margin)
@@ -204,11 +210,12 @@ class GoodputPolicy(DraftController):
         if self.tail.share is not None:
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
         best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail)
-        if best is None and tail is not None and tail.refused:
-            no_gain.reason = "tail_budget"  # searched again next step: the credit grows
-            return no_gain
         if best is None:
-            self._no_gain = (self._key(batch, cands), self.num_steps + g.no_gain_hold_steps)
+            if tail is not None and tail.refused:
+                no_gain.reason = "tail_budget"
+            until = self.num_steps + g.no_gain_hold_steps
+            needed = tail.least_refused if tail is not None else math.inf
+            self._no_gain = (self._key(batch, cands), until, no_gain.reason, needed)
             return no_gain
         self._no_gain = None
         chosen = cands[: best.k]

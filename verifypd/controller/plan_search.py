@@ -179,6 +179,7 @@ class PlanSearch:
                         late = tail.late(k, L, step_s + one_off, gap)
                     if tail is not None and late > tail.credit:
                         tail.refused += 1
+                        tail.least_refused = min(tail.least_refused, late)
                         continue
                     plan = Plan(value, step_s + one_off, tokens, k, L, fused, late)
                     if best is None or value > best.value:
@@ -207,13 +208,15 @@ class Tail:
     """One search's pricing of late tokens (``verifypd.controller.tail_budget``): tokens that
     come more than ``bound_s`` after the one before, at most ``credit`` of them a plan.
     ``groups``: (speculating rows, mean α̂) of the groups in the set so far, at the L being
-    searched; ``refused``: plans that passed every other rule but cost more than the credit."""
+    searched; ``refused``: plans that passed every other rule but cost more than the credit,
+    the cheapest of them ``least_refused`` late tokens."""
 
     bound_s: float
     rows: int
     credit: float
     groups: list[tuple[int, float]] = field(default_factory=list)
     refused: int = 0
+    least_refused: float = math.inf
 
     def late(self, k: int, L: int, step_s: float, wait_s: float) -> float:
         """Late tokens of the first ``k`` candidates speculating with ``L`` in a round of
