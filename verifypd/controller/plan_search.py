@@ -177,10 +177,10 @@ class PlanSearch:
                     if tail is not None:  # riders beside a fused round wait for its feed too
                         gap = wait if wait < step_s else step_s + one_off
                         late = tail.late(k, L, step_s + one_off, gap)
-                    if tail is not None and late > tail.credit:
-                        tail.refused += 1
-                        tail.least_refused = min(tail.least_refused, late)
-                        continue
+                        if late > tail.credit:
+                            tail.refused += 1
+                            tail.least_refused = min(tail.least_refused, late)
+                            continue
                     plan = Plan(value, step_s + one_off, tokens, k, L, fused, late)
                     if best is None or value > best.value:
                         best = plan

@@ -20,7 +20,7 @@ so a quiet spell does not bank a burst of slow rounds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def late_tokens(alpha: float, draft_len: int, step_ratio: float) -> float:
@@ -43,15 +43,14 @@ class TailBudget:
 
     share: float | None
     window_tokens: int
-    credit: float = math.nan  # starts full
+    credit: float = field(init=False)  # starts full
 
     def __post_init__(self) -> None:
         if self.share is not None and not 0.0 <= self.share < 1.0:
             raise ValueError(f"tail budget share must be in [0, 1) or None, got {self.share!r}")
         if self.window_tokens < 1:
             raise ValueError(f"tail budget window must be >= 1 token, got {self.window_tokens!r}")
-        if math.isnan(self.credit):
-            self.credit = self.cap
+        self.credit = self.cap
 
     @property
     def cap(self) -> float:
