@@ -910,3 +910,26 @@ def test_a_stale_probe_feeds_far_drafters_in_a_catch_up_round():
     assert reasons[-1] == "catch_up" and set(reasons[:-1]) == {"no_gain"}
     assert {i for i, n in d.draft_lens.items() if n} == set(ids)
     assert len(reasons) == policy.goodput.probe_min_steps
+
+
+def test_a_parked_probe_feeds_far_drafters_in_a_catch_up_round():
+    """While parked the drafter does not follow prompts, so new requests' drafters are a whole
+    prompt behind: their probe is a catch-up round (the feed a one-off, amortized), not a feed
+    priced into every round, which here would keep the probe from ever paying: parked for good."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3, prefill_token=20e-6)
+    policy = _policy(shape, probe_min_steps=8, max_catch_up=64, catch_up_every_steps=1)
+    for i in _add(policy, 4):
+        _teach(policy, i, 0.0, verifies=200)
+        policy.remove_request(i)
+    assert policy.population.value < policy.goodput.accept_floor  # parked
+    ids = _add(policy, 4, start=10)
+    assert not any(policy.expects_speculation(i) for i in ids)  # no prompt pass: far behind
+    reasons = []
+    for _ in range(4 * policy.goodput.probe_min_steps):
+        d = policy.decide([SeqView(i, 300) for i in ids])
+        reasons.append(d.reason)
+        if d.draft_len:
+            break
+    assert reasons[-1] == "catch_up" and set(reasons[:-1]) == {"no_candidates"}
+    assert all(d.draft_lens[i] > 0 for i in ids)
+    assert len(reasons) == policy.goodput.probe_min_steps

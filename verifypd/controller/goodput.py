@@ -305,7 +305,7 @@ class GoodputPolicy(DraftController):
                 if not probing:
                     continue
                 out.append(Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
-                                      probe=True))  # fmt: skip
+                                      probe=True, far=far))  # fmt: skip
                 continue
             out.append(Candidate(v.seq_id, alpha, v.drafter_behind, v.tokens_left, far=far))
         if all(c.last for c in out):
