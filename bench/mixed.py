@@ -168,6 +168,10 @@ MODES = {
     "policy-budget2": _policy_with(spec=(("tail_budget", 0.002),)),
     "policy-budget5": _policy_with(spec=(("tail_budget", 0.005),)),
     "policy-budget10": _policy_with(spec=(("tail_budget", 0.01),)),
+    # ... late meaning more than 1.35 plain steps (SpecConfig.tail_ratio; about `off`'s own ITL
+    # p99 over its median step at 2 req/s on an H200): an L = 1 round (~1.25) is free.
+    "policy-r135-b5": _policy_with(spec=(("tail_budget", 0.005), ("tail_ratio", 1.35))),
+    "policy-r135-b10": _policy_with(spec=(("tail_budget", 0.01), ("tail_ratio", 1.35))),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
     "policy-nostale": _NOSTALE,
