@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import mixed  # noqa: E402
@@ -47,6 +49,7 @@ class HostLog:
     def __init__(self) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
         self.slow: dict[str, list[float]] = collections.defaultdict(list)
+        self.took: dict[str, list[float]] = collections.defaultdict(list)  # every call, s
         self.launches: list[dict[str, Any]] = []
         self.gc_pauses: list[tuple[int, float]] = []
         self._gc_start: float | None = None
@@ -61,6 +64,7 @@ class HostLog:
             finally:
                 took = time.perf_counter() - t
                 self.calls[key] += 1
+                self.took[key].append(took)
                 if took >= SLOW_S:
                     self.slow[key].append(round(took * 1e3, 2))
 
@@ -94,6 +98,8 @@ class HostLog:
                 return f(model_runner, plan)
             finally:
                 took = time.perf_counter() - t
+                kind = plan.lane + ("+drafts" if any(e.draft_token_ids for e in plan.seqs) else "")
+                self.took[f"ModelRunner.launch[{kind}]"].append(took)
                 if took >= SLOW_S:
                     self.launches.append({
                         "ms": round(took * 1e3, 2), "lane": plan.lane, "rows": len(plan.seqs),
@@ -121,8 +127,14 @@ class HostLog:
                 "slowest_ms": sorted(v)[-15:]}
             for k, v in self.slow.items()
         }  # fmt: skip
-        return {"slow_s": SLOW_S, "slow_calls": slow, "slow_launches": self.launches,
-                "gc_pauses_ms": self.gc_pauses}  # fmt: skip
+        every = {}
+        for k, v in sorted(self.took.items()):
+            ms = np.asarray(v) * 1e3
+            every[k] = {"calls": len(v), "total_ms": round(float(ms.sum()), 1),
+                        **{f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)},
+                        "max_ms": round(float(ms.max()), 2)}  # fmt: skip
+        return {"slow_s": SLOW_S, "every_call": every, "slow_calls": slow,
+                "slow_launches": self.launches, "gc_pauses_ms": self.gc_pauses}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """bench/host_diag.py: a tiny CPU sweep with every call counted as slow (threshold 0) records
-the lanes' and engine's calls and the launches by lane, writes its summary, and leaves the
-wrapped classes as they were."""
+the lanes' and engine's calls and the launches by lane, times every call (percentiles by method
+and launch kind), writes its summary, and leaves the wrapped classes as they were."""
 
 from __future__ import annotations
 
@@ -31,3 +31,9 @@ def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> No
     lanes = {launch["lane"] for launch in saved["slow_launches"]}
     assert {"prefill", "decode"} <= lanes
     assert out["slow_calls"] == calls
+    every = saved["every_call"]  # every call timed, by method and launch kind
+    assert every["LaneDispatcher._plan"]["calls"] == calls["LaneDispatcher._plan"]["calls"]
+    launches = ("ModelRunner.launch[prefill]", "ModelRunner.launch[decode]")
+    for key in ("LaneDispatcher._plan", *launches):
+        e = every[key]
+        assert e["calls"] > 0 and 0 < e["p50_ms"] <= e["p99_ms"] <= e["max_ms"] <= e["total_ms"]
