@@ -132,7 +132,7 @@ class HostLog:
             ms = np.asarray(v) * 1e3
             every[k] = {"calls": len(v), "total_ms": round(float(ms.sum()), 1),
                         **{f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)},
-                        "max_ms": round(float(ms.max()), 2)}  # fmt: skip
+                        "max_ms": round(float(ms.max()), 3)}  # fmt: skip
         return {"slow_s": SLOW_S, "every_call": every, "slow_calls": slow,
                 "slow_launches": self.launches, "gc_pauses_ms": self.gc_pauses}  # fmt: skip
 
