@@ -248,12 +248,6 @@ MODES = {
     # Without the start-up run of the prompt steps' GEMMs (EngineConfig.warm_prompt_gemms):
     # the first-mode bias's A/B (run first; H200, 15d5fbf: its long prompts 11 % slower).
     "off-nowarm": _with_engine("off", (("warm_prompt_gemms", False),)),
-    # The collector paced to the step loop (EngineConfig.gc_serving "idle"), or none while
-    # serving ("off": the upper bound of pacing), against CPython's own ("auto", the default).
-    "off-gcidle": _with_engine("off", (("gc_serving", "idle"),)),
-    "policy-gcidle": _with_engine("policy", (("gc_serving", "idle"),)),
-    "off-gcoff": _with_engine("off", (("gc_serving", "off"),)),
-    "policy-gcoff": _with_engine("policy", (("gc_serving", "off"),)),
     "policy-nowarm": _with_engine("policy", (("warm_prompt_gemms", False),)),
     # Deltas after every launch, a drafting one after a plain one included
     # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).

@@ -560,7 +560,6 @@ LANES = ("decode", "prefill", "verify")
 ENV_LANE_STREAMS = "VERIFYPD_LANE_STREAMS"
 ENV_LANE_PRIORITIES = "VERIFYPD_LANE_PRIORITIES"
 LANE_PRIORITIES = ("decode-first", "prefill-first", "equal")
-GC_MODES = ("auto", "idle", "off")  # EngineConfig.gc_serving (lanes.gc_pacer)
 ENV_EMIT_AFTER_LAUNCH = "VERIFYPD_EMIT_AFTER_LAUNCH"
 ENV_DELIVER_BEFORE_DRAFTING = "VERIFYPD_DELIVER_BEFORE_DRAFTING"
 ENV_DECODE_AHEAD = "VERIFYPD_DECODE_AHEAD"
@@ -770,10 +769,6 @@ class EngineConfig:
     # dropped without them keeps its memory until the process ends. None = on for CUDA (a
     # CPU process, e.g. the test suite building engine after engine, collects normally).
     gc_freeze: bool | None = None
-    # Where the collector runs while serving (``lanes.gc_pacer``): "auto" (CPython's own
-    # thresholds, wherever the host is), "idle" (the due collections moved to the step loop's
-    # waits for the GPU), "off" (benchmarks only: none while serving).
-    gc_serving: str = "auto"
     # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
     # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
     calibrate_costs: bool | None = None
@@ -820,8 +815,6 @@ class EngineConfig:
         q = self.prompt_graph_tokens
         if type(q) is not int or not (q == 0 or 32 <= q <= 4096):  # above every verify width
             raise ValueError(f"prompt_graph_tokens must be 0 or an int in [32, 4096], got {q!r}")
-        if self.gc_serving not in GC_MODES:
-            raise ValueError(f"gc_serving must be one of {GC_MODES}, got {self.gc_serving!r}")
         if self.calibrate_costs not in (None, True, False):
             got = self.calibrate_costs
             raise ValueError(f"calibrate_costs must be a bool or None, got {got!r}")

@@ -18,12 +18,10 @@ from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import executor_for
-from verifypd.lanes.gc_pacer import GcPacer
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import Observer, RequestOutput, SamplingParams
 
 logger = logging.getLogger("verifypd")
-IDLE_COLLECT_S = 1.0  # with the collector paced (gc_serving), an idle loop collects this often
 
 
 class AsyncEngine:
@@ -35,7 +33,6 @@ class AsyncEngine:
         self.core = EngineCore(config, self.observer)
         self.policy = SpeculationPolicy(self.core)
         self._frozen = self.core.gc_freeze
-        self.gc = GcPacer(config.gc_serving)
         self.model_name = self.core.model_name
         self.tokenizer = self.core.tokenizer
         # One request may hold at most its share of the KV pool (max_request_kv_share): the
@@ -157,18 +154,14 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ loop
     async def _run(self) -> None:
-        self.gc.start()  # the collector paced to the loop while it runs (EngineConfig.gc_serving)
-        try:
-            while True:
-                try:
-                    await self._loop()
-                except Exception:  # a bug in a step must not leave every request waiting
-                    logger.exception("engine step loop failed; ending live requests with 'error'")
-                    self._fail_all()
-                    self._wakeup.clear()
-                    await self._wakeup.wait()  # resume with the next request, not in a spin
-        finally:  # cancelled by pause() or stop(): the process gets its collector back
-            self.gc.stop()
+        while True:
+            try:
+                await self._loop()
+            except Exception:  # a bug in a step must not leave every request waiting forever
+                logger.exception("engine step loop failed; ending live requests with 'error'")
+                self._fail_all()
+                self._wakeup.clear()
+                await self._wakeup.wait()  # resume with the next request, not in a tight loop
 
     def _fail_all(self) -> None:
         """End every live request with "error"; free the blocks of steps lost in the crash."""
@@ -185,29 +178,17 @@ class AsyncEngine:
         self._report_depths()
 
     async def _loop(self) -> None:
-        d, gc_pacer = self.dispatcher, self.gc
-        progressed = False  # the last tick launched or folded a step
+        d = self.dispatcher
         while True:
             if await d.tick():
-                gc_pacer.busy()
-                progressed = True
                 await asyncio.sleep(0)
-                continue
-            if d.in_flight:
-                gc_pacer.waiting(progressed, in_flight=True)
+            elif d.in_flight:
                 await asyncio.sleep(0)  # poll the lanes' CUDA events without blocking
             elif d.has_work():
-                gc_pacer.waiting(progressed, in_flight=True)  # young ones only: work is due
                 await asyncio.sleep(0.001)  # work exists but nothing fits right now
             else:
-                gc_pacer.waiting(False, in_flight=False)
                 self._wakeup.clear()
-                if gc_pacer.paced:  # idle for long: the front's garbage is collected too
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wakeup.wait(), IDLE_COLLECT_S)
-                else:
-                    await self._wakeup.wait()
-            progressed = False
+                await self._wakeup.wait()
 
     def _deliver(self, out: RequestOutput) -> None:
         queue = self._queues.get(out.request_id)
