@@ -1,11 +1,14 @@
 """Where the host's time goes while ``bench/mixed.py`` runs: wraps the engine's and lanes' step
 methods (class level, so every engine of the run) and records each call that holds the host
 for at least ``SLOW_S``, each slow ``ModelRunner.launch`` with what it launched, and every GC
-pause of a millisecond or more. Wrapping costs ~1 µs a call: do not read the run's latencies
-as a clean measurement. Arguments are bench/mixed.py's; the summary goes to stdout and to
-``host-diag-<tag>.json`` beside mixed.py's result (``--out``)::
+pause of a millisecond or more; every call's time goes into percentiles by method. Wrapping
+costs ~1 µs a call: do not read the run's latencies as a clean measurement. Arguments are
+bench/mixed.py's; the summary goes to stdout and to ``host-diag-<tag>.json`` beside mixed.py's
+result (``--out``). With ``--cprofile`` the drafting launches, the plain ones and the chained
+drafting are each profiled (cProfile, on only inside those calls, which makes them several
+times slower) into ``host-diag-<tag>.pstats.txt``::
 
-    python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR
+    python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile]
 
 A diagnostic for the ITL tail's "slow launches" (docs/performance.md), not a benchmark.
 """
@@ -13,10 +16,14 @@ A diagnostic for the ITL tail's "slow launches" (docs/performance.md), not a ben
 from __future__ import annotations
 
 import collections
+import contextlib
+import cProfile
 import functools
 import gc
 import inspect
+import io
 import json
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -32,6 +39,9 @@ from verifypd.engine import chained_drafts, core, runner, scheduler, speculative
 from verifypd.lanes import deltas, dispatcher, spec_policy  # noqa: E402
 
 SLOW_S = 3e-3
+# --cprofile: the calls profiled, each kind on its own (a drafting launch, a plain launch, the
+# next round's drafts made behind a verify)
+PROFILED = ("launch+drafts", "launch", "DraftChainer.chain")
 WRAPPED = [
     (dispatcher.LaneDispatcher, ("_plan", "_draft", "_fold", "_report", "_mark_contention")),
     (spec_policy.SpeculationPolicy, ("decide", "propose", "after_launch", "step_landed")),
@@ -46,7 +56,10 @@ WRAPPED = [
 
 
 class HostLog:
-    def __init__(self) -> None:
+    def __init__(self, profile: bool = False) -> None:
+        # --cprofile: one profiler per kind of call below, on only inside such calls
+        self.profiles = {k: cProfile.Profile() for k in PROFILED} if profile else {}
+        self._profiling = False
         self.calls: collections.Counter[str] = collections.Counter()
         self.slow: dict[str, list[float]] = collections.defaultdict(list)
         self.took: dict[str, list[float]] = collections.defaultdict(list)  # every call, s
@@ -60,7 +73,8 @@ class HostLog:
         def wrapper(*args, **kwargs):
             t = time.perf_counter()
             try:
-                return f(*args, **kwargs)
+                with self._profiled(key):
+                    return f(*args, **kwargs)
             finally:
                 took = time.perf_counter() - t
                 self.calls[key] += 1
@@ -94,8 +108,10 @@ class HostLog:
         @functools.wraps(f)
         def launch(model_runner, plan):
             t = time.perf_counter()
+            drafted = any(e.draft_token_ids for e in plan.seqs)
             try:
-                return f(model_runner, plan)
+                with self._profiled("launch+drafts" if drafted else "launch"):
+                    return f(model_runner, plan)
             finally:
                 took = time.perf_counter() - t
                 kind = plan.lane + ("+drafts" if any(e.draft_token_ids for e in plan.seqs) else "")
@@ -112,6 +128,33 @@ class HostLog:
                     })  # fmt: skip
 
         return launch
+
+    @contextlib.contextmanager
+    def _profiled(self, key: str):
+        """Profiles the call with ``key``'s profiler (--cprofile), unless one already runs."""
+        prof = self.profiles.get(key)
+        if prof is None or self._profiling:
+            yield
+            return
+        self._profiling = True
+        prof.enable()
+        try:
+            yield
+        finally:
+            prof.disable()
+            self._profiling = False
+
+    def profile_text(self, top: int = 40) -> str:
+        """Each profiler's heaviest functions, by own time and by cumulative time."""
+        out = io.StringIO()
+        for key, prof in self.profiles.items():
+            for order in ("tottime", "cumulative"):
+                out.write(f"==== {key}, by {order} ====\n")
+                if not prof.getstats():
+                    out.write("no calls\n")
+                    continue
+                pstats.Stats(prof, stream=out).sort_stats(order).print_stats(top)
+        return out.getvalue()
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -139,7 +182,9 @@ class HostLog:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
-    log = HostLog()
+    profile = "--cprofile" in argv  # ours; the rest are bench/mixed.py's
+    argv = [a for a in argv if a != "--cprofile"]
+    log = HostLog(profile)
     log.install()
     try:
         report = mixed.main(argv)
@@ -151,6 +196,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = mixed.parse_args(argv)
     path = Path(args.out) / f"host-diag-{args.tag or 'run'}.json"
     path.write_text(json.dumps(out, indent=1))
+    if profile:
+        (Path(args.out) / f"host-diag-{args.tag or 'run'}.pstats.txt").write_text(
+            log.profile_text()
+        )
     print(json.dumps({k: v for k, v in out.items() if k != "slow_launches"}, indent=1))
     print(f"[host_diag] wrote {path}")
     return out

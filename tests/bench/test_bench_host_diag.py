@@ -37,3 +37,15 @@ def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> No
     for key in ("LaneDispatcher._plan", *launches):
         e = every[key]
         assert e["calls"] > 0 and 0 < e["p50_ms"] <= e["p99_ms"] <= e["max_ms"] <= e["total_ms"]
+
+
+def test_host_diag_profiles_launches_and_chained_drafts(tmp_path) -> None:
+    """--cprofile: the drafting launches, the plain ones and the chained drafting profiled
+    apart, written beside the summary; the flag is not passed on to bench/mixed.py."""
+    diag = load_bench("host_diag")
+    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
+    diag.main([*args, "--out", str(tmp_path), "--tag", "p", "--cprofile"])
+    text = (tmp_path / "host-diag-p.pstats.txt").read_text()
+    for key in ("launch+drafts", "launch,", "DraftChainer.chain"):
+        assert f"==== {key}" in text
+    assert "function calls" in text and "prepare" in text  # ModelRunner.prepare, inside launches
