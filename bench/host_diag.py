@@ -4,8 +4,8 @@ for at least ``SLOW_S``, each slow ``ModelRunner.launch`` with what it launched,
 pause of a millisecond or more; every call's time goes into percentiles by method. Wrapping
 costs ~1 µs a call: do not read the run's latencies as a clean measurement. Arguments are
 bench/mixed.py's; the summary goes to stdout and to ``host-diag-<tag>.json`` beside mixed.py's
-result (``--out``). With ``--cprofile`` the drafting launches, the plain ones and the chained
-drafting are each profiled (cProfile, on only inside those calls, which makes them several
+result (``--out``). With ``--cprofile`` the drafting launches, the plain ones, the chained
+drafting and the proposals are each profiled (cProfile, on only inside those calls, which makes them several
 times slower) into ``host-diag-<tag>.pstats.txt``::
 
     python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile]
@@ -40,8 +40,8 @@ from verifypd.lanes import deltas, dispatcher, spec_policy  # noqa: E402
 
 SLOW_S = 3e-3
 # --cprofile: the calls profiled, each kind on its own (a drafting launch, a plain launch, the
-# next round's drafts made behind a verify)
-PROFILED = ("launch+drafts", "launch", "DraftChainer.chain")
+# next round's drafts made behind a verify, the drafting of a round: catch-up feeds included)
+PROFILED = ("launch+drafts", "launch", "DraftChainer.chain", "SpeculationPolicy.propose")
 WRAPPED = [
     (dispatcher.LaneDispatcher, ("_plan", "_draft", "_fold", "_report", "_mark_contention")),
     (spec_policy.SpeculationPolicy, ("decide", "propose", "after_launch", "step_landed")),
