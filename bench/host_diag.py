@@ -5,8 +5,8 @@ pause of a millisecond or more; every call's time goes into percentiles by metho
 costs ~1 µs a call: do not read the run's latencies as a clean measurement. Arguments are
 bench/mixed.py's; the summary goes to stdout and to ``host-diag-<tag>.json`` beside mixed.py's
 result (``--out``). With ``--cprofile`` the drafting launches, the plain ones, the chained
-drafting and the proposals are each profiled (cProfile, on only inside those calls, which makes them several
-times slower) into ``host-diag-<tag>.pstats.txt``::
+drafting and the proposals are each profiled (cProfile, on only inside those calls, which slows
+them by about a fifth) into ``host-diag-<tag>.pstats.txt``::
 
     python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile]
 
@@ -114,7 +114,7 @@ class HostLog:
                     return f(model_runner, plan)
             finally:
                 took = time.perf_counter() - t
-                kind = plan.lane + ("+drafts" if any(e.draft_token_ids for e in plan.seqs) else "")
+                kind = plan.lane + ("+drafts" if drafted else "")
                 self.took[f"ModelRunner.launch[{kind}]"].append(took)
                 if took >= SLOW_S:
                     self.launches.append({

@@ -169,7 +169,8 @@ MODES = {
     "policy-budget5": _policy_with(spec=(("tail_budget", 0.005),)),
     "policy-budget10": _policy_with(spec=(("tail_budget", 0.01),)),
     # ... late meaning more than 1.35 plain steps (SpecConfig.tail_ratio; about `off`'s own ITL
-    # p99 over its median step at 2 req/s on an H200): an L = 1 round (~1.25) is free.
+    # p99 over its median step at 2 req/s on an H200): an L = 1 round (~1.25 predicted) costs
+    # no credit (measured 2026-11-28: the ITL p99 stayed the policy's, docs/performance.md).
     "policy-r135-b5": _policy_with(spec=(("tail_budget", 0.005), ("tail_ratio", 1.35))),
     "policy-r135-b10": _policy_with(spec=(("tail_budget", 0.01), ("tail_ratio", 1.35))),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
