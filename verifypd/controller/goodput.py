@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import SpecConfig
@@ -63,6 +63,17 @@ from verifypd.controller.goodput_config import GoodputConfig
 from verifypd.controller.plan_search import Candidate, PlanSearch, Tail, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
 from verifypd.controller.tail_budget import TailBudget
+
+
+class HeldVerdict(NamedTuple):
+    """A verdict of no plan, held while the candidates stay (``key``) up to step ``until``;
+    a ``tail_budget`` refusal ends sooner, once the credit covers ``needed`` (the cheapest
+    refused plan's late tokens)."""
+
+    key: tuple
+    until: int
+    reason: str
+    needed: float
 
 
 class GoodputPolicy(DraftController):
@@ -93,10 +104,7 @@ class GoodputPolicy(DraftController):
         self._last_spec_step = 0  # the last decision that drafted
         self._exploring = False  # this step probes while stale (``_candidates``)
         self._next_catch_up = 0
-        # A verdict of no plan held while the candidates stay: (their key, held until step,
-        # reason, credit it waits for: the tail budget's refusals end once the credit covers
-        # the cheapest refused plan)
-        self._no_gain: tuple[tuple, int, str, float] | None = None
+        self._no_gain: HeldVerdict | None = None
         self.num_searches = 0  # full plan searches (the rest: blocked, no candidates, held)
         self._waiting = 0  # rows of the last batch waiting for a catch-up round
         # seq id -> the decision from which it has waited for its drafter (rows of the last
@@ -192,9 +200,9 @@ class GoodputPolicy(DraftController):
         no_gain = BatchDecision(off, False, "no_gain", predicted_step_s=t0,
                                 predicted_tokens=float(len(batch)))  # fmt: skip
         held = self._no_gain
-        if held is not None and self.num_steps < held[1] and held[0] == self._key(batch, cands):
-            if held[2] == "no_gain" or self.tail.available() < held[3]:
-                no_gain.reason = held[2]
+        if held is not None and self.num_steps < held.until and held.key == self._key(batch, cands):
+            if held.reason == "no_gain" or self.tail.available() < held.needed:
+                no_gain.reason = held.reason
                 return no_gain
         self.num_searches += 1
         speculating = self.last is not None and self.last.draft_len > 0
@@ -215,7 +223,7 @@ class GoodputPolicy(DraftController):
                 no_gain.reason = "tail_budget"
             until = self.num_steps + g.no_gain_hold_steps
             needed = tail.least_refused if tail is not None else math.inf
-            self._no_gain = (self._key(batch, cands), until, no_gain.reason, needed)
+            self._no_gain = HeldVerdict(self._key(batch, cands), until, no_gain.reason, needed)
             return no_gain
         self._no_gain = None
         chosen = cands[: best.k]
