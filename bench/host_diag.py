@@ -60,7 +60,6 @@ class HostLog:
         # --cprofile: one profiler per kind of call below, on only inside such calls
         self.profiles = {k: cProfile.Profile() for k in PROFILED} if profile else {}
         self._profiling = False
-        self.calls: collections.Counter[str] = collections.Counter()
         self.slow: dict[str, list[float]] = collections.defaultdict(list)
         self.took: dict[str, list[float]] = collections.defaultdict(list)  # every call, s
         self.launches: list[dict[str, Any]] = []
@@ -77,7 +76,6 @@ class HostLog:
                     return f(*args, **kwargs)
             finally:
                 took = time.perf_counter() - t
-                self.calls[key] += 1
                 self.took[key].append(took)
                 if took >= SLOW_S:
                     self.slow[key].append(round(took * 1e3, 2))
@@ -166,7 +164,7 @@ class HostLog:
 
     def summary(self) -> dict[str, Any]:
         slow = {
-            k: {"calls": self.calls[k], "slow": len(v), "max_ms": max(v),
+            k: {"calls": len(self.took[k]), "slow": len(v), "max_ms": max(v),
                 "slowest_ms": sorted(v)[-15:]}
             for k, v in self.slow.items()
         }  # fmt: skip
