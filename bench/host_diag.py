@@ -35,7 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import mixed  # noqa: E402
 from verifypd.controller import goodput  # noqa: E402
-from verifypd.engine import chained_drafts, core, runner, scheduler, speculative  # noqa: E402
+from verifypd.engine import (  # noqa: E402
+    chained_drafts,
+    core,
+    draft_catch_up,
+    runner,
+    scheduler,
+    speculative,
+)
+from verifypd.kvcache import manager  # noqa: E402
 from verifypd.lanes import deltas, dispatcher, spec_policy  # noqa: E402
 
 SLOW_S = 3e-3
@@ -47,12 +55,20 @@ WRAPPED = [
     (spec_policy.SpeculationPolicy, ("decide", "propose", "after_launch", "step_landed")),
     (deltas.Deltas, ("emit", "settle", "landed")),
     (core.EngineCore, ("apply_step", "record_step")),
-    (speculative.DraftModelProposer, ("propose", "chain", "confirm", "_draft_step")),
+    (speculative.DraftModelProposer,
+     ("propose", "chain", "confirm", "_draft_step", "_prepare_view", "_attach")),
+    (manager.KVCacheManager, ("allocate", "truncate")),
     (chained_drafts.DraftChainer, ("adopt", "chain", "confirm")),
     (runner.ModelRunner, ("prepare", "logits")),
     (scheduler.Scheduler, ("plan_decode", "plan_prefill", "begin_step", "plan_ahead")),
     (goodput.GoodputPolicy, ("decide",)),
+]  # fmt: skip
+# module functions, wrapped in the module that calls them (its name for them)
+WRAPPED_FUNCTIONS = [
+    (speculative, ("chunked_catch_up", "uniform_catch_up", "wait_for_follow")),
+    (draft_catch_up, ("replay",)),
 ]
+SLOW_INSIDE_KEPT = 40  # per outer method, the slowest calls whose inside is kept
 
 
 class HostLog:
@@ -65,22 +81,43 @@ class HostLog:
         self.launches: list[dict[str, Any]] = []
         self.gc_pauses: list[tuple[int, float]] = []
         self._gc_start: float | None = None
-        self._saved: list[tuple[type, str, Any]] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+        # the wrapped calls under way, each with its wrapped calls' time inside it (s, by key)
+        self._open: list[dict[str, float]] = []
+        self.inside: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
 
     def timed(self, key: str, f):
         @functools.wraps(f)
         def wrapper(*args, **kwargs):
             t = time.perf_counter()
+            self._open.append({})
             try:
                 with self._profiled(key):
                     return f(*args, **kwargs)
             finally:
                 took = time.perf_counter() - t
                 self.took[key].append(took)
+                self._close(key, took)
                 if took >= SLOW_S:
                     self.slow[key].append(round(took * 1e3, 2))
 
         return wrapper
+
+    def _close(self, key: str, took: float) -> None:
+        """Ends the innermost open call: its time goes into its caller's inside, and a slow
+        call keeps its own (the wrapped calls directly inside it, and the rest as "self")."""
+        inside = self._open.pop()
+        if self._open:
+            self._open[-1][key] = self._open[-1].get(key, 0.0) + took
+        if took < SLOW_S:
+            return
+        ms = {k: round(v * 1e3, 2) for k, v in sorted(inside.items(), key=lambda kv: -kv[1])}
+        ms["self"] = round((took - sum(inside.values())) * 1e3, 2)
+        kept = self.inside[key]
+        kept.append({"ms": round(took * 1e3, 2), "inside_ms": ms})
+        if len(kept) > 2 * SLOW_INSIDE_KEPT:  # keep the slowest, in bounded memory
+            kept.sort(key=lambda c: -c["ms"])
+            del kept[SLOW_INSIDE_KEPT:]
 
     def install(self) -> None:
         """Wraps the methods (``uninstall`` puts them back)."""
@@ -93,6 +130,11 @@ class HostLog:
                 self._saved.append((cls, name, f))
                 key = f"{cls.__name__}.{name}"
                 setattr(cls, name, self._launch(f) if name == "launch" else self.timed(key, f))
+        for module, names in WRAPPED_FUNCTIONS:
+            for name in names:
+                f = getattr(module, name)
+                self._saved.append((module, name, f))
+                setattr(module, name, self.timed(name, f))
         gc.callbacks.append(self._gc)
 
     def uninstall(self) -> None:
@@ -107,13 +149,15 @@ class HostLog:
         def launch(model_runner, plan):
             t = time.perf_counter()
             drafted = any(e.draft_token_ids for e in plan.seqs)
+            kind = plan.lane + ("+drafts" if drafted else "")
+            self._open.append({})
             try:
                 with self._profiled("launch+drafts" if drafted else "launch"):
                     return f(model_runner, plan)
             finally:
                 took = time.perf_counter() - t
-                kind = plan.lane + ("+drafts" if drafted else "")
                 self.took[f"ModelRunner.launch[{kind}]"].append(took)
+                self._close(f"ModelRunner.launch[{kind}]", took)
                 if took >= SLOW_S:
                     self.launches.append({
                         "ms": round(took * 1e3, 2), "lane": plan.lane, "rows": len(plan.seqs),
@@ -174,8 +218,28 @@ class HostLog:
             every[k] = {"calls": len(v), "total_ms": round(float(ms.sum()), 1),
                         **{f"p{q}_ms": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)},
                         "max_ms": round(float(ms.max()), 3)}  # fmt: skip
+        inside = {
+            k: sorted(v, key=lambda c: -c["ms"])[:SLOW_INSIDE_KEPT] for k, v in self.inside.items()
+        }
         return {"slow_s": SLOW_S, "every_call": every, "slow_calls": slow,
-                "slow_launches": self.launches, "gc_pauses_ms": self.gc_pauses}  # fmt: skip
+                "slow_inside": inside, "slow_launches": self.launches,
+                "gc_pauses_ms": self.gc_pauses}  # fmt: skip
+
+
+_LONG = ("slow_launches", "slow_inside")  # in the file, not printed
+
+
+def inside_summed(inside: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per method, its kept slow calls' inside summed over them (the calls' count, their
+    total, and each inner call's share of it in ms)."""
+    out = {}
+    for key, calls in inside.items():
+        summed: dict[str, float] = collections.Counter()
+        for c in calls:
+            summed.update(c["inside_ms"])
+        out[key] = {"calls": len(calls), "ms": round(sum(c["ms"] for c in calls), 2),
+                    **{k: round(v, 2) for k, v in summed.most_common()}}  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -198,7 +262,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (Path(args.out) / f"host-diag-{args.tag or 'run'}.pstats.txt").write_text(
             log.profile_text()
         )
-    print(json.dumps({k: v for k, v in out.items() if k != "slow_launches"}, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k not in _LONG}, indent=1))
+    print(json.dumps({"slow_inside_summed_ms": inside_summed(out["slow_inside"])}, indent=1))
     print(f"[host_diag] wrote {path}")
     return out
 

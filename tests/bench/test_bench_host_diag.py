@@ -10,6 +10,7 @@ import pytest
 from helpers import load_bench
 from test_bench_sweep import SWEEP_TINY
 
+from verifypd.engine import speculative
 from verifypd.engine.runner import ModelRunner
 from verifypd.lanes.dispatcher import LaneDispatcher
 
@@ -19,10 +20,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> None:
     diag = load_bench("host_diag")
     monkeypatch.setattr(diag, "SLOW_S", 0.0)
-    before = (LaneDispatcher.__dict__["_plan"], ModelRunner.__dict__["launch"])
+    before = (
+        LaneDispatcher.__dict__["_plan"],
+        ModelRunner.__dict__["launch"],
+        speculative.chunked_catch_up,
+    )
     args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
     out = diag.main([*args, "--out", str(tmp_path), "--tag", "t"])
-    assert (LaneDispatcher.__dict__["_plan"], ModelRunner.__dict__["launch"]) == before
+    after = (
+        LaneDispatcher.__dict__["_plan"],
+        ModelRunner.__dict__["launch"],
+        speculative.chunked_catch_up,
+    )
+    assert after == before
     saved = json.loads((tmp_path / "host-diag-t.json").read_text())
     assert saved["command"].startswith("python bench/host_diag.py") and saved["device"] == "cpu"
     calls = saved["slow_calls"]
@@ -49,3 +59,27 @@ def test_host_diag_profiles_launches_and_chained_drafts(tmp_path) -> None:
     for key in ("launch+drafts", "launch,", "DraftChainer.chain"):
         assert f"==== {key}" in text
     assert "function calls" in text and "prepare" in text  # ModelRunner.prepare, inside launches
+
+
+def test_host_diag_splits_a_slow_call_into_the_calls_inside_it(tmp_path, monkeypatch) -> None:
+    """Every call counted as slow: a proposal's time splits into the wrapped calls directly
+    inside it (the drafter's proposal, and its catch-up and view preparation inside that) and
+    the rest of its own, which add up to the call; the summary sums them per method."""
+    diag = load_bench("host_diag")
+    monkeypatch.setattr(diag, "SLOW_S", 0.0)
+    args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
+    saved = diag.main([*args, "--out", str(tmp_path), "--tag", "n"])
+    kept = saved["slow_inside"]
+    outer = kept["SpeculationPolicy.propose"]
+    assert 0 < len(outer) <= diag.SLOW_INSIDE_KEPT
+    assert [c["ms"] for c in outer] == sorted((c["ms"] for c in outer), reverse=True)
+    drafted = [c for c in outer if "DraftModelProposer.propose" in c["inside_ms"]]
+    assert drafted
+    for c in drafted:
+        assert sum(c["inside_ms"].values()) == pytest.approx(c["ms"], abs=0.05)
+    inner = kept["DraftModelProposer.propose"]
+    assert any("chunked_catch_up" in c["inside_ms"] for c in inner)
+    assert any("DraftModelProposer._prepare_view" in c["inside_ms"] for c in inner)
+    summed = diag.inside_summed(kept)["SpeculationPolicy.propose"]
+    assert summed["calls"] == len(outer)
+    assert summed["ms"] == pytest.approx(sum(c["ms"] for c in outer), abs=0.05)
