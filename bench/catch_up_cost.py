@@ -1,8 +1,10 @@
 """What a drafter's catch-up costs, per chunk-graph replay: the host time of launching it and
 the GPU time of running it, for each chunk size q and rows 1 and 2, and the same tokens fed in
-one eager forward. A catch-up round (a drafter a whole prompt behind, ``SpecConfig.
-catch_up_chunk``) holds the host for its replays' launches while the GPU runs them: this says
-which of the two its round waits for.
+one eager forward; on a GPU each chunk size twice, its attention on the prefill kernel
+(``graph``) and in short pieces on the split-K kernel (``graph-short``,
+``SpecConfig.chunk_short_attention``). A catch-up round (a drafter a whole prompt behind,
+``SpecConfig.catch_up_chunk``) holds the host for its replays' launches while the GPU runs
+them: this says which of the two its round waits for.
 
 Host time: the wall time of ``draft_catch_up.replay`` (inputs prepared and uploaded, the graph
 replayed), the GPU idle beforehand. GPU time: CUDA events around the same replays enqueued
@@ -64,14 +66,14 @@ def _views(drafter: DraftModelProposer, rows: int, context: int) -> list[DraftVi
     return views
 
 
-def _feed_all(drafter: DraftModelProposer, views: list[DraftView], q: int) -> int:
+def _feed_all(drafter: DraftModelProposer, views: list[DraftView], q: int, graphs=None) -> int:
     """Replays of q for every view from its start to one token short of its end (as a
-    catch-up does); returns the replays."""
+    catch-up does), in ``graphs`` (None: eager); returns the replays."""
     for v in views:
         v.num_computed_tokens = 0
     n = 0
     while any(v.num_tokens - 1 - v.num_computed_tokens >= q for v in views):
-        replay(drafter.runner, views, q, 1)
+        replay(drafter.runner, views, q, 1, graphs=graphs or {})
         n += 1
     return n
 
@@ -121,23 +123,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     loaded = load_model(args.model, device, dtype, get_ops(cuda, None))
     num_blocks = max(rows_list) * (-(-max_len // BLOCK)) + 8
     drafter = DraftModelProposer(loaded, num_blocks, BLOCK, device, dtype)
+    graphs: dict[str, dict[int, Any]] = {}  # kind -> q -> the chunk graphs
     if cuda:
         warm_up_eager(loaded.model, drafter.pool.kv, BLOCK, max_len)
-        for q in sizes:
-            drafter.runner.capture_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False)
+        for kind, short in (("graph", False), ("graph-short", True)):
+            graphs[kind] = {
+                q: drafter.runner.new_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False,
+                                             short_attention=short)
+                for q in sizes
+            }  # fmt: skip
     results = []
     for rows in rows_list:
         drafter.views.clear()
         drafter.kv = type(drafter.kv)(num_blocks, BLOCK, enable_prefix_caching=False)
         views = _views(drafter, rows, args.context)
-        kinds = [("eager", None)] + [("graph" if cuda else "chunks", q) for q in sizes]
+        kinds = [("eager", None)] + [(k, q) for k in (graphs or {"chunks": {}}) for q in sizes]
         for kind, q in kinds:
             if kind == "eager":
                 fn = functools.partial(_eager, drafter, views, args.context - 1)
                 replays = 1
             else:
-                replays = _feed_all(drafter, views, q)  # warm
-                fn = functools.partial(_feed_all, drafter, views, q)
+                chunk_graphs = graphs.get(kind)
+                replays = _feed_all(drafter, views, q, chunk_graphs)  # warm
+                fn = functools.partial(_feed_all, drafter, views, q, chunk_graphs)
             fn()
             timed = [_timed(fn, cuda) for _ in range(args.repeats)]
             host, gpu = _median([h for h, _ in timed]), _median([g for _, g in timed])

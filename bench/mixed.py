@@ -173,6 +173,9 @@ MODES = {
     # no credit (measured 2026-11-28: the ITL p99 stayed the policy's, docs/performance.md).
     "policy-r135-b5": _policy_with(spec=(("tail_budget", 0.005), ("tail_ratio", 1.35))),
     "policy-r135-b10": _policy_with(spec=(("tail_budget", 0.01), ("tail_ratio", 1.35))),
+    # The drafter's chunk graphs with their attention on the prefill kernel, as before
+    # SpecConfig.chunk_short_attention (on by default since 2026-11-28).
+    "policy-prefill-chunks": _policy_with(spec=(("chunk_short_attention", False),)),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
     "policy-nostale": _NOSTALE,

@@ -369,6 +369,13 @@ class SpecConfig:
     # over 2048.)
     catch_up_chunk: int | tuple[int, ...] = (16, 64, 256)
     catch_up_chunks: int = 16
+    # The chunk graphs' attention in pieces of at most 64 // G tokens a row on the split-K
+    # (short-query) kernel (``kernels.metadata.uniform_pieces``), not on the prefill kernel,
+    # whose grid for one or two rows of 16-256 tokens is 2-30 programs, each walking the whole
+    # context: on an H200 a replay of the 0.5B drafter over a 2,048-token context took 1.28-1.59
+    # ms of GPU (q = 16-256, one row; bench/catch_up_cost.py, fc899da), 1.3-4x the host's
+    # time to launch it, so a catch-up round waited for the GPU, not the host.
+    chunk_short_attention: bool = True
     # Most context tokens one catch-up round of the goodput policy feeds the drafters (the
     # first far request always goes): GoodputConfig.catch_up_round_tokens. None: no limit.
     # With chunk graphs a round's catch-up is GPU time every row of its step waits for

@@ -1,8 +1,8 @@
 """On the GPU: draft steps that advance the q = 1 graph's inputs on the device (``run_next``:
 every step after a proposal's first) draft the same tokens as steps prepared on the host,
 across block boundaries, catch-ups and rollbacks; and a drafter a few tokens behind (plain
-steps between rounds, or a whole prompt) that catches up in catch-up or chunk graphs drafts what
-an eager catch-up drafts."""
+steps between rounds, or a whole prompt) that catches up in catch-up or chunk graphs (their
+attention in short pieces or not) drafts what an eager catch-up drafts."""
 
 from __future__ import annotations
 
@@ -62,9 +62,11 @@ def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
     prompts = [rng.integers(0, 500, n).tolist() for n in (40, 70, 100, 200)]
     rounds = [(rng.integers(0, 5, 4).tolist(), rng.integers(0, 7, 4).tolist()) for _ in range(20)]
     results = []
-    for catch_up_graphs, chunk in (((4, 8), (16, 64)), ((), 0)):
+    # the 64-token chunk graph's attention in pieces of 32 (G = 2) or on the prefill kernel
+    configs = (((4, 8), (16, 64), True), ((4, 8), (16, 64), False), ((), 0, True))
+    for catch_up_graphs, chunk, short in configs:
         spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
-                          initial_draft_len=4, controller=False,
+                          initial_draft_len=4, controller=False, chunk_short_attention=short,
                           catch_up_graphs=catch_up_graphs, catch_up_chunk=chunk)  # fmt: skip
         core = EngineCore(EngineConfig(
             model="dummy:tiny", device="cuda", dtype="float32", spec=spec, cuda_graphs=True,
@@ -84,7 +86,7 @@ def test_catch_up_graphs_draft_what_eager_catch_ups_draft():
                 s.token_ids += d[:k] + [(d[-1] + 1 + j) % 500 for j in range(1 + m)]
                 drafter.verified(s.seq_id, k)
         results.append((drafts_out, drafter.runner.num_eager_steps))
-    (with_graphs, eager_with), (without, eager_without) = results
-    assert with_graphs == without
+    (with_graphs, eager_with), (prefill_kernel, _), (without, eager_without) = results
+    assert with_graphs == prefill_kernel == without
     assert eager_with == 0  # the prompts in chunk replays, every later catch-up in one replay
     assert eager_without >= 10

@@ -9,7 +9,7 @@ import torch
 
 from verifypd.config import KernelConfig
 from verifypd.kernels import REFERENCE_OPS, get_ops, reference, triton_ops
-from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
+from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit, uniform_pieces
 
 OPS = [
     "store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul", "rope_store_kv",
@@ -127,4 +127,40 @@ def test_split_attention_matches_the_whole_steps_reference(target, paged_case, q
     out = ops.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2, k, v)
     torch.testing.assert_close(out.float(), ref.float(), rtol=target.rtol, atol=target.atol)
     # The reference reads the whole step, split or not.
+    assert reference.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2).equal(ref)
+
+
+def test_uniform_pieces_cut_each_sequence_into_short_sequences() -> None:
+    """Two sequences of 10 query tokens in pieces of 4: the same rows in order, each piece's
+    context ending at its last row, over its own sequence's blocks."""
+    tables = torch.tensor([[5, 6, 7], [1, 2, 3]], dtype=torch.int32)
+    meta = AttentionMetadata(
+        torch.arange(20), torch.tensor([0, 10, 20], dtype=torch.int32),
+        torch.tensor([30, 12], dtype=torch.int32), tables, 10, 30,
+    )  # fmt: skip
+    pieces = uniform_pieces(meta, 4)
+    assert pieces.query_start_loc.tolist() == [0, 4, 8, 10, 14, 18, 20]
+    assert pieces.seq_lens.tolist() == [24, 28, 30, 6, 10, 12]
+    assert pieces.block_tables.tolist() == [[5, 6, 7]] * 3 + [[1, 2, 3]] * 3
+    assert pieces.max_query_len == 4 and pieces.max_seq_len == 30
+    assert pieces.slot_mapping is meta.slot_mapping
+    assert pieces.query_start_loc.dtype == pieces.seq_lens.dtype == torch.int32
+
+
+@pytest.mark.parametrize("rows,q,context", [(1, 24, 300), (2, 40, 170), (3, 33, 64)])
+def test_uniform_step_in_pieces_matches_the_reference(target, paged_case, monkeypatch, rows, q,
+                                                      context):  # fmt: skip
+    """A uniform step (a drafter's catch-up chunk: every row feeds q tokens, more than the
+    split-K kernel holds whole) whose attention runs in pieces of 16 on that kernel
+    (``AttentionMetadata.pieces``) gives the reference's output over the whole step, and the
+    prefill kernel never runs."""
+    case = paged_case(target, [q] * rows, [context + 7 * i for i in range(rows)], 16, 4, 32,
+                      block_size=8, seed=rows)  # fmt: skip
+    ref = reference.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2)
+    case.meta.pieces = uniform_pieces(case.meta, 64 // 4)
+    monkeypatch.setattr(triton_ops, "prefill_attention", None)  # called: a TypeError
+    ops = triton_ops.TritonOps()
+    out = torch.full_like(case.q, float("nan"))
+    out.copy_(ops.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2))
+    torch.testing.assert_close(out.float(), ref.float(), rtol=target.rtol, atol=target.atol)
     assert reference.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2).equal(ref)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from verifypd.kernels.metadata import AttentionMetadata
+from verifypd.kernels.metadata import AttentionMetadata, uniform_pieces
 from verifypd.kernels.triton_advance import advance
+from verifypd.kernels.triton_decode_attention import MAX_ROWS
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -35,6 +36,7 @@ class StepGraphs:
         max_len: int,
         query_len: int = 1,
         with_logits: bool = True,
+        short_attention: bool = False,
     ):
         self.model = model
         self.q = query_len
@@ -42,6 +44,13 @@ class StepGraphs:
         # prompt step only its last tokens': [B * q, V] of them would be most of its memory and
         # half its work), and ``run`` returns the final hidden states, [B * q, H].
         self.with_logits = with_logits
+        # True: the attention runs as pieces of at most MAX_ROWS // G tokens a row on the
+        # short-query (split-K) kernel (``metadata.uniform_pieces``), for steps of a few rows
+        # over long contexts (the drafter's catch-up chunks), where the prefill kernel's grid
+        # is a handful of programs. 0 when q already fits that kernel.
+        cfg = getattr(model, "cfg", None)
+        rows = MAX_ROWS // (cfg.num_heads // cfg.num_kv_heads) if cfg is not None else 0
+        self.piece = rows if short_attention and 0 < rows < query_len else 0
         self.kv = kv
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
@@ -61,7 +70,7 @@ class StepGraphs:
         self._last_width = 0  # block-table columns copied by it
 
     def _meta(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slots[: b * self.q],
             query_start_loc=self.query_start_loc[: b + 1],
             seq_lens=self.seq_lens[:b],
@@ -69,6 +78,9 @@ class StepGraphs:
             max_query_len=self.q,
             max_seq_len=self.max_len,
         )
+        if self.piece:  # built in the graph: it reads the static buffers at every replay
+            meta.pieces = uniform_pieces(meta, self.piece)
+        return meta
 
     def _forward(self, b: int) -> torch.Tensor:
         t = b * self.q

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -33,6 +34,14 @@ class AttentionMetadata:
     # two parts' metadata. The whole stays valid (the torch reference reads it); a kernel
     # backend may run each part on its own kernel instead of one kernel over the whole.
     split: AttentionSplit | None = None
+    # A uniform step (every sequence feeds ``max_query_len`` tokens) described again as more,
+    # shorter sequences (``uniform_pieces``): the same rows, each piece of a sequence's tokens
+    # a sequence of its own over the same context. The whole stays valid (the torch reference
+    # reads it); a kernel backend may run the pieces on its short-query kernel, whose programs
+    # split the context, where its prefill kernel would have a handful of programs each
+    # walking the whole context (a drafter's catch-up chunk of 16-256 tokens over a long
+    # prompt: 2-30 programs on a GPU of 132 SMs).
+    pieces: AttentionMetadata | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -55,3 +64,26 @@ class AttentionSplit:
     decode: AttentionMetadata
     prompt: AttentionMetadata
     num_decode_rows: int
+
+
+def uniform_pieces(meta: AttentionMetadata, piece: int) -> AttentionMetadata:
+    """``meta`` of a uniform step (each of its B sequences feeds ``meta.max_query_len`` = q
+    tokens, rows b*q .. (b+1)*q - 1) as B * ceil(q / piece) sequences of at most ``piece``
+    tokens, in the same row order: piece k of sequence b is rows b*q + k*piece up to
+    min(b*q + (k+1)*piece, (b+1)*q), over sequence b's blocks, its context ending at its last
+    row. Built with device ops only (no host sync: inside a CUDA graph it reads the graph's
+    static buffers at every replay)."""
+    q, n = meta.max_query_len, meta.num_seqs
+    per = -(-q // piece)
+    idx = torch.arange(n * per, device=meta.seq_lens.device)
+    b = idx // per
+    start = b * q + (idx - b * per) * piece
+    end = torch.minimum(start + piece, (b + 1) * q)
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping,
+        query_start_loc=torch.cat([start, end[-1:]]).to(torch.int32),
+        seq_lens=(meta.seq_lens.index_select(0, b) - ((b + 1) * q - end)).to(torch.int32),
+        block_tables=meta.block_tables.index_select(0, b),
+        max_query_len=min(piece, q),
+        max_seq_len=meta.max_seq_len,
+    )

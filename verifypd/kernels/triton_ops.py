@@ -3,8 +3,10 @@
 ``verifypd.kernels.reference`` defines the semantics; every function here matches it (up to
 floating-point rounding) and launches without host syncs, so a decode step can be captured in a
 CUDA graph. ``paged_attention`` picks the split-K kernel when every sequence has only a few query
-tokens (decode, speculative verify: ``max_query_len * G <= 64``, host-side ints only) and the
-variable-length prefill kernel otherwise (prefill chunks, extends, mixed batches). The
+tokens (decode, speculative verify: ``max_query_len * G <= 64``, host-side ints only), or when a
+uniform step comes cut into such short pieces (``metadata.uniform_pieces``: a drafter's
+catch-up chunk graphs), and the variable-length prefill kernel otherwise (prefill chunks,
+extends, mixed batches). The
 projections of a single token (batch-1 decode) run on the GEMV kernel with their neighbouring
 norm, SwiGLU or bias folded in; more rows go to cuBLAS after the separate kernels.
 
@@ -89,6 +91,10 @@ class TritonOps:
             return self._split_attention(q, k_cache, v_cache, meta.split, scale, k_new, v_new)
         if is_short_query(meta.max_query_len, q.shape[1], k_cache.shape[2]):
             return decode_attention(q, k_cache, v_cache, meta, scale, use_pdl=self.use_pdl)
+        pieces = meta.pieces  # a uniform step cut into pieces that fit the split-K kernel
+        heads = (q.shape[1], k_cache.shape[2])
+        if pieces is not None and is_short_query(pieces.max_query_len, *heads):
+            return decode_attention(q, k_cache, v_cache, pieces, scale, use_pdl=self.use_pdl)
         return prefill_attention(q, k_cache, v_cache, meta, scale, k_new=k_new, v_new=v_new)
 
     def _split_attention(self, q, k_cache, v_cache, split: AttentionSplit, scale, k_new, v_new):
