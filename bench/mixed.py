@@ -176,6 +176,9 @@ MODES = {
     # The drafter's chunk graphs with their attention on the prefill kernel, as before
     # SpecConfig.chunk_short_attention (on by default since 2026-11-28).
     "policy-prefill-chunks": _policy_with(spec=(("chunk_short_attention", False),)),
+    # ... and chunk graphs of 1,024 tokens too (a replay of the 0.5B drafter costs ~0.9 ms of
+    # GPU whatever its q up to 64, 1.5 at 256, 2.3 at 1,024 on an H200: bench/catch_up_cost.py).
+    "policy-chunk1k": _policy_with(spec=(("catch_up_chunk", (16, 64, 256, 1024)),)),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
     "policy-nostale": _NOSTALE,

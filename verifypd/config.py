@@ -498,12 +498,12 @@ class SpecConfig:
         sizes = chunk if isinstance(chunk, tuple) else (chunk,) if chunk else ()
         if (
             not isinstance(chunk, (int, tuple))
-            or not all(isinstance(q, int) and max(lens, default=2) < q <= 256 for q in sizes)
+            or not all(isinstance(q, int) and max(lens, default=2) < q <= 1024 for q in sizes)
             or list(sizes) != sorted(set(sizes))
         ):
             raise ValueError(
                 f"catch_up_chunk must be 0, or ascending distinct sizes above every"
-                f" catch_up_graphs length and at most 256, got {chunk!r}"
+                f" catch_up_graphs length and at most 1024, got {chunk!r}"
             )
         if not (0.0 <= self.guard_slack <= 1.0 and 0.0 <= self.rider_slack <= 1.0):
             raise ValueError("guard_slack and rider_slack must be in [0, 1]")
