@@ -372,9 +372,12 @@ class SpecConfig:
     # The chunk graphs' attention in pieces of at most 64 // G tokens a row on the split-K
     # (short-query) kernel (``kernels.metadata.uniform_pieces``), not on the prefill kernel,
     # whose grid for one or two rows of 16-256 tokens is 2-30 programs, each walking the whole
-    # context: on an H200 a replay of the 0.5B drafter over a 2,048-token context took 1.28-1.59
-    # ms of GPU (q = 16-256, one row; bench/catch_up_cost.py, fc899da), 1.3-4x the host's
-    # time to launch it, so a catch-up round waited for the GPU, not the host.
+    # context; in the graphs of at most 256 tokens (``cuda_graphs.SHORT_ATTENTION_TOKENS``).
+    # On an H200 a replay of the 0.5B drafter over a 2,048-token context took 1.28-1.59 ms of
+    # GPU without it (q = 16-256, one row; bench/catch_up_cost.py), 3-7x the host's time to
+    # launch it, and 0.89-1.50 with it. The catch-up rounds' own tokens came sooner (their p99
+    # 13.5 against 15.4 ms at 2 req/s, 19.0 against 38.2 at 8, hetero, one run), the ITL p99
+    # did not measurably move (mode policy-prefill-chunks; docs/performance.md).
     chunk_short_attention: bool = True
     # Most context tokens one catch-up round of the goodput policy feeds the drafters (the
     # first far request always goes): GoodputConfig.catch_up_round_tokens. None: no limit.

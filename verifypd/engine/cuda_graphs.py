@@ -18,6 +18,12 @@ from verifypd.kernels.metadata import AttentionMetadata, uniform_pieces
 from verifypd.kernels.triton_advance import advance
 from verifypd.kernels.triton_decode_attention import MAX_ROWS
 
+# ``short_attention`` graphs cut the attention into pieces only for batches of at most this many
+# query tokens: on an H200 (the 0.5B drafter over 2,048-token contexts, bench/catch_up_cost.py,
+# e6e405d) pieces took a replay's GPU time from 1.28-1.47 to 0.89-1.25 ms at q = 16-64 and from
+# 1.59 to 1.50 ms for one row of 256, but from 1.79 to 2.03 ms for two rows of 256.
+SHORT_ATTENTION_TOKENS = 256
+
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16))
@@ -47,7 +53,8 @@ class StepGraphs:
         # True: the attention runs as pieces of at most MAX_ROWS // G tokens a row on the
         # short-query (split-K) kernel (``metadata.uniform_pieces``), for steps of a few rows
         # over long contexts (the drafter's catch-up chunks), where the prefill kernel's grid
-        # is a handful of programs. 0 when q already fits that kernel.
+        # is a handful of programs; in the graphs of batches of at most
+        # ``SHORT_ATTENTION_TOKENS`` tokens. 0 when q already fits that kernel.
         cfg = getattr(model, "cfg", None)
         rows = MAX_ROWS // (cfg.num_heads // cfg.num_kv_heads) if cfg is not None else 0
         self.piece = rows if short_attention and 0 < rows < query_len else 0
@@ -78,7 +85,7 @@ class StepGraphs:
             max_query_len=self.q,
             max_seq_len=self.max_len,
         )
-        if self.piece:  # built in the graph: it reads the static buffers at every replay
+        if self.piece and b * self.q <= SHORT_ATTENTION_TOKENS:  # read at every replay
             meta.pieces = uniform_pieces(meta, self.piece)
         return meta
 
