@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=2048, help="tokens each row feeds")
     p.add_argument("--repeats", type=int, default=5, help="timed passes (the median is kept)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", default="bench/results/profile")
+    p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--tag", default="")
     return p.parse_args(argv)
 

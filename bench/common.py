@@ -53,6 +53,7 @@ TOPICS = {
     "profile_offline": "profile",
     "profile_spec": "profile",
     "timeline": "profile",
+    "catch_up_cost": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
     "grammar_mask": "api",
