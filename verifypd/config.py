@@ -488,6 +488,10 @@ class SpecConfig:
             raise ValueError(f"spec policy must be goodput|feedback, got {self.policy!r}")
         if not isinstance(self.always_pad_verify, bool):
             raise ValueError(f"always_pad_verify must be a bool, got {self.always_pad_verify!r}")
+        if not isinstance(self.chunk_short_attention, bool):
+            raise ValueError(
+                f"chunk_short_attention must be a bool, got {self.chunk_short_attention!r}"
+            )
         lens = self.catch_up_graphs
         if (
             not isinstance(lens, tuple)

@@ -245,3 +245,9 @@ def test_a_request_ending_part_way_stops_the_replays_and_keeps_the_others_progre
     assert stop.value.value == 0 and prop.follower.num_follows_stopped == 1
     assert views[1].num_computed_tokens == 64 and not views[1].following
     assert prop.views.get(seqs[0].seq_id) is None
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_chunk_short_attention_is_a_bool(bad):
+    with pytest.raises(ValueError, match="chunk_short_attention must be a bool"):
+        SpecConfig(chunk_short_attention=bad)
