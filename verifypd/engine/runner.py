@@ -61,21 +61,10 @@ class ModelRunner:
         )
         self.grammars: GrammarTable | None = None  # structured output (engine.grammar)
 
-    def capture_graphs(
-        self,
-        query_len: int,
-        max_batch: int,
-        max_len: int,
-        with_logits: bool = True,
-        short_attention: bool = False,
-    ) -> None:
-        """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode);
-        ``with_logits`` False: graphs that compute no logits (a step's rows get theirs from
-        its hidden states, outside the graph); ``short_attention``: attention in short pieces
-        on the split-K kernel (``StepGraphs.piece``)."""
-        self.graphs[query_len] = self.new_graphs(
-            query_len, max_batch, max_len, with_logits, short_attention
-        )
+    def capture_graphs(self, query_len: int, max_batch: int, max_len: int, **options) -> None:
+        """Captures uniform steps of ``query_len`` tokens per sequence (1 = decode) into the
+        runner's table; ``options`` as ``new_graphs``."""
+        self.graphs[query_len] = self.new_graphs(query_len, max_batch, max_len, **options)
 
     def new_graphs(
         self,
@@ -85,9 +74,12 @@ class ModelRunner:
         with_logits: bool = True,
         short_attention: bool = False,
     ) -> StepGraphs:
-        """Captured steps as ``capture_graphs``, with static buffers and a memory pool of their
-        own, not in the runner's table: for a stream that replays them beside the runner's
-        (``logits(graphs=...)``)."""
+        """Captured uniform steps of ``query_len`` tokens per sequence, with static buffers and
+        a memory pool of their own (``capture_graphs`` puts them in the runner's table; kept
+        apart, a stream replays them beside the runner's: ``logits(graphs=...)``).
+        ``with_logits`` False: graphs that compute no logits (a step's rows get theirs from its
+        hidden states, outside the graph); ``short_attention``: the attention in short pieces
+        on the split-K kernel (``StepGraphs.piece``)."""
         graphs = StepGraphs(
             self.model, self.pool.kv, self.block_size, max_batch, max_len, query_len, with_logits,
             short_attention,
