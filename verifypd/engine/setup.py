@@ -237,8 +237,8 @@ def capture_graphs(parts: EngineParts) -> None:
         spec = parts.config.spec
         for q in spec.catch_up_graphs:  # a few tokens behind: one replay
             drafter.runner.capture_graphs(q, verify_batch, max_len)
+        short = spec.chunk_short_attention  # the chunk graphs' attention in pieces
         if spec.chunk_sizes and spec.catch_up_chunks:  # far behind: a few replays
-            short = spec.chunk_short_attention
             for q in spec.chunk_sizes:
                 drafter.runner.capture_graphs(
                     q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False, short_attention=short
@@ -250,11 +250,7 @@ def capture_graphs(parts: EngineParts) -> None:
         if spec.follow_prefill and spec.chunk_sizes:  # the follow stream's own (follow_iter)
             drafter.follower.follow_graphs = {
                 q: drafter.runner.new_graphs(
-                    q,
-                    CATCH_UP_CHUNK_BATCH,
-                    max_len,
-                    with_logits=False,
-                    short_attention=spec.chunk_short_attention,
+                    q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False, short_attention=short
                 )
                 for q in spec.chunk_sizes
             }

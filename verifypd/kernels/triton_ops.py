@@ -6,9 +6,9 @@ CUDA graph. ``paged_attention`` picks the split-K kernel when every sequence has
 tokens (decode, speculative verify: ``max_query_len * G <= 64``, host-side ints only), or when a
 uniform step comes cut into such short pieces (``metadata.uniform_pieces``: a drafter's
 catch-up chunk graphs), and the variable-length prefill kernel otherwise (prefill chunks,
-extends, mixed batches). The
-projections of a single token (batch-1 decode) run on the GEMV kernel with their neighbouring
-norm, SwiGLU or bias folded in; more rows go to cuBLAS after the separate kernels.
+extends, mixed batches). The projections of a single token (batch-1 decode) run on the GEMV
+kernel with their neighbouring norm, SwiGLU or bias folded in; more rows go to cuBLAS after the
+separate kernels.
 
 Which kernel runs where is ``KernelConfig`` (GEMV row limit, fusions, PDL): a ``TritonOps``
 holds one such choice. The module-level functions are the default choice.
