@@ -179,6 +179,15 @@ MODES = {
     # ... and chunk graphs of 1,024 tokens too (a replay of the 0.5B drafter costs ~0.9 ms of
     # GPU whatever its q up to 64, 1.5 at 256, 2.3 at 1,024 on an H200: bench/catch_up_cost.py).
     "policy-chunk1k": _policy_with(spec=(("catch_up_chunk", (16, 64, 256, 1024)),)),
+    # ... and of 512 too: a context of 513-1,024 tokens in two replays of 512, not up to four
+    # of 256.
+    "policy-chunk512-1k": _policy_with(spec=(("catch_up_chunk", (16, 64, 256, 512, 1024)),)),
+    # A catch-up round's feed spread over at most the rounds each request has left
+    # (SpecConfig.amortize_within_request): no catch-up for a long prompt near its end.
+    "policy-horizon": _policy_with(spec=(("amortize_within_request", True),)),
+    "policy-horizon-chunk1k": _policy_with(
+        spec=(("amortize_within_request", True), ("catch_up_chunk", (16, 64, 256, 512, 1024)))
+    ),
     # Without the stale probe (SpecConfig.probe_when_stale, on by default since 2026-11-28):
     # requests with no verify of their own probed only while the population is parked.
     "policy-nostale": _NOSTALE,

@@ -466,6 +466,11 @@ class SpecConfig:
     # (GoodputConfig.probe_when_stale): a population α below what pays otherwise holds every
     # new request back for good. On by default since 2026-11-28.
     probe_when_stale: bool = True
+    # The goodput policy spreads a catch-up round's feed over at most the rounds the request
+    # has left (its tokens left over the most tokens a round yields), not always over
+    # GoodputConfig.amortize_steps: a long prompt a few tokens from its end is not caught up
+    # on (GoodputConfig.amortize_within_request).
+    amortize_within_request: bool = False
     # The ITL tail's budget (GoodputConfig.tail_budget; None: none, the default): at most about
     # this share of all tokens may come more than ``tail_ratio`` plain steps after the one
     # before because of speculation (``--spec-tail-budget``). On an H200 with the 0.5B drafter
@@ -548,6 +553,10 @@ class SpecConfig:
             )
         if not isinstance(self.probe_when_stale, bool):
             raise ValueError(f"probe_when_stale must be a bool, got {self.probe_when_stale!r}")
+        if not isinstance(self.amortize_within_request, bool):
+            raise ValueError(
+                f"amortize_within_request must be a bool, got {self.amortize_within_request!r}"
+            )
         window, sink = self.draft_window, self.draft_window_sink
         if window is not None and (type(window) is not int or window < 1):
             raise ValueError(f"draft_window must be an int >= 1 or None, got {window!r}")

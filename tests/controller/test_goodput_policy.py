@@ -23,6 +23,7 @@ from verifypd.controller import (
     expected_tokens,
 )
 from verifypd.controller.goodput import REASONS
+from verifypd.controller.plan_search import Candidate, catch_up_rounds
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,36 @@ def test_catch_up_pays_back_over_the_following_steps():
     assert policy.costs.catch_up(10 * 1000) > 3 * d.plain_step_s  # a real one-off
 
 
+@pytest.mark.parametrize("within", [False, True])
+def test_a_catch_up_is_spread_over_at_most_the_rounds_its_requests_have_left(within):
+    """The same long-prompt catch-up: taken for requests with many tokens to go; with
+    ``amortize_within_request``, not for requests a few tokens from their end (the feed
+    spread over the ~2 rounds they have left costs more than speculation gains)."""
+    shape = Shape(fixed=4e-3, per_token=5e-6, draft=0.5e-3, prefill_token=20e-6)
+    reasons = {}
+    for left in (1 << 30, 8):
+        policy = _policy(shape, max_catch_up=64, catch_up_every_steps=1,
+                         amortize_within_request=within)  # fmt: skip
+        ids = _add(policy, 10)
+        for i in ids:
+            _teach(policy, i, 0.8)
+        d = policy.decide([SeqView(i, 1000, left) for i in ids])
+        reasons[left] = d.reason, all(n > 0 for n in d.draft_lens.values())
+    assert reasons[1 << 30] == ("catch_up", True)
+    assert reasons[8] == (("no_gain", False) if within else ("catch_up", True))
+
+
+def test_catch_up_rounds_are_the_rounds_a_request_has_left():
+    def cand(alpha, left):
+        return Candidate(0, alpha, 1000, left, far=True)
+
+    assert catch_up_rounds(cand(0.8, 8), 32, None) == 32.0  # not within the request
+    assert catch_up_rounds(cand(0.8, 8), 32, 4) == pytest.approx(8 / expected_tokens(0.8, 4))
+    assert catch_up_rounds(cand(0.8, 1 << 30), 32, 4) == 32.0  # never beyond amortize_steps
+    assert catch_up_rounds(cand(0.5, 1), 32, 4) == 1.0  # at least the round it pays for
+    assert catch_up_rounds(cand(0.0, 10), 32, 4) == 10.0  # α̂ = 0: one token a round
+
+
 def test_drafters_within_the_catch_up_graphs_are_not_planned_eager():
     """A drafter a few tokens behind (its request decoded plainly for a few steps) starts with
     a graph replay when catch-up graphs reach it: its plan pays no eager one-off, so the policy
@@ -882,6 +913,14 @@ def test_probe_when_stale_reaches_the_policy_and_is_checked():
         GoodputConfig(probe_when_stale=1)
     with pytest.raises(ValueError, match="probe_when_stale"):
         SpecConfig(probe_when_stale="no")
+
+
+def test_amortize_within_request_is_checked():
+    assert GoodputConfig().amortize_within_request is False
+    with pytest.raises(ValueError, match="amortize_within_request"):
+        GoodputConfig(amortize_within_request=1)
+    with pytest.raises(ValueError, match="amortize_within_request"):
+        SpecConfig(amortize_within_request="yes")
 
 
 def test_a_stale_probe_keeps_the_rider_bound():

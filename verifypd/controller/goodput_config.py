@@ -62,6 +62,10 @@ class GoodputConfig:
     # and up, long prompts' catch-ups never paid, every drafter fell far behind during plain
     # steps, and the policy stopped speculating for good.)
     amortize_steps: int = 32
+    # ... or over fewer: at most the rounds the request has left (its tokens left over the
+    # most a round yields), so a long prompt a few tokens from its end is not caught up on
+    # (``plan_search.catch_up_rounds``; ``SpecConfig.amortize_within_request``).
+    amortize_within_request: bool = False
     # Plain rows riding in a speculating step (a request waiting for its catch-up round, or
     # one that may not speculate) may wait up to (1 + rider_slack) plain steps.
     rider_slack: float = 0.25
@@ -171,6 +175,7 @@ class GoodputConfig:
             ),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
+            (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
             (

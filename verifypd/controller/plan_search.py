@@ -48,21 +48,44 @@ class CandidateGroup:
     last_gain: float = 0.0  # rows on their last token yield nothing more
     steady: int = 0  # cumulative: catch-up tokens of steady drafters (beyond two)
     far: int = 0  # cumulative: context tokens of drafters in a catch-up round
+    # cumulative: those tokens, each over the rounds its request can pay it back in
+    # (``catch_up_rounds``; ``far / amortize_steps`` when no request's end is near)
+    far_per_round: float = 0.0
     eager: bool = False  # cumulative: some drafter further behind than its graphs reach
 
 
+def catch_up_rounds(c: Candidate, amortize_steps: int, max_draft_len: int | None) -> float:
+    """The rounds a catch-up of ``c``'s drafter is spread over: ``amortize_steps``, or with
+    ``max_draft_len`` (``GoodputConfig.amortize_within_request``) at most the rounds its
+    request has left, ``tokens_left`` over the most tokens a round of it yields (E(α̂, L) at
+    the longest L): a long prompt with a few tokens to go cannot pay back its feed."""
+    if max_draft_len is None:
+        return float(amortize_steps)
+    rounds = c.tokens_left / expected_tokens(c.alpha, max_draft_len)
+    return min(float(amortize_steps), max(1.0, rounds))
+
+
 def group_candidates(
-    cands: list[Candidate], bucket: float, graph_catch_up: int
+    cands: list[Candidate],
+    bucket: float,
+    graph_catch_up: int,
+    amortize_steps: int = 32,
+    max_draft_len: int | None = None,
 ) -> list[CandidateGroup]:
     """Runs of candidates in one α̂ bucket (they enter the speculating set together); a group
-    is ``eager`` once some drafter in or before it is more than ``graph_catch_up`` behind."""
+    is ``eager`` once some drafter in or before it is more than ``graph_catch_up`` behind.
+    ``amortize_steps`` and ``max_draft_len``: the rounds each far drafter's catch-up is
+    spread over (``catch_up_rounds``)."""
     out: list[CandidateGroup] = []
     steady = far = 0
+    far_per_round = 0.0
     eager = False
     alphas: list[float] = []
     for i, c in enumerate(cands):
         steady += 0 if c.far else max(0, c.behind - 2)
         far += c.behind if c.far else 0
+        if c.far:
+            far_per_round += c.behind / catch_up_rounds(c, amortize_steps, max_draft_len)
         eager = eager or c.behind > graph_catch_up
         if not c.last:
             alphas.append(c.alpha)
@@ -72,7 +95,9 @@ def group_candidates(
                 continue
         if nxt is not None and nxt.last and c.last:
             continue
-        grp = CandidateGroup(i + 1, len(alphas), steady=steady, far=far, eager=eager)
+        grp = CandidateGroup(
+            i + 1, len(alphas), steady=steady, far=far, far_per_round=far_per_round, eager=eager
+        )
         if alphas:
             grp.mean_alpha, grp.min_alpha = sum(alphas) / len(alphas), min(alphas)
         out.append(grp)
@@ -130,16 +155,19 @@ class PlanSearch:
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = (waiting if g.waiting_riders_exempt else 0) + outside
-        groups = group_candidates(cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up))
+        groups = group_candidates(
+            cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up), g.amortize_steps,
+            self.max_draft_len if g.amortize_within_request else None,
+        )  # fmt: skip
         best: Plan | None = None
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
         plans: list[Plan] | None = [] if g.tail_tolerance else None
-        # What a group's set costs whatever L: (one-off, one drafter step, steady catch-up,
-        # the other rows' decode step), priced once, not at every L.
+        # What a group's set costs whatever L: (one-off, its share a round, one drafter step,
+        # steady catch-up, the other rows' decode step), priced once, not at every L.
         fixed = [
             (
-                self.costs.catch_up(grp.far, c) + (g.eager_draft_s if grp.eager else 0),
+                *self._one_off(grp),
                 self.costs.draft(grp.end, c),
                 self.costs.catch_up(grp.steady, c),
                 self.costs.decode(rows - grp.end, c),
@@ -151,7 +179,9 @@ class PlanSearch:
             if tail is not None:
                 tail.groups.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
-            for grp, (one_off, draft_step_s, steady_s, others_s) in zip(groups, fixed, strict=True):
+            for grp, (one_off, share, draft_step_s, steady_s, others_s) in zip(
+                groups, fixed, strict=True
+            ):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 if tail is not None:
@@ -164,7 +194,7 @@ class PlanSearch:
                 riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
                 for fused, step_s in self._step_times(rows, k, L, draft_s, others_s, whole):
                     step_s += g.round_overhead_s
-                    value = tokens / (step_s + one_off / g.amortize_steps)
+                    value = tokens / (step_s + share)
                     wait = step_s
                     if g.drafts_beside_decode and not fused:
                         wait = others_s + g.round_overhead_s
@@ -190,6 +220,16 @@ class PlanSearch:
             return best
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
+
+    def _one_off(self, grp: CandidateGroup) -> tuple[float, float]:
+        """(seconds, seconds a round) of a group's set's one-off: its far drafters' context
+        feed, each request's share spread over the rounds it can pay it back in
+        (``far_per_round``), and an eager first step's host time over ``amortize_steps``."""
+        g = self.goodput
+        feed = self.costs.catch_up(grp.far, self.contended)
+        eager = g.eager_draft_s if grp.eager else 0.0
+        share = feed * grp.far_per_round / grp.far if grp.far else 0.0
+        return feed + eager, share + eager / g.amortize_steps
 
     def _step_times(
         self, rows: int, k: int, L: int, draft_s: float, others_s: float, whole_s: float

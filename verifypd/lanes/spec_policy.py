@@ -64,6 +64,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         contention_costs=spec.contention_costs,
         second_token_plain=spec.second_token_plain,
         probe_when_stale=spec.probe_when_stale,
+        amortize_within_request=spec.amortize_within_request,
         tail_budget=spec.tail_budget,
         tail_ratio=spec.tail_ratio,
     )
