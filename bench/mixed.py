@@ -292,6 +292,19 @@ MODES = {
     "policy-fdec-cap14": _policy_with(
         spec=(("follow_decode_max_rows", 8), ("max_step_ratio", 1.4))
     ),
+    # ... that feed on a stream of its own beside the decode step, at its priority
+    # (SpecConfig.follow_decode_stream "beside"): the step does not wait for it; and with 1,024
+    # tokens a step.
+    "policy-fdec-beside": _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", "beside"))
+    ),
+    "policy-fdec-beside1k": _policy_with(
+        spec=(
+            ("follow_decode_max_rows", 8),
+            ("follow_decode_stream", "beside"),
+            ("catch_up_chunk", (16, 64, 256, 512, 1024)),
+        )
+    ),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     # Prompt chunking and packing, each setting spelled out (the default since a41665c is

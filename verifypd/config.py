@@ -335,6 +335,12 @@ class SpecConfig:
     # p99 at 2 / 5 req/s 9.58 / 16.4 ms against the policy's 8.80 / 15.4 (`off` 5.68 / 15.5),
     # TPOT p50 at 2 req/s 3.69 against 3.32.
     follow_decode_tokens: int | None = None
+    # ... and where that feed runs: "decode", right behind the decode step on its stream (the
+    # next step waits for it); "beside", on a stream of its own at the decode lane's priority,
+    # in a set of chunk graphs of its own, launched with the step and not waited for by it (the
+    # two share the GPU's SMs and bandwidth; whatever drafts for the view waits for the feed on
+    # the GPU first, ``wait_for_follow``).
+    follow_decode_stream: Literal["decode", "beside"] = "decode"
     # The drafter's context window (draft model): a view of a prompt longer than
     # ``draft_window_sink`` + ``draft_window`` tokens holds its first ``draft_window_sink``
     # and last ``draft_window`` tokens (and every token after them); the middle is never fed
@@ -545,6 +551,11 @@ class SpecConfig:
         rows = self.follow_decode_max_rows
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise ValueError(f"follow_decode_max_rows must be an int >= 0, got {rows!r}")
+        if self.follow_decode_stream not in ("decode", "beside"):
+            raise ValueError(
+                f"follow_decode_stream must be 'decode' or 'beside', "
+                f"got {self.follow_decode_stream!r}"
+            )
         feed = self.follow_decode_tokens
         if feed is not None and feed not in self.chunk_sizes:
             raise ValueError(
@@ -570,6 +581,12 @@ class SpecConfig:
             raise ValueError(f"tail_ratio must be >= 1, got {self.tail_ratio!r}")
         if not 0.0 <= self.tail_tolerance < 1.0:
             raise ValueError(f"tail_tolerance must be in [0, 1), got {self.tail_tolerance!r}")
+
+    @property
+    def feeds_beside_decode(self) -> bool:
+        """The drafter's catch-up behind decode steps runs on a stream of its own
+        (``follow_decode_stream`` "beside", with ``follow_decode_max_rows``)."""
+        return self.follow_decode_stream == "beside" and self.follow_decode_max_rows > 0
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:

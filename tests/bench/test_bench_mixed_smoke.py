@@ -215,3 +215,5 @@ def test_horizon_and_chunk_modes_reach_the_engine() -> None:
     )
     chunks = mixed.mode_config(args, "policy-chunk512-1k").spec.catch_up_chunk
     assert chunks == (16, 64, 256, 512, 1024)
+    assert mixed.mode_config(args, "policy-fdec-beside").spec.feeds_beside_decode
+    assert not mixed.mode_config(args, "policy-fdec").spec.feeds_beside_decode

@@ -20,9 +20,10 @@ PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [7] * 40, list(range(10, 60)
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
-def _engine(rows: int, useless_drafter: bool = False) -> AsyncEngine:
+def _engine(rows: int, useless_drafter: bool = False, stream: str = "decode") -> AsyncEngine:
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
-                           initial_draft_len=3, follow_decode_max_rows=rows)  # fmt: skip
+                           initial_draft_len=3, follow_decode_max_rows=rows,
+                           follow_decode_stream=stream)  # fmt: skip
     engine = AsyncEngine(tiny_config(spec=spec))
     pin_costs(engine.core.costs, engine.core.controller)
     if useless_drafter:
@@ -37,10 +38,13 @@ def reference() -> list[list[int]]:
     return asyncio.run(generate_all(AsyncEngine(tiny_config()), PROMPTS, GREEDY))
 
 
-async def test_the_drafter_catches_up_behind_plain_steps_and_rounds_start_steady(reference):
+@pytest.mark.parametrize("stream", ["decode", "beside"])
+async def test_the_drafter_catches_up_behind_plain_steps_and_rounds_start_steady(reference, stream):
     """A row's second token is plain (``second_token_plain``): behind that step the drafter
-    is fed its prompt, so no proposal feeds a whole context; without the follow they do."""
-    engine = _engine(rows=8)
+    is fed its prompt, so no proposal feeds a whole context; without the follow they do.
+    ``beside`` (the feed stream's, on a GPU) feeds the same on CPU."""
+    engine = _engine(rows=8, stream=stream)
+    assert engine.core.spec.drafter is not None
     fed, catch_ups = spy_drafter(engine)
     assert await generate_all(engine, PROMPTS, GREEDY) == reference
     assert sum(fed) >= sum(len(p) for p in PROMPTS)  # every prompt, behind a plain step
@@ -165,3 +169,11 @@ def test_follow_decode_tokens_is_one_of_the_chunk_sizes(bad):
     assert SpecConfig(follow_decode_tokens=64).follow_decode_tokens == 64
     with pytest.raises(ValueError, match="follow_decode_tokens"):
         SpecConfig(follow_decode_tokens=bad)
+
+
+def test_follow_decode_stream_is_validated_and_feeds_beside_only_with_rows():
+    assert not SpecConfig(follow_decode_stream="beside").feeds_beside_decode  # rows 0: no feed
+    assert SpecConfig(follow_decode_stream="beside", follow_decode_max_rows=4).feeds_beside_decode
+    assert not SpecConfig(follow_decode_max_rows=4).feeds_beside_decode
+    with pytest.raises(ValueError, match="follow_decode_stream"):
+        SpecConfig(follow_decode_stream="follow")

@@ -18,7 +18,7 @@ DECODE_FIRST = ("decode", "verify", "prefill", "follow")
 def test_decode_first_on_the_h100_range() -> None:
     # torch caps the greatest priority at -3 (4 levels); an H100 reports (0, -5) to CUDA.
     assert lane_priorities(0, -3, "decode-first") == {
-        "decode": -3, "verify": -2, "prefill": -1, "follow": 0}  # fmt: skip
+        "decode": -3, "verify": -2, "prefill": -1, "follow": 0, "feed": -3}  # fmt: skip
 
 
 @given(st.integers(min_value=-5, max_value=-1))
@@ -30,6 +30,7 @@ def test_the_order_holds_on_any_range(greatest: int) -> None:
     mirror = lane_priorities(0, greatest, "prefill-first")
     assert mirror["prefill"] == greatest and mirror["decode"] > mirror["prefill"]
     assert mirror["follow"] == 0 and mirror["verify"] == prios["verify"]
+    assert prios["feed"] == prios["decode"] and mirror["feed"] == mirror["decode"]
     assert set(lane_priorities(0, greatest, "equal").values()) == {0}
 
 
@@ -48,3 +49,5 @@ def test_the_gpu_streams_serve_decode_first() -> None:
     served = [streams[n].priority for n in DECODE_FIRST]
     assert served == sorted(served) and served[0] < served[-1], served
     assert set(LaneStreams(torch.device("cuda"), ("decode",)).streams) == {"decode"}
+    fed = LaneStreams(torch.device("cuda"), ("decode", "prefill", "verify"), feed=True).streams
+    assert fed["feed"].priority == fed["decode"].priority  # the feed beside decode steps

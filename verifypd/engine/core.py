@@ -273,16 +273,22 @@ class EngineCore:
                                    self.config.spec, self.use_cuda_graphs)  # fmt: skip
 
     def follow_iter(
-        self, items: list[tuple[Sequence, int]], every: int = 0, on_decode: bool = False
+        self,
+        items: list[tuple[Sequence, int]],
+        every: int = 0,
+        on_decode: bool = False,
+        beside: bool = False,
     ) -> Generator[None, None, None]:
         """The drafter's forward over ``items`` (``follow_items``, ``follow_decode_items``:
-        ``on_decode``, run on the decode stream in the proposer's chunk graphs), pausing after
-        every ``every`` layers (0: in one piece). An optimization: if it fails, the drafter
-        catches up when it drafts."""
+        ``on_decode``, run on the decode stream in the proposer's chunk graphs, or ``beside``
+        it on the feed stream in the feed's own), pausing after every ``every`` layers (0: in
+        one piece). An optimization: if it fails, the drafter catches up when it drafts."""
         if not items:
             return
         drafter = self.spec.drafter
-        graphs = drafter.chunk_graphs() if on_decode else None
+        graphs = None  # the follow stream's own
+        if on_decode:
+            graphs = drafter.follower.feed_graphs if beside else drafter.chunk_graphs()
         try:
             fed = yield from drafter.follow_iter(items, every, graphs)
         except Exception:

@@ -128,6 +128,9 @@ class PromptFollower:
         # pools of their own, since proposals on the decode stream replay the runner's chunk
         # graphs meanwhile. {}: the follow runs eager.
         self.follow_graphs: dict[int, StepGraphs] = {}
+        # ... and those of the feed stream, the catch-up beside decode steps
+        # (``SpecConfig.follow_decode_stream`` "beside").
+        self.feed_graphs: dict[int, StepGraphs] = {}
 
     @torch.inference_mode()
     def follow_iter(

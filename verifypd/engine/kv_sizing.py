@@ -92,8 +92,8 @@ def draft_graph_headroom(draft: ModelConfig, max_batch: int, dtype: torch.dtype)
     a few MB. Qwen2.5-0.5B at 256 rows: 3 * 256 * 151,936 * (2 + 4) bytes = 0.65 GiB. The
     catch-up chunk graphs (``SpecConfig.catch_up_chunk``) compute no logits: their activations
     (at most 8 rows of 256 tokens by default, tens of MB, four times that with chunks of 1,024;
-    twice that with ``follow_prefill``, whose stream has a set of its own) fit the pools'
-    slack."""
+    twice that with ``follow_prefill``, whose stream has a set of its own, and once more with
+    ``follow_decode_stream`` "beside") fit the pools' slack."""
     rows = graph_batch_sizes(max_batch)[-1] * sum(DRAFT_GRAPH_QUERY_LENS)
     return rows * draft.vocab_size * (dtype.itemsize + 4)
 

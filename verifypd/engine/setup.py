@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from verifypd.config import EngineConfig, ModelConfig
+from verifypd.config import EngineConfig, ModelConfig, SpecConfig
 from verifypd.costs import CostTable
 from verifypd.engine.calibrate import VERIFY_GRAPH_BATCH, measure_costs
-from verifypd.engine.cuda_graphs import warm_up_eager
+from verifypd.engine.cuda_graphs import StepGraphs, warm_up_eager
 from verifypd.engine.gemm_warmup import warm_prompt_gemms
 from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
@@ -211,8 +211,9 @@ def target_pool(
 def capture_graphs(parts: EngineParts) -> None:
     """The target's decode and verify graphs, the drafter's q = 1 and q = 2 graphs, its
     catch-up graphs (``SpecConfig.catch_up_graphs``), its chunk graphs
-    (``SpecConfig.catch_up_chunk``; with ``follow_prefill`` a second set for the follow stream)
-    and its chained steps, after an eager warm-up of every kernel."""
+    (``SpecConfig.catch_up_chunk``; with ``follow_prefill`` a second set for the follow stream,
+    with ``follow_decode_stream`` "beside" one for the feed stream) and its chained steps,
+    after an eager warm-up of every kernel."""
     if not parts.is_cuda:
         raise ValueError("cuda_graphs needs device=cuda")
     max_batch, max_len = parts.config.scheduler.max_num_seqs, parts.max_model_len
@@ -248,13 +249,22 @@ def capture_graphs(parts: EngineParts) -> None:
                 spec.catch_up_chunks,
             )
         if spec.follow_prefill and spec.chunk_sizes:  # the follow stream's own (follow_iter)
-            drafter.follower.follow_graphs = {
-                q: drafter.runner.new_graphs(
-                    q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False, short_attention=short
-                )
-                for q in spec.chunk_sizes
-            }
+            drafter.follower.follow_graphs = _chunk_graph_set(drafter, spec, max_len)
+        if spec.feeds_beside_decode and spec.chunk_sizes:  # the feed stream's own
+            drafter.follower.feed_graphs = _chunk_graph_set(drafter, spec, max_len)
         drafter.warm_up_chain()
+
+
+def _chunk_graph_set(
+    drafter: DraftModelProposer, spec: SpecConfig, max_len: int
+) -> dict[int, StepGraphs]:
+    """A set of the drafter's chunk graphs with buffers and memory pools of their own, for a
+    stream that replays them beside the proposer's (which replays the runner's)."""
+    return {
+        q: drafter.runner.new_graphs(q, CATCH_UP_CHUNK_BATCH, max_len, with_logits=False,
+                                     short_attention=spec.chunk_short_attention)
+        for q in spec.chunk_sizes
+    }  # fmt: skip
 
 
 def prompt_in_decode_graphs(parts: EngineParts, capture: bool) -> None:

@@ -35,29 +35,32 @@ def lane_priorities(least: int, greatest: int, order: str) -> dict[str, int]:
     """CUDA stream priority per stream, from the device's range (``least`` is 0, ``greatest``
     negative: a lower number is served first) and ``EngineConfig.lane_priorities``. The
     drafter's forwards behind prompt steps (``follow``) always come last: they only save
-    later work, so they take what the lanes leave."""
+    later work, so they take what the lanes leave. Its catch-up beside decode steps (``feed``,
+    ``SpecConfig.follow_decode_stream``) runs at the decode lane's priority."""
     if order == "equal":
-        return dict.fromkeys(("decode", "verify", "prefill", "follow"), least)
+        return dict.fromkeys(("decode", "verify", "prefill", "follow", "feed"), least)
     levels = list(range(greatest, least + 1))  # served first .. last
     first = levels[0]
     last = levels[-2] if len(levels) > 2 else levels[-1]  # the follow stream's is below it
     out = {"verify": (first + last) // 2, "follow": least}
     if order == "decode-first":
-        return {**out, "decode": first, "prefill": last}
+        return {**out, "decode": first, "feed": first, "prefill": last}
     if order == "prefill-first":
-        return {**out, "decode": last, "prefill": first}
+        return {**out, "decode": last, "feed": last, "prefill": first}
     raise ValueError(f"unknown lane priority order {order!r}")
 
 
 class LaneStreams:
-    """One CUDA stream per lane, created with the lane's priority (``lane_priorities``), and
-    one for the drafter following prompt steps where prefill has its own; no-ops on CPU."""
+    """One CUDA stream per lane, created with the lane's priority (``lane_priorities``), one
+    for the drafter following prompt steps where prefill has its own, and with ``feed`` one
+    for its catch-up beside decode steps; no-ops on CPU."""
 
     def __init__(
         self,
         device: torch.device,
         wanted: tuple[str, ...] = ("decode", "prefill", "verify"),
         order: str = "decode-first",
+        feed: bool = False,
     ) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
         # ``wanted`` (EngineConfig.lane_streams): the lanes that get their own stream; default
@@ -69,6 +72,7 @@ class LaneStreams:
             least, greatest = torch.cuda.Stream.priority_range()  # (0, -N): lower runs first
             prios = lane_priorities(least, greatest, order)
             names = [*wanted, "follow"] if "prefill" in wanted else list(wanted)
+            names += ["feed"] if feed else []
             self.streams = {n: torch.cuda.Stream(device, priority=prios[n]) for n in names}
 
     def context(self, lane: str):
@@ -150,7 +154,7 @@ class StreamExecutor:
             if lane == "verify" and self.streams.streams:
                 follow_drafts(plan, torch.cuda.current_stream())
             pending = self.core.launch(plan)
-            self.policy.after_launch(plan, pending)
+            self.policy.after_launch(plan, pending, lambda: self.streams.context("feed"))
             return pending
 
     async def _launch_in_pieces(self, lane: str, plan: StepPlan) -> PendingStep:
@@ -249,7 +253,8 @@ def executor_for(
 ) -> StepExecutor:
     """The strategy for ``core``'s device, with streams for ``lanes``
     (``EngineConfig.lane_streams``)."""
-    streams = LaneStreams(core.device, lanes, core.config.lane_priorities)
+    feed = core.config.spec.feeds_beside_decode
+    streams = LaneStreams(core.device, lanes, core.config.lane_priorities, feed)
     kind = StreamExecutor if core.device.type == "cuda" else ThreadExecutor
     return kind(core, policy, streams)
 

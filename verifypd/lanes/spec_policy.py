@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager, nullcontext
 
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
 from verifypd.engine.core import EngineCore
@@ -89,6 +90,9 @@ class SpeculationPolicy(SpecListener):
         # A row's second token waits for no drafts (SpecConfig.second_token_plain): a decision
         # kept for the next step does not serve a batch a row joined since.
         self.second_token_plain = core.config.spec.second_token_plain
+        # The drafter's catch-up behind decode steps runs on a stream of its own
+        # (SpecConfig.follow_decode_stream "beside").
+        self.feeds_beside = core.config.spec.feeds_beside_decode
         # a drafting not yet observed: (span, rows, tokens drafted, beside prompt work)
         self._draft_span: tuple[Span, int, int, bool] | None = None
         core.attach_listener(self)
@@ -196,13 +200,23 @@ class SpeculationPolicy(SpecListener):
             self._draft_span = (span.stop(), len(drafted), sum(drafted), contended)
         self.observe_draft_cost()
 
-    def after_launch(self, plan: StepPlan, pending: PendingStep) -> None:
+    def after_launch(
+        self,
+        plan: StepPlan,
+        pending: PendingStep,
+        beside: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> None:
         """What follows a launched step on its stream: the next round's drafts behind a verify
         (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)
-        and behind a decode step's plain rows (``follow_decode``)."""
+        and behind a decode step's plain rows (``follow_decode``; in ``beside``, the feed
+        stream's context, with ``SpecConfig.follow_decode_stream`` "beside")."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
-        self.follow_decode(plan)
+        if self.feeds_beside:
+            with beside():
+                self.follow_decode(plan)
+        else:
+            self.follow_decode(plan)
 
     def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
         """For a launch in pieces: the drafter's forward behind ``plan``'s prompt chunks, as a
@@ -221,13 +235,13 @@ class SpeculationPolicy(SpecListener):
         return pieces
 
     def follow_decode(self, plan: StepPlan) -> None:
-        """The drafter's catch-up, right behind a launched decode step on its stream, on the
-        contexts of its plain rows that the policy expects to draft for
-        (``SpecConfig.follow_decode_max_rows``)."""
+        """The drafter's catch-up, right behind a launched decode step on its stream (or
+        beside it, ``SpecConfig.follow_decode_stream``), on the contexts of its plain rows
+        that the policy expects to draft for (``SpecConfig.follow_decode_max_rows``)."""
         wants = getattr(self.controller, "expects_drafting", None)
         if wants is not None:
             items = self.core.follow_decode_items(plan, wants)
-            drain(self.core.follow_iter(items, on_decode=True))
+            drain(self.core.follow_iter(items, on_decode=True, beside=self.feeds_beside))
 
     def chain_after(self, plan: StepPlan, pending: PendingStep) -> None:
         """Drafts the next round behind a launched verify when the GPU's gap after it is idle,
