@@ -298,6 +298,17 @@ MODES = {
     "policy-fdec-beside": _policy_with(
         spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", "beside"))
     ),
+    # ... 64 tokens a step (smaller grids beside the step), and below every lane instead.
+    "policy-fdec-beside64": _policy_with(
+        spec=(
+            ("follow_decode_max_rows", 8),
+            ("follow_decode_stream", "beside"),
+            ("follow_decode_tokens", 64),
+        )
+    ),
+    "policy-fdec-below": _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", "below"))
+    ),
     "policy-fdec-beside1k": _policy_with(
         spec=(
             ("follow_decode_max_rows", 8),

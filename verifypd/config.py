@@ -339,8 +339,9 @@ class SpecConfig:
     # next step waits for it); "beside", on a stream of its own at the decode lane's priority,
     # in a set of chunk graphs of its own, launched with the step and not waited for by it (the
     # two share the GPU's SMs and bandwidth; whatever drafts for the view waits for the feed on
-    # the GPU first, ``wait_for_follow``).
-    follow_decode_stream: Literal["decode", "beside"] = "decode"
+    # the GPU first, ``wait_for_follow``); "below", that stream at the lowest priority (the
+    # follow stream's: it takes what the lanes leave).
+    follow_decode_stream: Literal["decode", "beside", "below"] = "decode"
     # The drafter's context window (draft model): a view of a prompt longer than
     # ``draft_window_sink`` + ``draft_window`` tokens holds its first ``draft_window_sink``
     # and last ``draft_window`` tokens (and every token after them); the middle is never fed
@@ -551,9 +552,9 @@ class SpecConfig:
         rows = self.follow_decode_max_rows
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise ValueError(f"follow_decode_max_rows must be an int >= 0, got {rows!r}")
-        if self.follow_decode_stream not in ("decode", "beside"):
+        if self.follow_decode_stream not in ("decode", "beside", "below"):
             raise ValueError(
-                f"follow_decode_stream must be 'decode' or 'beside', "
+                f"follow_decode_stream must be 'decode', 'beside' or 'below', "
                 f"got {self.follow_decode_stream!r}"
             )
         feed = self.follow_decode_tokens
@@ -585,8 +586,8 @@ class SpecConfig:
     @property
     def feeds_beside_decode(self) -> bool:
         """The drafter's catch-up behind decode steps runs on a stream of its own
-        (``follow_decode_stream`` "beside", with ``follow_decode_max_rows``)."""
-        return self.follow_decode_stream == "beside" and self.follow_decode_max_rows > 0
+        (``follow_decode_stream`` "beside" or "below", with ``follow_decode_max_rows``)."""
+        return self.follow_decode_stream != "decode" and self.follow_decode_max_rows > 0
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:

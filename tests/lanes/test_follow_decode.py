@@ -175,5 +175,6 @@ def test_follow_decode_stream_is_validated_and_feeds_beside_only_with_rows():
     assert not SpecConfig(follow_decode_stream="beside").feeds_beside_decode  # rows 0: no feed
     assert SpecConfig(follow_decode_stream="beside", follow_decode_max_rows=4).feeds_beside_decode
     assert not SpecConfig(follow_decode_max_rows=4).feeds_beside_decode
+    assert SpecConfig(follow_decode_stream="below", follow_decode_max_rows=4).feeds_beside_decode
     with pytest.raises(ValueError, match="follow_decode_stream"):
         SpecConfig(follow_decode_stream="follow")

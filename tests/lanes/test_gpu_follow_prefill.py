@@ -27,15 +27,15 @@ pytestmark = pytest.mark.skipif(
 
 
 def _config(
-    follow: bool | None, decode_rows: int = 0, window: int | None = None, beside: bool = False
+    follow: bool | None, decode_rows: int = 0, window: int | None = None, beside: str = "decode"
 ) -> EngineConfig:
     """``follow`` None: no speculation; else the goodput policy, the drafter following prompt
-    steps or not, and decode steps at up to ``decode_rows`` rows (``beside``: on the feed
-    stream; with the drafter's context ``window``)."""
+    steps or not, and decode steps at up to ``decode_rows`` rows (on the stream ``beside``
+    names, ``SpecConfig.follow_decode_stream``; with the drafter's context ``window``)."""
     spec = SpecConfig() if follow is None else SpecConfig(
         method="draft", draft_model="dummy:tiny", max_draft_len=4, initial_draft_len=4,
         policy="goodput", follow_prefill=follow, follow_decode_max_rows=decode_rows,
-        draft_window=window, follow_decode_stream="beside" if beside else "decode",
+        draft_window=window, follow_decode_stream=beside,
     )  # fmt: skip
     return EngineConfig(
         model="dummy:tiny", device="cuda", dtype="float32", spec=spec, prefill_slice_layers=1,
@@ -46,7 +46,7 @@ def _config(
 
 
 async def _run(
-    follow: bool | None, decode_rows: int = 0, window: int | None = None, beside: bool = False
+    follow: bool | None, decode_rows: int = 0, window: int | None = None, beside: str = "decode"
 ) -> tuple[list[list[int]], AsyncEngine]:
     from helpers import generate_all, pin_costs  # tests/ (on the path under pytest, or by __main__)
 
@@ -74,19 +74,20 @@ async def _run(
     return out, engine
 
 
-@pytest.mark.parametrize("kind", ["prefill", "decode", "beside"])
+@pytest.mark.parametrize("kind", ["prefill", "decode", "beside", "below"])
 def test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind):
-    """``beside``: the feed behind decode steps on a stream of its own, not waited for by the
-    step; whatever drafts for a fed view waits for it on the GPU."""
+    """``beside`` / ``below``: the feed behind decode steps on a stream of its own, not waited
+    for by the step; whatever drafts for a fed view waits for it on the GPU."""
     plain, _ = asyncio.run(_run(None))
     rows = 0 if kind == "prefill" else 16
-    followed, engine = asyncio.run(_run(kind == "prefill", rows, beside=kind == "beside"))
+    stream = kind if kind in ("beside", "below") else "decode"
+    followed, engine = asyncio.run(_run(kind == "prefill", rows, beside=stream))
     spec = engine.core.spec
     assert engine.fed > 0 and spec.num_verifies > 0  # followed, and speculated
     follower = spec.drafter.follower
     assert follower.num_follow_replays > 0  # in chunk graphs: the follow stream's own for
     assert bool(follower.follow_graphs) == (kind == "prefill")  # prompts, the proposer's else
-    assert bool(follower.feed_graphs) == (kind == "beside")  # (the feed stream's own beside)
+    assert bool(follower.feed_graphs) == (stream != "decode")  # (the feed stream's own beside)
     acceptance = spec.num_accepted / max(spec.num_drafted, 1)
     assert acceptance > 0.9, f"drafts from a wrong drafter KV: acceptance {acceptance:.3f}"
     diverged = [i for i, (a, b) in enumerate(zip(plain, followed, strict=True)) if a != b]
@@ -111,7 +112,7 @@ if __name__ == "__main__":
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    for kind in ("prefill", "decode", "beside"):
+    for kind in ("prefill", "decode", "beside", "below"):
         test_the_drafter_following_steps_on_the_gpu_drafts_from_the_right_kv(kind)
     test_a_windowed_drafter_on_the_gpu_is_lossless_and_feeds_only_windows()
     print("ok")

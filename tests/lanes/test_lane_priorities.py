@@ -49,5 +49,8 @@ def test_the_gpu_streams_serve_decode_first() -> None:
     served = [streams[n].priority for n in DECODE_FIRST]
     assert served == sorted(served) and served[0] < served[-1], served
     assert set(LaneStreams(torch.device("cuda"), ("decode",)).streams) == {"decode"}
-    fed = LaneStreams(torch.device("cuda"), ("decode", "prefill", "verify"), feed=True).streams
+    lanes = ("decode", "prefill", "verify")
+    fed = LaneStreams(torch.device("cuda"), lanes, feed="beside").streams
     assert fed["feed"].priority == fed["decode"].priority  # the feed beside decode steps
+    fed = LaneStreams(torch.device("cuda"), lanes, feed="below").streams
+    assert fed["feed"].priority == fed["follow"].priority > fed["prefill"].priority

@@ -53,14 +53,15 @@ def lane_priorities(least: int, greatest: int, order: str) -> dict[str, int]:
 class LaneStreams:
     """One CUDA stream per lane, created with the lane's priority (``lane_priorities``), one
     for the drafter following prompt steps where prefill has its own, and with ``feed`` one
-    for its catch-up beside decode steps; no-ops on CPU."""
+    for its catch-up beside decode steps (``SpecConfig.follow_decode_stream``: "beside" at
+    the decode lane's priority, "below" at the follow stream's); no-ops on CPU."""
 
     def __init__(
         self,
         device: torch.device,
         wanted: tuple[str, ...] = ("decode", "prefill", "verify"),
         order: str = "decode-first",
-        feed: bool = False,
+        feed: str | None = None,
     ) -> None:
         self.streams: dict[str, torch.cuda.Stream] = {}
         # ``wanted`` (EngineConfig.lane_streams): the lanes that get their own stream; default
@@ -73,6 +74,8 @@ class LaneStreams:
             prios = lane_priorities(least, greatest, order)
             names = [*wanted, "follow"] if "prefill" in wanted else list(wanted)
             names += ["feed"] if feed else []
+            if feed == "below":
+                prios["feed"] = prios["follow"]
             self.streams = {n: torch.cuda.Stream(device, priority=prios[n]) for n in names}
 
     def context(self, lane: str):
@@ -253,7 +256,8 @@ def executor_for(
 ) -> StepExecutor:
     """The strategy for ``core``'s device, with streams for ``lanes``
     (``EngineConfig.lane_streams``)."""
-    feed = core.config.spec.feeds_beside_decode
+    spec = core.config.spec
+    feed = spec.follow_decode_stream if spec.feeds_beside_decode else None
     streams = LaneStreams(core.device, lanes, core.config.lane_priorities, feed)
     kind = StreamExecutor if core.device.type == "cuda" else ThreadExecutor
     return kind(core, policy, streams)
