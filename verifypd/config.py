@@ -340,7 +340,14 @@ class SpecConfig:
     # in a set of chunk graphs of its own, launched with the step and not waited for by it (the
     # two share the GPU's SMs and bandwidth; whatever drafts for the view waits for the feed on
     # the GPU first, ``wait_for_follow``); "below", that stream at the lowest priority (the
-    # follow stream's: it takes what the lanes leave).
+    # follow stream's: it takes what the lanes leave). Both took the catch-up rounds out of the
+    # light-load tail but not the tail itself (H200, hetero, 2 req/s, 30-second runs, 3841869,
+    # modes policy-fdec-beside / -below): catch-up rounds 9-10 % of the slowest 1 % of tokens
+    # against 47 %, ITL p99 7.51 / 7.73 ms against the policy's 7.59 (`off` 5.67); the plain
+    # steps beside the feed got slower (their p99 6.37 / 6.85 against 6.32), and "beside" gave
+    # up the light-load speedup (TPOT p50 3.97 against 3.38 ms). Better than "decode" in the
+    # same call (ed52da5, 12-second runs: ITL p99 at 2 / 8 req/s 7.95 / 16.65 against 9.23 /
+    # 18.94) but not than no feed (7.23 / 15.02).
     follow_decode_stream: Literal["decode", "beside", "below"] = "decode"
     # The drafter's context window (draft model): a view of a prompt longer than
     # ``draft_window_sink`` + ``draft_window`` tokens holds its first ``draft_window_sink``
@@ -374,6 +381,10 @@ class SpecConfig:
     # (TPOT p99 1.65x `off` against 0.83x at 14 req/s, a4cad54). (A single 256 chunk with 8
     # replays, e89bec0, left every context under 256 tokens eager and never drafted for one
     # over 2048.)
+    # Chunks of 512 and 1,024 too (with amortize_within_request, mode policy-horizon-chunk1k)
+    # made the catch-up rounds' own tokens sooner (their p99 15.0 against 18.8 ms, H200, 2
+    # req/s, 40-second runs, ed52da5) but not the ITL p99 (7.58 against 7.63): they only touch
+    # contexts over 512 tokens, and 80 % of the hetero prompts are 64-256.
     catch_up_chunk: int | tuple[int, ...] = (16, 64, 256)
     catch_up_chunks: int = 16
     # The chunk graphs' attention in pieces of at most 64 // G tokens a row on the split-K
@@ -476,7 +487,10 @@ class SpecConfig:
     # The goodput policy spreads a catch-up round's feed over at most the rounds the request
     # has left (its tokens left over the most tokens a round yields), not always over
     # GoodputConfig.amortize_steps: a long prompt a few tokens from its end is not caught up
-    # on (GoodputConfig.amortize_within_request).
+    # on (GoodputConfig.amortize_within_request). Off: no measurable change on the hetero
+    # profile, whose long prompts ask for 32-128 tokens, so their catch-ups still pay (H200,
+    # 2 req/s, 40-second runs, ed52da5, mode policy-horizon: catch-up rounds 2.4 % of tokens
+    # either way, ITL p99 7.79 against 7.63 ms, TPOT p50 3.32 against 3.36).
     amortize_within_request: bool = False
     # The ITL tail's budget (GoodputConfig.tail_budget; None: none, the default): at most about
     # this share of all tokens may come more than ``tail_ratio`` plain steps after the one
