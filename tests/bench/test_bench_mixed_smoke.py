@@ -199,20 +199,17 @@ def test_stuck_modes_start_every_run_from_a_low_population_prior() -> None:
 
 def test_horizon_and_chunk_modes_reach_the_engine() -> None:
     """``policy-horizon``: the goodput policy spreads catch-ups within each request;
-    ``policy-chunk512-1k``: chunk graphs of 512 and 1,024 tokens too."""
+    ``policy-chunk512-1k``: chunk graphs of 512 and 1,024 tokens too; ``policy-fdec-beside``:
+    the feed behind decode steps on a stream of its own."""
     from verifypd.lanes.async_engine import AsyncEngine
 
     mixed = load_bench("mixed")
     args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny",
                              "--draft-model", "dummy:tiny"])  # fmt: skip
-    core = AsyncEngine(mixed.mode_config(args, "policy-horizon")).core
-    assert core.controller.goodput.amortize_within_request is True
-    assert (
-        AsyncEngine(
-            mixed.mode_config(args, "policy")
-        ).core.controller.goodput.amortize_within_request
-        is False
-    )
+    horizon = AsyncEngine(mixed.mode_config(args, "policy-horizon")).core.controller
+    policy = AsyncEngine(mixed.mode_config(args, "policy")).core.controller
+    assert horizon.goodput.amortize_within_request is True
+    assert policy.goodput.amortize_within_request is False
     chunks = mixed.mode_config(args, "policy-chunk512-1k").spec.catch_up_chunk
     assert chunks == (16, 64, 256, 512, 1024)
     assert mixed.mode_config(args, "policy-fdec-beside").spec.feeds_beside_decode

@@ -44,7 +44,6 @@ async def test_the_drafter_catches_up_behind_plain_steps_and_rounds_start_steady
     is fed its prompt, so no proposal feeds a whole context; without the follow they do.
     ``beside`` (the feed stream's, on a GPU) feeds the same on CPU."""
     engine = _engine(rows=8, stream=stream)
-    assert engine.core.spec.drafter is not None
     fed, catch_ups = spy_drafter(engine)
     assert await generate_all(engine, PROMPTS, GREEDY) == reference
     assert sum(fed) >= sum(len(p) for p in PROMPTS)  # every prompt, behind a plain step

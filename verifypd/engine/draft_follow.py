@@ -129,7 +129,7 @@ class PromptFollower:
         # graphs meanwhile. {}: the follow runs eager.
         self.follow_graphs: dict[int, StepGraphs] = {}
         # ... and those of the feed stream, the catch-up beside decode steps
-        # (``SpecConfig.follow_decode_stream`` "beside").
+        # (``SpecConfig.follow_decode_stream`` "beside" or "below").
         self.feed_graphs: dict[int, StepGraphs] = {}
 
     @torch.inference_mode()

@@ -93,7 +93,7 @@ def draft_graph_headroom(draft: ModelConfig, max_batch: int, dtype: torch.dtype)
     catch-up chunk graphs (``SpecConfig.catch_up_chunk``) compute no logits: their activations
     (at most 8 rows of 256 tokens by default, tens of MB, four times that with chunks of 1,024;
     twice that with ``follow_prefill``, whose stream has a set of its own, and once more with
-    ``follow_decode_stream`` "beside") fit the pools' slack."""
+    ``follow_decode_stream`` "beside" or "below") fit the pools' slack."""
     rows = graph_batch_sizes(max_batch)[-1] * sum(DRAFT_GRAPH_QUERY_LENS)
     return rows * draft.vocab_size * (dtype.itemsize + 4)
 

@@ -212,8 +212,8 @@ def capture_graphs(parts: EngineParts) -> None:
     """The target's decode and verify graphs, the drafter's q = 1 and q = 2 graphs, its
     catch-up graphs (``SpecConfig.catch_up_graphs``), its chunk graphs
     (``SpecConfig.catch_up_chunk``; with ``follow_prefill`` a second set for the follow stream,
-    with ``follow_decode_stream`` "beside" one for the feed stream) and its chained steps,
-    after an eager warm-up of every kernel."""
+    with ``follow_decode_stream`` "beside" or "below" one for the feed stream) and its chained
+    steps, after an eager warm-up of every kernel."""
     if not parts.is_cuda:
         raise ValueError("cuda_graphs needs device=cuda")
     max_batch, max_len = parts.config.scheduler.max_num_seqs, parts.max_model_len

@@ -36,7 +36,8 @@ def lane_priorities(least: int, greatest: int, order: str) -> dict[str, int]:
     negative: a lower number is served first) and ``EngineConfig.lane_priorities``. The
     drafter's forwards behind prompt steps (``follow``) always come last: they only save
     later work, so they take what the lanes leave. Its catch-up beside decode steps (``feed``,
-    ``SpecConfig.follow_decode_stream``) runs at the decode lane's priority."""
+    ``SpecConfig.follow_decode_stream`` "beside") runs at the decode lane's priority
+    (``LaneStreams`` puts "below" at the follow stream's)."""
     if order == "equal":
         return dict.fromkeys(("decode", "verify", "prefill", "follow", "feed"), least)
     levels = list(range(greatest, least + 1))  # served first .. last

@@ -91,7 +91,7 @@ class SpeculationPolicy(SpecListener):
         # kept for the next step does not serve a batch a row joined since.
         self.second_token_plain = core.config.spec.second_token_plain
         # The drafter's catch-up behind decode steps runs on a stream of its own
-        # (SpecConfig.follow_decode_stream "beside").
+        # (SpecConfig.follow_decode_stream "beside" or "below").
         self.feeds_beside = core.config.spec.feeds_beside_decode
         # a drafting not yet observed: (span, rows, tokens drafted, beside prompt work)
         self._draft_span: tuple[Span, int, int, bool] | None = None
@@ -209,13 +209,10 @@ class SpeculationPolicy(SpecListener):
         """What follows a launched step on its stream: the next round's drafts behind a verify
         (``chain_after``), the drafter's catch-up behind prompt chunks (``follow_prefill``)
         and behind a decode step's plain rows (``follow_decode``; in ``beside``, the feed
-        stream's context, with ``SpecConfig.follow_decode_stream`` "beside")."""
+        stream's context, with ``SpecConfig.follow_decode_stream`` "beside" or "below")."""
         self.chain_after(plan, pending)
         self.follow_prefill(plan)
-        if self.feeds_beside:
-            with beside():
-                self.follow_decode(plan)
-        else:
+        with beside() if self.feeds_beside else nullcontext():
             self.follow_decode(plan)
 
     def follow_behind(self, plan: StepPlan, every: int) -> Generator[None, None, None] | None:
