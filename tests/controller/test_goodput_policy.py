@@ -907,20 +907,15 @@ def test_a_stale_probe_drafts_only_requests_without_evidence_and_backs_off():
     assert policy._probe_interval > 8
 
 
-def test_probe_when_stale_reaches_the_policy_and_is_checked():
-    assert GoodputConfig().probe_when_stale is True
-    with pytest.raises(ValueError, match="probe_when_stale"):
-        GoodputConfig(probe_when_stale=1)
-    with pytest.raises(ValueError, match="probe_when_stale"):
-        SpecConfig(probe_when_stale="no")
-
-
-def test_amortize_within_request_is_checked():
-    assert GoodputConfig().amortize_within_request is False
-    with pytest.raises(ValueError, match="amortize_within_request"):
-        GoodputConfig(amortize_within_request=1)
-    with pytest.raises(ValueError, match="amortize_within_request"):
-        SpecConfig(amortize_within_request="yes")
+@pytest.mark.parametrize("name, default", [("probe_when_stale", True),
+                                           ("amortize_within_request", False)])  # fmt: skip
+def test_the_policys_switches_are_bools(name, default):
+    assert getattr(GoodputConfig(), name) is default
+    assert getattr(SpecConfig(), name) is default
+    with pytest.raises(ValueError, match=name):
+        GoodputConfig(**{name: 1})
+    with pytest.raises(ValueError, match=name):
+        SpecConfig(**{name: "no"})
 
 
 def test_a_stale_probe_keeps_the_rider_bound():
