@@ -141,6 +141,15 @@ def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...
 MODES_POLICY = Mode("three", True, True, policy="goodput")
 _NOSTALE = _policy_with(spec=(("probe_when_stale", False),))
 
+
+def _fed_beside(stream: str, *extra: tuple[str, Any]) -> Mode:
+    """The policy with the drafter fed behind plain decode steps at up to 8 rows, on the feed
+    stream ``stream`` (SpecConfig.follow_decode_stream), and ``extra`` spec settings."""
+    return _policy_with(
+        spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", stream), *extra)
+    )
+
+
 MODES = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
@@ -296,27 +305,11 @@ MODES = {
     # ... that feed on a stream of its own beside the decode step, at its priority
     # (SpecConfig.follow_decode_stream "beside"): the step does not wait for it; and with 1,024
     # tokens a step. The catch-up rounds leave the tail, the ITL p99 stays (H200, 3841869).
-    "policy-fdec-beside": _policy_with(
-        spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", "beside"))
-    ),
+    "policy-fdec-beside": _fed_beside("beside"),
     # ... 64 tokens a step (smaller grids beside the step), and below every lane instead.
-    "policy-fdec-beside64": _policy_with(
-        spec=(
-            ("follow_decode_max_rows", 8),
-            ("follow_decode_stream", "beside"),
-            ("follow_decode_tokens", 64),
-        )
-    ),
-    "policy-fdec-below": _policy_with(
-        spec=(("follow_decode_max_rows", 8), ("follow_decode_stream", "below"))
-    ),
-    "policy-fdec-beside1k": _policy_with(
-        spec=(
-            ("follow_decode_max_rows", 8),
-            ("follow_decode_stream", "beside"),
-            ("catch_up_chunk", (16, 64, 256, 512, 1024)),
-        )
-    ),
+    "policy-fdec-beside64": _fed_beside("beside", ("follow_decode_tokens", 64)),
+    "policy-fdec-below": _fed_beside("below"),
+    "policy-fdec-beside1k": _fed_beside("beside", ("catch_up_chunk", (16, 64, 256, 512, 1024))),
     "policy-bounded": _policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     # Prompt chunking and packing, each setting spelled out (the default since a41665c is
