@@ -7,8 +7,10 @@ how many kernels, how much GPU time in GEMMs vs everything else, against the byt
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
@@ -23,11 +25,15 @@ from verifypd.lanes.sync_driver import SyncDriver  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 
-def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True) -> dict:
+def profile_model(
+    spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True, prefetch: str = "off"
+) -> tuple[dict, Callable[[int], float]]:
+    """The kernel profile of one decode forward, and a timer of back-to-back graph replays
+    (``timer(n)``: ms per replay over n replays) kept for the interleaved A/B."""
     cache = CacheConfig(num_blocks=40 * batch + 256)
     sched = SchedulerConfig(max_num_seqs=max(8, batch), max_model_len=4096)
     cfg = EngineConfig(model=spec, cuda_graphs=True, cache=cache, scheduler=sched,
-                       kernels=KernelConfig(pdl=pdl))  # fmt: skip
+                       kernels=KernelConfig(pdl=pdl, weight_prefetch=prefetch))  # fmt: skip
     core = EngineCore(cfg)
     for i in range(batch):
         prompt = [100 + (i * 7 + j) % 30000 for j in range(512)]
@@ -58,9 +64,19 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool 
         times.append(start.elapsed_time(end))
     weight_bytes = sum(p.numel() * p.element_size() for p in core.loaded.model.parameters())
     floor_ms = weight_bytes / (copy_gbps * 1e9) * 1e3 if copy_gbps else None
+
+    def timer(n: int) -> float:
+        start.record()
+        for _ in range(n):
+            core.runner.graphs[1].run(inputs.input_ids, inputs.positions, inputs.meta)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / n
+
     return {
         "model": spec,
         "batch": batch,
+        "weight_prefetch": prefetch,
         "config": cfg,  # every EngineConfig field, kernels included (common.json_default)
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
@@ -73,7 +89,28 @@ def profile_model(spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool 
         "graph_replay_ms_median": round(sorted(times)[len(times) // 2], 4),
         "weight_bytes": weight_bytes,
         "bytes_floor_ms": floor_ms,
-    }
+    }, timer
+
+
+def interleaved_ab(
+    model: str, timers: list[tuple[str, Callable[[int], float]]], rounds: int, replays: int
+) -> dict:
+    """Each round times every variant's replays in turn (the order rotating), so a drift of the
+    GPU's clocks falls on all of them alike."""
+    per: dict[str, list[float]] = {name: [] for name, _ in timers}
+    for _, timer in timers:
+        timer(replays)  # warm
+    for r in range(rounds):
+        for name, timer in timers[r % len(timers) :] + timers[: r % len(timers)]:
+            per[name].append(timer(replays))
+    base = statistics.median(per[timers[0][0]])
+    variants = [
+        {"variant": name, "median_ms": round(statistics.median(t), 4),
+         "min_ms": round(min(t), 4), "max_ms": round(max(t), 4),
+         "ratio_median": round(statistics.median(t) / base, 4), "ms_per_round": t}
+        for name, t in per.items()
+    ]  # fmt: skip
+    return {"model": model, "rounds": rounds, "replays": replays, "variants": variants}
 
 
 def main() -> None:
@@ -83,22 +120,60 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
+    p.add_argument("--weight-prefetch", nargs="+", default=["off"],
+                   help="KernelConfig.weight_prefetch values, each model run under each in turn "
+                        "(an A/B: name the first again last to see the drift)")  # fmt: skip
+    p.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=0,
+        help="then this many interleaved rounds of back-to-back replays per variant "
+        "(the A/B of --weight-prefetch; engines of one model kept side by side)",
+    )
+    p.add_argument("--ab-replays", type=int, default=100, help="replays per variant per round")
     args = p.parse_args()
-    rows = [profile_model(m, args.copy_gbps, args.batch, not args.no_pdl) for m in args.models]
-    print("model                kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
+    rows, ab = [], []
+    for m in args.models:
+        timers = []
+        for prefetch in dict.fromkeys(args.weight_prefetch):  # each variant once
+            row, timer = profile_model(m, args.copy_gbps, args.batch, not args.no_pdl, prefetch)
+            rows.append(row)
+            timers.append((prefetch, timer))
+        if args.ab_rounds:
+            ab.append(interleaved_ab(m, timers, args.ab_rounds, args.ab_replays))
+        del timers  # the engines go with their timers before the next model loads
+        torch.cuda.empty_cache()
+    print("model                prefetch kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
     for r in rows:
         g = r["gpu_ms_by_kind"]
-        print(f"{r['model']:<20} {r['num_kernels']:>7} {g.get('matmul', 0):>10.3f} "
+        print(f"{r['model']:<20} {r['weight_prefetch']:<8} {r['num_kernels']:>7} "
+              f"{g.get('matmul', 0):>10.3f} "
               f"{g.get('attention', 0):>8.3f} {g.get('other', 0):>9.3f} "
               f"{r['graph_replay_ms_median']:>9.3f} {r['bytes_floor_ms']:>9.3f}")  # fmt: skip
     for r in rows:
-        print(f"\n{r['model']}: kernels by name (count, ms per forward)")
+        print(f"\n{r['model']} ({r['weight_prefetch']}): kernels by name (count, ms per forward)")
         for k in r["kernels_by_name"][:20]:
             print(f"  {k['count']:>4} {k['ms']:>8.4f}  {k['name']}")
+    for a in ab:
+        print(
+            f"\n{a['model']}: ms per replay over {a['rounds']} interleaved rounds of "
+            f"{a['replays']} (median [min, max]; ratio to {a['variants'][0]['variant']})"
+        )
+        for v in a["variants"]:
+            print(f"  {v['variant']:<8} {v['median_ms']:.4f} [{v['min_ms']:.4f}, "
+                  f"{v['max_ms']:.4f}]  {v['ratio_median']:.3f}x")  # fmt: skip
     device = torch.device("cuda")
-    report = {**metadata("profile_decode", sys.argv[1:], vars(args), device), "results": rows}
+    report = {**metadata("profile_decode", sys.argv[1:], vars(args), device), "results": rows,
+              "ab": ab}  # fmt: skip
     tag = "-".join(
-        filter(None, [f"b{args.batch}" if args.batch > 1 else "", "no-pdl" * args.no_pdl])
+        filter(
+            None,
+            [
+                f"b{args.batch}" if args.batch > 1 else "",
+                "no-pdl" * args.no_pdl,
+                "prefetch" * (args.weight_prefetch != ["off"]),
+            ],
+        )
     )
     path = result_path(args.out, "profile_decode", device, "json", tag)
     print("wrote", write_json(path, report))

@@ -41,6 +41,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu": True,
         "fuse_silu_epilogue": True,
         "pdl": True,
+        "weight_prefetch": "off",
         "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False
@@ -63,6 +64,8 @@ def test_defaults_are_frozen_and_recorded() -> None:
         (lambda: KernelConfig(fuse_silu=0), "fuse_silu"),
         (lambda: KernelConfig(fuse_silu_epilogue=None), "fuse_silu_epilogue"),
         (lambda: KernelConfig(pdl="0"), "pdl"),
+        (lambda: KernelConfig(weight_prefetch="tile"), "weight_prefetch"),
+        (lambda: KernelConfig(weight_prefetch=True), "weight_prefetch"),
         (lambda: EngineConfig(kernels={"pdl": False}), "kernels"),
         (lambda: SpecConfig(always_pad_verify="yes"), "always_pad_verify"),
         (lambda: EngineConfig(prefill_sm_carveout=-1), "prefill_sm_carveout"),

@@ -9,6 +9,7 @@ from verifypd.config import KernelConfig
 from verifypd.kernels import reference, triton_ops
 from verifypd.kernels.triton_gemv import (
     MAX_ROWS,
+    PREFETCH_MODES,
     PROLOGUE_NONE,
     PROLOGUE_RMS_NORM,
     PROLOGUE_SILU_MUL,
@@ -19,6 +20,7 @@ from verifypd.kernels.triton_gemv import (
     rms_norm_gemv,
     silu_mul_gemv,
 )
+from verifypd.kernels.triton_gemv import _reads_ahead as reads_ahead
 
 SHAPES = [(40, 96), (17, 600), (130, 1030)]  # (N, K): neither divides the tiles
 TILES = [{}, {"block_n": 4, "block_k": 64}, {"block_n": 16, "block_k": 1024}]
@@ -230,3 +232,69 @@ def test_gemm_split_rows_gives_the_one_gemm_sums(target, with_bias, with_residua
 def test_gemm_split_rows_is_validated(bad):
     with pytest.raises(ValueError, match="gemm_split_rows"):
         KernelConfig(gemm_split_rows=bad)
+
+
+@pytest.mark.parametrize("prefetch", PREFETCH_MODES)
+@pytest.mark.parametrize("num_rows", [1, 5])
+@pytest.mark.parametrize("tiles", [{}, {"block_n": 16, "block_k": 64}])
+def test_weights_read_ahead_give_the_same_sums(target, prefetch, num_rows, tiles):
+    """``prefetch``: the weight tiles read one step ahead (the first before the wait) change
+    nothing in any of the four GEMV forms, over one K tile or many (1030 = 17 tiles of 64, the
+    last one short: "all" reads them ahead, "short-k" not); several rows never read ahead."""
+    n, k = 130, 1030
+    gen = torch.Generator().manual_seed(40 + num_rows)
+    x, residual = _rand(target, num_rows, k, gen=gen), _rand(target, num_rows, n, gen=gen)
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(target.dtype).to(target.device)
+    weight, bias = _rand(target, n, k, gen=gen, scale=0.1), _rand(target, n, gen=gen)
+    gate_up = _rand(target, num_rows, 2 * k, gen=gen)
+    knobs = {"prefetch": prefetch, **tiles}
+
+    _close(target, gemv(x, weight, bias, residual, **knobs),
+           reference.linear(x, weight, bias, residual))  # fmt: skip
+    _close(target, rms_norm_gemv(x, norm_weight, 1e-6, weight, bias, **knobs),
+           reference.rms_norm_linear(x, norm_weight, 1e-6, weight, bias))  # fmt: skip
+    _close(target, silu_mul_gemv(gate_up, weight, residual, **knobs),
+           reference.silu_mul_linear(gate_up, weight, residual))  # fmt: skip
+    if num_rows > 1:
+        gate_up_weight = _rand(target, 2 * n, k, gen=gen, scale=0.2)
+        _close(target, gemv_silu(x, gate_up_weight, **knobs),
+               reference.silu_and_mul(reference.linear(x, gate_up_weight)))  # fmt: skip
+
+
+def test_short_k_reads_ahead_only_over_short_k_loops_at_one_row():
+    assert reads_ahead("short-k", 1, 896, 1024) and reads_ahead("short-k", 1, 1536, 1024)
+    assert not reads_ahead("short-k", 1, 4864, 1024)  # five tiles
+    assert reads_ahead("all", 1, 4864, 1024) and not reads_ahead("off", 1, 896, 1024)
+    assert not reads_ahead("all", 2, 896, 1024)  # tensor-core tiles: never
+
+
+def test_an_unknown_prefetch_is_refused(target):
+    x = torch.zeros(1, 32, dtype=target.dtype, device=target.device)
+    with pytest.raises(ValueError, match="prefetch"):
+        gemv(x, torch.zeros(16, 32, dtype=target.dtype, device=target.device), prefetch="l2")
+
+
+@pytest.mark.parametrize("prefetch", PREFETCH_MODES)
+def test_ops_hand_the_weight_prefetch_to_every_gemv(target, prefetch, monkeypatch):
+    """``KernelConfig.weight_prefetch`` reaches each GEMV form the ops dispatch to."""
+    seen: list[tuple[str, str]] = []
+
+    def spy(name):
+        real = getattr(triton_ops, name)
+        return lambda *a, **kw: seen.append((name, kw["prefetch"])) or real(*a, **kw)
+
+    for name in ("gemv", "rms_norm_gemv", "silu_mul_gemv", "gemv_silu"):
+        monkeypatch.setattr(triton_ops, name, spy(name))
+    ops = triton_ops.TritonOps(KernelConfig(weight_prefetch=prefetch))
+    gen = torch.Generator().manual_seed(3)
+    hidden, inter = 32, 48
+    norm_weight = torch.ones(hidden, dtype=target.dtype, device=target.device)
+    gate_up = _rand(target, 2 * inter, hidden, gen=gen, scale=0.2)
+    down = _rand(target, hidden, inter, gen=gen, scale=0.1)
+    for rows in (1, 3):
+        residual = _rand(target, rows, hidden, gen=gen)
+        ops.mlp(residual, norm_weight, 1e-6, gate_up, down)
+        ops.rms_norm_linear(residual, norm_weight, 1e-6, gate_up)
+
+    assert {name for name, _ in seen} == {"gemv", "rms_norm_gemv", "silu_mul_gemv", "gemv_silu"}
+    assert {p for _, p in seen} == {prefetch}

@@ -56,7 +56,7 @@ def test_two_op_tables_keep_their_own_dispatch(monkeypatch):
         launches.append(("rms_norm", x.shape[0], use_pdl))
         return x, x
 
-    def rms_norm_gemv(x, norm_weight, eps, weight, bias=None, *, use_pdl=True):
+    def rms_norm_gemv(x, norm_weight, eps, weight, bias=None, *, use_pdl=True, prefetch="off"):
         return record("norm_gemv")(x, weight, use_pdl=use_pdl)
 
     monkeypatch.setattr(triton_ops, "gemv", record("gemv"))

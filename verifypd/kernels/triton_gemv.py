@@ -17,6 +17,10 @@ This kernel streams W once and folds the cheap per-row work around a projection 
   side by side and applies SwiGLU once per output, where the prologue form would redo it for
   every program (at several rows that prologue lost badly to a separate kernel).
 
+Weights are the one input no kernel of a step writes, so at one row a program may read its
+first weight tile before it waits for the previous kernel, and each later tile one step ahead
+(``prefetch``; under PDL the previous kernel is still running then).
+
 Every program re-reads its input rows (L2-resident) for its BLOCK_N outputs; the prologues
 make that re-read a little wider, which is why the ops layer fuses them only where measured
 to pay off (``bench/gemv.py``). Grid: one program per BLOCK_N output columns, looping over K
@@ -37,6 +41,11 @@ PROLOGUE_NONE = 0
 PROLOGUE_RMS_NORM = 1
 PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
+# KernelConfig.weight_prefetch: which one-row programs read their first K tile of W before
+# the wait for the previous kernel, and every later tile one step ahead: none ("off"), those
+# whose K loop is at most SHORT_K_TILES tiles ("short-k"), or all ("all").
+PREFETCH_MODES = ("off", "short-k", "all")
+SHORT_K_TILES = 2
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
@@ -65,16 +74,25 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SILU_OUT: tl.constexpr,  # W is [2N, K] = [gate; up]; out = silu(gate) * up (M_PAD > 1)
+    PREFETCH_TILE: tl.constexpr,  # M_PAD == 1: W's first K tile read before the wait, each
+    # later one a step ahead
     USE_PDL: tl.constexpr,
 ):
-    wait_for_previous(USE_PDL)
+    # Weights are never written by a kernel of the step, so reading W may start before the
+    # wait (under PDL: while the previous kernel still runs).
     pid = tl.program_id(0)
-    dtype = out_ptr.dtype.element_ty
-    offs_m = tl.arange(0, M_PAD)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_kb = tl.arange(0, BLOCK_K)
-    m_mask = offs_m < num_rows
     n_mask = offs_n < N
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n  # [BLOCK_N, 1]
+    if PREFETCH_TILE:  # the first K tile into registers; each step loads the next
+        first_mask = n_mask[:, None] & (offs_kb < K)[None, :]
+        w_next = tl.load(w_rows + offs_kb[None, :], mask=first_mask, other=0.0,
+                         eviction_policy="evict_first")  # fmt: skip
+    wait_for_previous(USE_PDL)
+    dtype = out_ptr.dtype.element_ty
+    offs_m = tl.arange(0, M_PAD)
+    m_mask = offs_m < num_rows
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x_m  # [M_PAD, 1]
 
     sum_sq = tl.zeros([M_PAD], dtype=tl.float32)
@@ -96,19 +114,23 @@ def _gemv_kernel(
                 sum_sq += tl.sum(a * a, axis=1)
                 nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
                 a = a * nw[None, :]
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n + offs_k[None, :]
-        w = tl.load(
-            w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first"
-        ).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        if PREFETCH_TILE:  # this tile came with the last step; load the next one
+            next_k = offs_k[None, :] + BLOCK_K
+            next_mask = n_mask[:, None] & (next_k < K)
+            w = w_next.to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            w_next = tl.load(w_rows + next_k, mask=next_mask, other=0.0,
+                             eviction_policy="evict_first")  # fmt: skip
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)  # fmt: skip
         if M_PAD == 1:
             acc_1row += w.to(tl.float32) * a  # a: [1, BLOCK_K]
         else:  # [M_PAD, BLOCK_K] x [BLOCK_K, BLOCK_N] on tensor cores, in the input dtype
             acc += tl.dot(a.to(dtype), tl.trans(w.to(dtype)), input_precision=DOT_PRECISION)
             if SILU_OUT:
-                w_up = tl.load(
-                    w_ptrs + N * stride_w_n, mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first",
-                )  # fmt: skip
+                w_up = tl.load(w_rows + N * stride_w_n + offs_k[None, :], mask=w_mask,
+                               other=0.0, eviction_policy="evict_first")  # fmt: skip
                 acc_up += tl.dot(
                     a.to(dtype), tl.trans(w_up.to(dtype)), input_precision=DOT_PRECISION
                 )
@@ -185,10 +207,15 @@ def gemv(
     residual: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
+    prefetch: str = "off",
     **config,
 ) -> torch.Tensor:
-    """``x [M, K] @ weight[N, K]^T (+ bias [N]) (+ residual [M, N])`` -> [M, N], M <= MAX_ROWS."""
-    return _launch(PROLOGUE_NONE, x, weight, bias, residual, config, use_pdl)
+    """``x [M, K] @ weight[N, K]^T (+ bias [N]) (+ residual [M, N])`` -> [M, N], M <= MAX_ROWS.
+
+    ``prefetch`` (a ``PREFETCH_MODES`` name; one row) reads ``weight`` before the previous
+    kernel's writes are waited for: only for weights no kernel of the step writes. So do the
+    other forms."""
+    return _launch(PROLOGUE_NONE, x, weight, bias, residual, config, use_pdl, prefetch)
 
 
 def rms_norm_gemv(
@@ -199,23 +226,32 @@ def rms_norm_gemv(
     bias: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
+    prefetch: str = "off",
     **config,
 ) -> torch.Tensor:
     """``(rms_norm(x) * norm_weight) @ weight^T (+ bias)`` -> [M, N]."""
     assert norm_weight.shape == (x.shape[1],) and norm_weight.is_contiguous(), "norm_weight: [K]"
     return _launch(
-        PROLOGUE_RMS_NORM, x, weight, bias, None, config, use_pdl, norm=(norm_weight, eps)
-    )
+        PROLOGUE_RMS_NORM, x, weight, bias, None, config, use_pdl, prefetch,
+        norm=(norm_weight, eps),
+    )  # fmt: skip
 
 
 def gemv_silu(
-    x: torch.Tensor, gate_up_weight: torch.Tensor, *, use_pdl: bool = True, **config
+    x: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    *,
+    use_pdl: bool = True,
+    prefetch: str = "off",
+    **config,
 ) -> torch.Tensor:
     """``silu(x @ W_gate^T) * (x @ W_up^T)`` with gate_up_weight [2I, K] = [W_gate; W_up] ->
     [M, I]; 2..MAX_ROWS rows (one row folds SwiGLU into the down projection instead)."""
     assert gate_up_weight.shape[0] % 2 == 0, "gate_up_weight: [2I, K]"
     assert x.dim() == 2 and 2 <= x.shape[0] <= MAX_ROWS, f"gemv_silu takes 2..{MAX_ROWS} rows"
-    return _launch(PROLOGUE_NONE, x, gate_up_weight, None, None, config, use_pdl, silu_out=True)
+    return _launch(
+        PROLOGUE_NONE, x, gate_up_weight, None, None, config, use_pdl, prefetch, silu_out=True
+    )
 
 
 def silu_mul_gemv(
@@ -224,10 +260,11 @@ def silu_mul_gemv(
     residual: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
+    prefetch: str = "off",
     **config,
 ) -> torch.Tensor:
     """``(silu(gate) * up) @ weight^T (+ residual)`` with gate_up [M, 2K] = [gate | up]."""
-    return _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, residual, config, use_pdl)
+    return _launch(PROLOGUE_SILU_MUL, gate_up, weight, None, residual, config, use_pdl, prefetch)
 
 
 def _launch(
@@ -238,6 +275,7 @@ def _launch(
     residual: torch.Tensor | None,
     config: dict,
     use_pdl: bool,
+    prefetch: str,
     norm: tuple[torch.Tensor, float] | None = None,
     silu_out: bool = False,
 ) -> torch.Tensor:
@@ -258,6 +296,7 @@ def _launch(
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
     cfg = choose_config(prologue, num_rows, n, k, silu_out)._replace(**config)
     norm_weight, eps = norm if norm is not None else (x, 0.0)
+    pdl = launch_options(x.device, use_pdl)
     _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, norm_weight, weight, bias if bias is not None else x,
         residual if residual is not None else out, out, num_rows, n, k, eps,
@@ -267,6 +306,16 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device, use_pdl),
+        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, k, cfg.block_k),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )  # fmt: skip
     return out
+
+
+def _reads_ahead(prefetch: str, num_rows: int, k: int, block_k: int) -> bool:
+    """Whether the program reads W a tile ahead (``PREFETCH_TILE``) under ``prefetch``."""
+    if prefetch not in PREFETCH_MODES:
+        raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
+    if prefetch == "off" or num_rows != 1:
+        return False
+    return prefetch == "all" or triton.cdiv(k, block_k) <= SHORT_K_TILES

@@ -70,6 +70,7 @@ class TritonOps:
         self.fuse_silu = knobs.fuse_silu and knobs.gemv_max_rows >= 1
         self.fuse_silu_epilogue = knobs.fuse_silu_epilogue
         self.use_pdl = knobs.pdl
+        self.gemv_knobs = {"use_pdl": knobs.pdl, "prefetch": knobs.weight_prefetch}
         self.gemm_split_rows = knobs.gemm_split_rows
         # The two kernels the model calls directly, under this choice's PDL.
         self.rms_norm = functools.partial(rms_norm, use_pdl=knobs.pdl)
@@ -117,7 +118,7 @@ class TritonOps:
         """``x [T, K] @ weight[N, K]^T (+ bias) (+ residual [T, N])`` -> [T, N]. The residual
         stream is the caller's to give up: past the GEMV rows the sum is written into it."""
         if 0 < x.shape[0] <= self.gemv_max_rows and beats_gemm(x.shape[0], *weight.shape):
-            return gemv(x, weight, bias, residual, use_pdl=self.use_pdl)
+            return gemv(x, weight, bias, residual, **self.gemv_knobs)
         if 0 < self.gemm_split_rows < x.shape[0]:
             return split_linear(x, weight, bias, residual, self.gemm_split_rows)
         if residual is not None and bias is None:
@@ -138,7 +139,7 @@ class TritonOps:
     ) -> torch.Tensor:
         """RMSNorm of x [T, K] then the projection -> [T, N]."""
         if self.fuse_norm and x.shape[0] == 1 and weight.shape[0] <= self.fuse_norm_max_n:
-            return rms_norm_gemv(x, norm_weight, eps, weight, bias, use_pdl=self.use_pdl)
+            return rms_norm_gemv(x, norm_weight, eps, weight, bias, **self.gemv_knobs)
         normed, _ = rms_norm(x, norm_weight, eps, use_pdl=self.use_pdl)
         return self.linear(normed, weight, bias)
 
@@ -147,7 +148,7 @@ class TritonOps:
     ) -> torch.Tensor:
         """SwiGLU of gate_up [T, 2I] then the projection (+ residual [T, N]) -> [T, N]."""
         if self.fuse_silu and gate_up.shape[0] == 1:
-            return silu_mul_gemv(gate_up, weight, residual, use_pdl=self.use_pdl)
+            return silu_mul_gemv(gate_up, weight, residual, **self.gemv_knobs)
         return self.linear(silu_and_mul(gate_up), weight, None, residual)
 
     def mlp(
@@ -168,7 +169,7 @@ class TritonOps:
             and beats_gemm(rows, *gate_up_weight.shape)
         ):
             normed, _ = rms_norm(residual, norm_weight, eps, use_pdl=self.use_pdl)
-            gated = gemv_silu(normed, gate_up_weight, use_pdl=self.use_pdl)
+            gated = gemv_silu(normed, gate_up_weight, **self.gemv_knobs)
             return self.linear(gated, down_weight, None, residual)
         gate_up = self.rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
         return self.silu_mul_linear(gate_up, down_weight, residual)
