@@ -131,7 +131,7 @@ def _policy_with(
                 engine_options=engine)  # fmt: skip
 
 
-def _with_engine(base: str, engine: tuple[tuple[str, int | tuple[int, ...]], ...]) -> Mode:
+def _with_engine(base: str, engine: tuple[tuple[str, Any], ...]) -> Mode:
     """``off`` or ``policy`` with EngineConfig fields set."""
     if base == "off":
         return Mode("three", False, engine_options=engine)
@@ -350,6 +350,14 @@ MODES = {
         "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
     ),
     "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
+    # One-row GEMVs read their weight tiles ahead, the first before the PDL wait
+    # (KernelConfig.weight_prefetch): of small weights (the drafter's and the target's q/k/v
+    # and o projections) or of every weight.
+    **{
+        f"{base}-wpf-{mode}": _with_engine(base, (("kernels", KernelConfig(weight_prefetch=mode)),))
+        for mode in ("small", "all")
+        for base in ("off", "policy")
+    },
     # While decode rows run and no prompt waits behind the step, prompt steps' GEMMs leave 8 /
     # 16 / 32 SMs to the decode and verify streams (EngineConfig.prefill_sm_carveout; 0, all
     # SMs, by default); "-always": with prompts waiting too (prefill_sm_carveout_in_backlog),

@@ -240,7 +240,7 @@ def test_gemm_split_rows_is_validated(bad):
 def test_weights_read_ahead_give_the_same_sums(target, prefetch, num_rows, tiles):
     """``prefetch``: the weight tiles read one step ahead (the first before the wait) change
     nothing in any of the four GEMV forms, over one K tile or many (1030 = 17 tiles of 64, the
-    last one short: "all" reads them ahead, "short-k" not); several rows never read ahead."""
+    last one short); several rows never read ahead."""
     n, k = 130, 1030
     gen = torch.Generator().manual_seed(40 + num_rows)
     x, residual = _rand(target, num_rows, k, gen=gen), _rand(target, num_rows, n, gen=gen)
@@ -261,11 +261,12 @@ def test_weights_read_ahead_give_the_same_sums(target, prefetch, num_rows, tiles
                reference.silu_and_mul(reference.linear(x, gate_up_weight)))  # fmt: skip
 
 
-def test_short_k_reads_ahead_only_over_short_k_loops_at_one_row():
-    assert reads_ahead("short-k", 1, 896, 1024) and reads_ahead("short-k", 1, 1536, 1024)
-    assert not reads_ahead("short-k", 1, 4864, 1024)  # five tiles
-    assert reads_ahead("all", 1, 4864, 1024) and not reads_ahead("off", 1, 896, 1024)
-    assert not reads_ahead("all", 2, 896, 1024)  # tensor-core tiles: never
+def test_small_reads_ahead_only_small_weights_at_one_row():
+    small = torch.empty(2, 32 << 20, dtype=torch.int8, device="meta")  # 64 MiB
+    large = torch.empty(2, (32 << 20) + 8, dtype=torch.int8, device="meta")
+    assert reads_ahead("small", 1, small) and not reads_ahead("small", 1, large)
+    assert reads_ahead("all", 1, large) and not reads_ahead("off", 1, small)
+    assert not reads_ahead("all", 2, small)  # tensor-core tiles: never
 
 
 def test_an_unknown_prefetch_is_refused(target):

@@ -43,9 +43,9 @@ PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
 # KernelConfig.weight_prefetch: which one-row programs read their first K tile of W before
 # the wait for the previous kernel, and every later tile one step ahead: none ("off"), those
-# whose K loop is at most SHORT_K_TILES tiles ("short-k"), or all ("all").
-PREFETCH_MODES = ("off", "short-k", "all")
-SHORT_K_TILES = 2
+# of a W of at most SMALL_WEIGHT_BYTES ("small": latency-bound projections), or all ("all").
+PREFETCH_MODES = ("off", "small", "all")
+SMALL_WEIGHT_BYTES = 64 << 20
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
@@ -306,16 +306,16 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
-        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, k, cfg.block_k),
+        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, weight),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )  # fmt: skip
     return out
 
 
-def _reads_ahead(prefetch: str, num_rows: int, k: int, block_k: int) -> bool:
+def _reads_ahead(prefetch: str, num_rows: int, weight: torch.Tensor) -> bool:
     """Whether the program reads W a tile ahead (``PREFETCH_TILE``) under ``prefetch``."""
     if prefetch not in PREFETCH_MODES:
         raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
     if prefetch == "off" or num_rows != 1:
         return False
-    return prefetch == "all" or triton.cdiv(k, block_k) <= SHORT_K_TILES
+    return prefetch == "all" or weight.numel() * weight.element_size() <= SMALL_WEIGHT_BYTES
