@@ -351,11 +351,11 @@ MODES = {
     ),
     "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
     # One-row GEMVs read their weight tiles ahead, the first before the PDL wait
-    # (KernelConfig.weight_prefetch): of small weights (the drafter's and the target's q/k/v
-    # and o projections) or of every weight.
+    # (KernelConfig.weight_prefetch): those over K tiles of 1,024 (the drafter's projections
+    # but its LM head; none of the 7B's) or all.
     **{
         f"{base}-wpf-{mode}": _with_engine(base, (("kernels", KernelConfig(weight_prefetch=mode)),))
-        for mode in ("small", "all")
+        for mode in ("auto", "all")
         for base in ("off", "policy")
     },
     # While decode rows run and no prompt waits behind the step, prompt steps' GEMMs leave 8 /

@@ -248,7 +248,8 @@ class KernelConfig:
     pdl: bool = True  # programmatic dependent launch where the GPU and Triton support it
     # One-row GEMV programs that read their first K tile of weights before they wait for the
     # previous kernel (under PDL, while that kernel still runs) and each later tile one step
-    # ahead: none ("off"), those of weights of at most 64 MiB ("small"), or all ("all").
+    # ahead: none ("off"), those with K tiles of 1,024 ("auto": the small models' latency-
+    # bound projections), or all ("all").
     weight_prefetch: str = "off"
     # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
     # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a
@@ -265,9 +266,9 @@ class KernelConfig:
             raise ValueError(f"gemm_split_rows must be 0 (off) or an int >= 64, got {split!r}")
         if type(max_n) is not int or max_n <= 0:
             raise ValueError(f"fuse_norm_max_n must be a positive int, got {max_n!r}")
-        if self.weight_prefetch not in ("off", "small", "all"):
+        if self.weight_prefetch not in ("off", "auto", "all"):
             raise ValueError(
-                f"weight_prefetch must be 'off', 'small' or 'all', got {self.weight_prefetch!r}"
+                f"weight_prefetch must be 'off', 'auto' or 'all', got {self.weight_prefetch!r}"
             )
         for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl"):
             if not isinstance(getattr(self, name), bool):

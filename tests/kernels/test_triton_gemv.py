@@ -261,12 +261,10 @@ def test_weights_read_ahead_give_the_same_sums(target, prefetch, num_rows, tiles
                reference.silu_and_mul(reference.linear(x, gate_up_weight)))  # fmt: skip
 
 
-def test_small_reads_ahead_only_small_weights_at_one_row():
-    small = torch.empty(2, 32 << 20, dtype=torch.int8, device="meta")  # 64 MiB
-    large = torch.empty(2, (32 << 20) + 8, dtype=torch.int8, device="meta")
-    assert reads_ahead("small", 1, small) and not reads_ahead("small", 1, large)
-    assert reads_ahead("all", 1, large) and not reads_ahead("off", 1, small)
-    assert not reads_ahead("all", 2, small)  # tensor-core tiles: never
+def test_auto_reads_ahead_only_programs_of_wide_k_tiles_at_one_row():
+    assert reads_ahead("auto", 1, 1024) and not reads_ahead("auto", 1, 512)
+    assert reads_ahead("all", 1, 256) and not reads_ahead("off", 1, 1024)
+    assert not reads_ahead("all", 2, 1024)  # tensor-core tiles: never
 
 
 def test_an_unknown_prefetch_is_refused(target):

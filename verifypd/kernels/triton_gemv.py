@@ -43,9 +43,10 @@ PROLOGUE_SILU_MUL = 2
 MAX_ROWS = 16  # one tensor-core tile of rows; more rows are a GEMM's job
 # KernelConfig.weight_prefetch: which one-row programs read their first K tile of W before
 # the wait for the previous kernel, and every later tile one step ahead: none ("off"), those
-# of a W of at most SMALL_WEIGHT_BYTES ("small": latency-bound projections), or all ("all").
-PREFETCH_MODES = ("off", "small", "all")
-SMALL_WEIGHT_BYTES = 64 << 20
+# that take K in tiles of at least AUTO_MIN_BLOCK_K ("auto": the latency-bound projections of
+# the small models, where it won on an H200; on the 7B's 512-wide tiles it lost), or all.
+PREFETCH_MODES = ("off", "auto", "all")
+AUTO_MIN_BLOCK_K = 1024
 
 
 # Ints that change from step to step are not specialized (Triton would compile a variant
@@ -306,16 +307,16 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
-        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, weight),
+        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, cfg.block_k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )  # fmt: skip
     return out
 
 
-def _reads_ahead(prefetch: str, num_rows: int, weight: torch.Tensor) -> bool:
+def _reads_ahead(prefetch: str, num_rows: int, block_k: int) -> bool:
     """Whether the program reads W a tile ahead (``PREFETCH_TILE``) under ``prefetch``."""
     if prefetch not in PREFETCH_MODES:
         raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")
     if prefetch == "off" or num_rows != 1:
         return False
-    return prefetch == "all" or weight.numel() * weight.element_size() <= SMALL_WEIGHT_BYTES
+    return prefetch == "all" or block_k >= AUTO_MIN_BLOCK_K
