@@ -350,12 +350,12 @@ MODES = {
         "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
     ),
     "policy-chunk4k-pack512-split1k": _policy_with(sched=_CHUNK4K_PACK512, engine=_SPLIT1K),
-    # One-row GEMVs read their weight tiles ahead, the first before the PDL wait
-    # (KernelConfig.weight_prefetch): those over K tiles of 1,024 (the drafter's projections
-    # but its LM head; none of the 7B's) or all.
+    # One-row GEMVs reading their weight tiles ahead, the first before the PDL wait
+    # (KernelConfig.weight_prefetch): not at all (the default until 2026-11-28), or every GEMV (by
+    # default only those over K tiles of 1,024: the drafter's projections, none of the 7B's).
     **{
         f"{base}-wpf-{mode}": _with_engine(base, (("kernels", KernelConfig(weight_prefetch=mode)),))
-        for mode in ("auto", "all")
+        for mode in ("off", "all")
         for base in ("off", "policy")
     },
     # While decode rows run and no prompt waits behind the step, prompt steps' GEMMs leave 8 /

@@ -26,7 +26,7 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 
 def profile_model(
-    spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True, prefetch: str = "off"
+    spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True, prefetch: str = "auto"
 ) -> tuple[dict, Callable[[int], float]]:
     """The kernel profile of one decode forward, and a timer of back-to-back graph replays
     (``timer(n)``: ms per replay over n replays) kept for the interleaved A/B."""
@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
-    p.add_argument("--weight-prefetch", nargs="+", default=["off"],
+    p.add_argument("--weight-prefetch", nargs="+", default=["auto"],
                    help="KernelConfig.weight_prefetch values, each model run under each in turn "
                         "(an A/B: name the first again last to see the drift)")  # fmt: skip
     p.add_argument(
@@ -171,7 +171,7 @@ def main() -> None:
             [
                 f"b{args.batch}" if args.batch > 1 else "",
                 "no-pdl" * args.no_pdl,
-                "prefetch" * (args.weight_prefetch != ["off"]),
+                "prefetch" * (args.weight_prefetch != ["auto"]),
             ],
         )
     )

@@ -41,7 +41,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu": True,
         "fuse_silu_epilogue": True,
         "pdl": True,
-        "weight_prefetch": "off",
+        "weight_prefetch": "auto",
         "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False

@@ -249,8 +249,10 @@ class KernelConfig:
     # One-row GEMV programs that read their first K tile of weights before they wait for the
     # previous kernel (under PDL, while that kernel still runs) and each later tile one step
     # ahead: none ("off"), those with K tiles of 1,024 ("auto": the small models' latency-
-    # bound projections), or all ("all").
-    weight_prefetch: str = "off"
+    # bound projections), or all ("all"). H200, interleaved graph replays at a1a9b29: "auto"
+    # takes a 0.5B step from 0.656 to 0.617 ms and a 1.5B step from 1.312 to 1.233 ms and
+    # leaves the 7B's alone; "all" also slows the 7B by 2 % (bench/profile_decode.py --ab).
+    weight_prefetch: str = "auto"
     # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
     # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a
     # decode stream's kernels reach the SMs (beside a 2,048-row GEMM a decode step waits ~3x

@@ -208,7 +208,7 @@ def gemv(
     residual: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
-    prefetch: str = "off",
+    prefetch: str = "auto",
     **config,
 ) -> torch.Tensor:
     """``x [M, K] @ weight[N, K]^T (+ bias [N]) (+ residual [M, N])`` -> [M, N], M <= MAX_ROWS.
@@ -227,7 +227,7 @@ def rms_norm_gemv(
     bias: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
-    prefetch: str = "off",
+    prefetch: str = "auto",
     **config,
 ) -> torch.Tensor:
     """``(rms_norm(x) * norm_weight) @ weight^T (+ bias)`` -> [M, N]."""
@@ -243,7 +243,7 @@ def gemv_silu(
     gate_up_weight: torch.Tensor,
     *,
     use_pdl: bool = True,
-    prefetch: str = "off",
+    prefetch: str = "auto",
     **config,
 ) -> torch.Tensor:
     """``silu(x @ W_gate^T) * (x @ W_up^T)`` with gate_up_weight [2I, K] = [W_gate; W_up] ->
@@ -261,7 +261,7 @@ def silu_mul_gemv(
     residual: torch.Tensor | None = None,
     *,
     use_pdl: bool = True,
-    prefetch: str = "off",
+    prefetch: str = "auto",
     **config,
 ) -> torch.Tensor:
     """``(silu(gate) * up) @ weight^T (+ residual)`` with gate_up [M, 2K] = [gate | up]."""
