@@ -2,11 +2,15 @@
 how many kernels, how much GPU time in GEMMs vs everything else, against the bytes floor.
 
     python bench/profile_decode.py --models dummy:qwen2.5-1.5b dummy:qwen2.5-7b
+    python bench/profile_decode.py --models dummy:qwen2.5-0.5b --weight-prefetch off auto all \\
+        --ab-rounds 10   # the interleaved A/B of graph replays (and its .png)
+    python bench/profile_decode.py --replot RESULT.json   # redraw a saved A/B's .png
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -16,7 +20,7 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import torch  # noqa: E402
-from common import kernel_kind, metadata, result_path, write_json  # noqa: E402
+from common import bar_panels, kernel_kind, metadata, result_path, write_json  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, KernelConfig, SchedulerConfig  # noqa: E402
@@ -114,6 +118,8 @@ def interleaved_ab(
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--replot"]:
+        return replot(sys.argv[2])
     p = argparse.ArgumentParser()
     p.add_argument("--models", nargs="+", default=["dummy:qwen2.5-1.5b", "dummy:qwen2.5-7b"])
     p.add_argument("--copy-gbps", type=float, default=4200.0, help="measured copy bandwidth")
@@ -177,6 +183,25 @@ def main() -> None:
     )
     path = result_path(args.out, "profile_decode", device, "json", tag)
     print("wrote", write_json(path, report))
+    if ab:
+        print("wrote", plot_ab(report, path.with_suffix(".png")))
+
+
+def plot_ab(report: dict, path: Path) -> Path | None:
+    """One panel per model: ms per replay of each variant (median over the rounds)."""
+    panels = []
+    for a in report["ab"]:
+        names = [v["variant"] for v in a["variants"]]
+        series = {"ms per replay (median)": [v["median_ms"] for v in a["variants"]]}
+        title = f"{a['model']}, batch {report['results'][0]['batch']}: graph replays"
+        panels.append((title, "ms", names, series))
+    return bar_panels(path, panels, ncols=len(panels))
+
+
+def replot(json_path: str) -> None:
+    """Draw the A/B plot of a saved result (its .png beside it)."""
+    path = Path(json_path)
+    print("wrote", plot_ab(json.loads(path.read_text()), path.with_suffix(".png")))
 
 
 if __name__ == "__main__":

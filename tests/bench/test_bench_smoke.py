@@ -297,3 +297,23 @@ def test_draft_window(tmp_path: Path) -> None:
     assert whole["drafted"] > 0 and whole["acceptance"] > 0.9
     assert cut["window"] == 16 and cut["acceptance"] < whole["acceptance"]
     assert (tmp_path / "draft_window-cpu.png").is_file()
+
+
+def test_profile_decode_ab_rotates_the_order_and_plots(tmp_path: Path) -> None:
+    """``profile_decode.py --ab-rounds``: each round times every variant, starting one further
+    on each round; the medians and ratios come from the rounds; the plot is written."""
+    mod = load_bench("profile_decode")
+    order: list[str] = []
+
+    def timer(name: str, ms: float):
+        return lambda n: order.append(name) or ms
+
+    timers = [("off", timer("off", 2.0)), ("auto", timer("auto", 1.5))]
+    ab = mod.interleaved_ab("m", timers, rounds=3, replays=10)
+
+    assert order == ["off", "auto", "off", "auto", "auto", "off", "off", "auto"]  # warm, rounds
+    assert [v["median_ms"] for v in ab["variants"]] == [2.0, 1.5]
+    assert [v["ratio_median"] for v in ab["variants"]] == [1.0, 0.75]
+    report = {"ab": [ab], "results": [{"batch": 1}]}
+    png = mod.plot_ab(report, tmp_path / "ab.png")
+    assert png is not None and png.stat().st_size > 0
