@@ -4,6 +4,8 @@ how many kernels, how much GPU time in GEMMs vs everything else, against the byt
     python bench/profile_decode.py --models dummy:qwen2.5-1.5b dummy:qwen2.5-7b
     python bench/profile_decode.py --models dummy:qwen2.5-0.5b --weight-prefetch off auto all \\
         --ab-rounds 10   # the interleaved A/B of graph replays (and its .png)
+    python bench/profile_decode.py --models dummy:qwen2.5-0.5b --ab-rounds 10 \\
+        --kernels default fuse_norm_max_n=16384 weight_prefetch=all,fuse_norm_max_n=16384
     python bench/profile_decode.py --replot RESULT.json   # redraw a saved A/B's .png
 """
 
@@ -30,14 +32,14 @@ from verifypd.types import SamplingParams  # noqa: E402
 
 
 def profile_model(
-    spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True, prefetch: str = "auto"
+    spec: str, copy_gbps: float | None, batch: int = 1, pdl: bool = True, variant: str = "default"
 ) -> tuple[dict, Callable[[int], float]]:
     """The kernel profile of one decode forward, and a timer of back-to-back graph replays
     (``timer(n)``: ms per replay over n replays) kept for the interleaved A/B."""
     cache = CacheConfig(num_blocks=40 * batch + 256)
     sched = SchedulerConfig(max_num_seqs=max(8, batch), max_model_len=4096)
     cfg = EngineConfig(model=spec, cuda_graphs=True, cache=cache, scheduler=sched,
-                       kernels=KernelConfig(pdl=pdl, weight_prefetch=prefetch))  # fmt: skip
+                       kernels=kernel_config(variant, pdl=pdl))  # fmt: skip
     core = EngineCore(cfg)
     for i in range(batch):
         prompt = [100 + (i * 7 + j) % 30000 for j in range(512)]
@@ -80,7 +82,8 @@ def profile_model(
     return {
         "model": spec,
         "batch": batch,
-        "weight_prefetch": prefetch,
+        "variant": variant,
+        "weight_prefetch": cfg.kernels.weight_prefetch,
         "config": cfg,  # every EngineConfig field, kernels included (common.json_default)
         "num_kernels": sum(len(v) for v in by_kind.values()),
         "kernels_by_kind": {k: len(v) for k, v in by_kind.items()},
@@ -94,6 +97,20 @@ def profile_model(
         "weight_bytes": weight_bytes,
         "bytes_floor_ms": floor_ms,
     }, timer
+
+
+def kernel_config(variant: str, **fixed) -> KernelConfig:
+    """The KernelConfig of a variant: "default", or FIELD=VALUE pairs joined by commas (each
+    value parsed as its field's default's type)."""
+    fields = {} if variant == "default" else dict(kv.split("=", 1) for kv in variant.split(","))
+    defaults = KernelConfig()
+    parsed = {}
+    for name, text in fields.items():
+        if not hasattr(defaults, name):
+            raise SystemExit(f"--kernels: KernelConfig has no field {name!r}")
+        kind = type(getattr(defaults, name))
+        parsed[name] = text in ("1", "true", "True") if kind is bool else kind(text)
+    return KernelConfig(**{**fixed, **parsed})
 
 
 def interleaved_ab(
@@ -126,7 +143,14 @@ def main() -> None:
     p.add_argument("--out", default=None, help="default: bench/results/profile/")
     p.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     p.add_argument("--no-pdl", action="store_true", help="launch without programmatic deps")
-    p.add_argument("--weight-prefetch", nargs="+", default=["auto"],
+    p.add_argument(
+        "--kernels",
+        nargs="+",
+        default=[],
+        help="KernelConfig variants, each 'default' or FIELD=VALUE[,FIELD=VALUE...]; "
+        "each model runs under each in turn (an A/B with --ab-rounds)",
+    )
+    p.add_argument("--weight-prefetch", nargs="+", default=[],
                    help="KernelConfig.weight_prefetch values, each model run under each in turn "
                         "(an A/B: name the first again last to see the drift)")  # fmt: skip
     p.add_argument(
@@ -138,26 +162,33 @@ def main() -> None:
     )
     p.add_argument("--ab-replays", type=int, default=100, help="replays per variant per round")
     args = p.parse_args()
+    variants = list(
+        dict.fromkeys(  # each variant once, in order
+            [f"weight_prefetch={v}" for v in args.weight_prefetch] + args.kernels
+        )
+    ) or ["default"]
+    for variant in variants:
+        kernel_config(variant)  # a bad variant fails before any model loads
     rows, ab = [], []
     for m in args.models:
         timers = []
-        for prefetch in dict.fromkeys(args.weight_prefetch):  # each variant once
-            row, timer = profile_model(m, args.copy_gbps, args.batch, not args.no_pdl, prefetch)
+        for variant in variants:
+            row, timer = profile_model(m, args.copy_gbps, args.batch, not args.no_pdl, variant)
             rows.append(row)
-            timers.append((prefetch, timer))
+            timers.append((variant, timer))
         if args.ab_rounds:
             ab.append(interleaved_ab(m, timers, args.ab_rounds, args.ab_replays))
         del timers  # the engines go with their timers before the next model loads
         torch.cuda.empty_cache()
-    print("model                prefetch kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
+    print("model                variant  kernels  matmul ms  attn ms  other ms  graph ms  floor ms")
     for r in rows:
         g = r["gpu_ms_by_kind"]
-        print(f"{r['model']:<20} {r['weight_prefetch']:<8} {r['num_kernels']:>7} "
+        print(f"{r['model']:<20} {r['variant']:<8} {r['num_kernels']:>7} "
               f"{g.get('matmul', 0):>10.3f} "
               f"{g.get('attention', 0):>8.3f} {g.get('other', 0):>9.3f} "
               f"{r['graph_replay_ms_median']:>9.3f} {r['bytes_floor_ms']:>9.3f}")  # fmt: skip
     for r in rows:
-        print(f"\n{r['model']} ({r['weight_prefetch']}): kernels by name (count, ms per forward)")
+        print(f"\n{r['model']} ({r['variant']}): kernels by name (count, ms per forward)")
         for k in r["kernels_by_name"][:20]:
             print(f"  {k['count']:>4} {k['ms']:>8.4f}  {k['name']}")
     for a in ab:
@@ -177,7 +208,8 @@ def main() -> None:
             [
                 f"b{args.batch}" if args.batch > 1 else "",
                 "no-pdl" * args.no_pdl,
-                "prefetch" * (args.weight_prefetch != ["auto"]),
+                "prefetch" * bool(args.weight_prefetch),
+                "kernels" * bool(args.kernels),
             ],
         )
     )

@@ -317,3 +317,16 @@ def test_profile_decode_ab_rotates_the_order_and_plots(tmp_path: Path) -> None:
     report = {"ab": [ab], "results": [{"batch": 1}]}
     png = mod.plot_ab(report, tmp_path / "ab.png")
     assert png is not None and png.stat().st_size > 0
+
+
+def test_profile_decode_kernel_variants_parse_by_field_type() -> None:
+    mod = load_bench("profile_decode")
+    cfg = mod.kernel_config("weight_prefetch=off,fuse_norm_max_n=16384,fuse_silu=false", pdl=False)
+    assert (cfg.weight_prefetch, cfg.fuse_norm_max_n, cfg.fuse_silu, cfg.pdl) == (
+        "off", 16384, False, False,
+    )  # fmt: skip
+    assert mod.kernel_config("default") == mod.KernelConfig()
+    with pytest.raises(SystemExit, match="no field"):
+        mod.kernel_config("prefetch=off")
+    with pytest.raises(ValueError, match="weight_prefetch"):
+        mod.kernel_config("weight_prefetch=l2")
