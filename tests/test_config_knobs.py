@@ -42,6 +42,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu_epilogue": True,
         "pdl": True,
         "weight_prefetch": "auto",
+        "fuse_rope_store": False,
         "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False
@@ -65,6 +66,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         (lambda: KernelConfig(fuse_silu_epilogue=None), "fuse_silu_epilogue"),
         (lambda: KernelConfig(pdl="0"), "pdl"),
         (lambda: KernelConfig(weight_prefetch="tile"), "weight_prefetch"),
+        (lambda: KernelConfig(fuse_rope_store=1), "fuse_rope_store"),
         (lambda: KernelConfig(weight_prefetch=True), "weight_prefetch"),
         (lambda: EngineConfig(kernels={"pdl": False}), "kernels"),
         (lambda: SpecConfig(always_pad_verify="yes"), "always_pad_verify"),

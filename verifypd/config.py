@@ -253,6 +253,9 @@ class KernelConfig:
     # takes a 0.5B step from 0.656 to 0.617 ms and a 1.5B step from 1.312 to 1.233 ms and
     # leaves the 7B's alone; "all" also slows the 7B by 2 % (bench/profile_decode.py --ab).
     weight_prefetch: str = "auto"
+    # One token: the q/k/v GEMV rotates q and k and stores k and v in its epilogue (one kernel
+    # for the projection and rope_store_kv). Off until measured.
+    fuse_rope_store: bool = False
     # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
     # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a
     # decode stream's kernels reach the SMs (beside a 2,048-row GEMM a decode step waits ~3x
@@ -272,7 +275,7 @@ class KernelConfig:
             raise ValueError(
                 f"weight_prefetch must be 'off', 'auto' or 'all', got {self.weight_prefetch!r}"
             )
-        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl"):
+        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl", "fuse_rope_store"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -17,10 +17,10 @@ from verifypd.kernels.triton_gemv import (
     choose_config,
     gemv,
     gemv_silu,
+    reads_ahead,
     rms_norm_gemv,
     silu_mul_gemv,
 )
-from verifypd.kernels.triton_gemv import _reads_ahead as reads_ahead
 
 SHAPES = [(40, 96), (17, 600), (130, 1030)]  # (N, K): neither divides the tiles
 TILES = [{}, {"block_n": 4, "block_k": 64}, {"block_n": 16, "block_k": 1024}]

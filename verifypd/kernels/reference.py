@@ -234,3 +234,41 @@ def mlp(
     gate_up_weight [2I, H] = [W_gate; W_up], down_weight [H, I]: [T, H] -> [T, H]."""
     gate_up = rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
     return silu_mul_linear(gate_up, down_weight, residual)
+
+
+def qkv_rope_store(
+    x: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+    num_q_heads: int,
+    num_kv_heads: int,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """An attention block's start: ``rms_norm_linear`` into the fused q/k/v projection, then
+    ``rope_store_kv`` -> q rotated [T, Hq, D], k rotated and v [T, Hkv, D] (the step's own keys
+    and values, as the attention kernels read them); k and v stored at ``slot_mapping``."""
+    qkv = rms_norm_linear(x, norm_weight, eps, weight, bias)
+    q, k, v = split_qkv(qkv, num_q_heads, num_kv_heads, cos_sin_cache.shape[1])
+    q = rope_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    return q, k, v
+
+
+def split_qkv(
+    qkv: Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Views of a fused q/k/v projection [T, (Hq + 2 Hkv) D]: q [T, Hq, D], k and v [T, Hkv, D]."""
+    q, k, v = qkv.split(
+        [num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1
+    )
+    num_tokens = qkv.shape[0]
+    return (
+        q.view(num_tokens, num_q_heads, head_dim),
+        k.view(num_tokens, num_kv_heads, head_dim),
+        v.view(num_tokens, num_kv_heads, head_dim),
+    )

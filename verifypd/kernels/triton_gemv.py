@@ -307,13 +307,13 @@ def _launch(
         M_PAD=1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows)),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SILU_OUT=silu_out,
-        PREFETCH_TILE=_reads_ahead(prefetch, num_rows, cfg.block_k),
+        PREFETCH_TILE=reads_ahead(prefetch, num_rows, cfg.block_k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
     )  # fmt: skip
     return out
 
 
-def _reads_ahead(prefetch: str, num_rows: int, block_k: int) -> bool:
+def reads_ahead(prefetch: str, num_rows: int, block_k: int) -> bool:
     """Whether the program reads W a tile ahead (``PREFETCH_TILE``) under ``prefetch``."""
     if prefetch not in PREFETCH_MODES:
         raise ValueError(f"prefetch must be one of {PREFETCH_MODES}, got {prefetch!r}")

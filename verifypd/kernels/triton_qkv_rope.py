@@ -1,0 +1,177 @@
+"""One token's q/k/v projection with RoPE and the KV-cache store in its epilogue (Triton).
+
+At batch-1 decode an attention block begins with two kernels: the q/k/v GEMV (pre-norm and bias
+folded in, ``triton_gemv``) and ``rope_store_kv``. Here one launch does both. Each program
+computes ``BLOCK_N // 2`` column pairs (d, d + D/2) of one head, side by side, so the rotate-half
+rotation of a pair happens in the program that computed it. It writes the q, k and v heads into
+the qkv output (q and k rotated; the attention kernels read the step's own key and value
+there) and the k and v heads at the token's cache slot (a negative slot is padding: the cache is
+left alone). Rounding follows the two-kernel path: the projection is rounded to the output
+dtype, then rotated in fp32, then rounded again.
+
+One row only (``KernelConfig.fuse_rope_store``); more rows keep the two kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from verifypd.kernels.pdl import launch_options, wait_for_previous
+from verifypd.kernels.triton_gemv import PROLOGUE_RMS_NORM, choose_config, reads_ahead
+
+
+@triton.jit
+def _qkv_rope_store_kernel(
+    x_ptr,  # [K], the token's residual stream
+    norm_weight_ptr,  # [K], read when HAS_NORM
+    w_ptr,  # [N, K], N = (Hq + 2 Hkv) * D
+    bias_ptr,  # [N], read when HAS_BIAS
+    out_ptr,  # [N]
+    positions_ptr,  # [1] int64
+    cos_sin_ptr,  # [max_pos, D] = [cos(D/2) | sin(D/2)]
+    slot_ptr,  # [1] int64, < 0: padding
+    k_cache_ptr,  # [num_blocks, CACHE_BLOCK, Hkv, D]
+    v_cache_ptr,
+    K,
+    eps,
+    stride_w_n,
+    stride_cs_p,
+    stride_kc_b,
+    stride_kc_s,
+    stride_kc_h,
+    stride_vc_b,
+    stride_vc_s,
+    stride_vc_h,
+    num_q_heads,
+    num_kv_heads,
+    HAS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,  # column pairs per program; divides HEAD_DIM // 2
+    BLOCK_K: tl.constexpr,
+    CACHE_BLOCK: tl.constexpr,
+    PREFETCH_TILE: tl.constexpr,  # W's first K tile read before the wait, each next one ahead
+    USE_PDL: tl.constexpr,
+):
+    half_dim: tl.constexpr = HEAD_DIM // 2
+    per_head: tl.constexpr = half_dim // HALF_BLOCK
+    pid = tl.program_id(0)
+    head = pid // per_head
+    first = (pid % per_head) * HALF_BLOCK  # the program's first pair within the half
+    j = tl.arange(0, 2 * HALF_BLOCK)
+    offs_d = first + j // 2 + (j % 2) * half_dim  # pairs (d, d + D/2) side by side
+    offs_n = head * HEAD_DIM + offs_d
+    offs_kb = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n  # [BLOCK_N, 1]
+    if PREFETCH_TILE:  # weights: never written by a kernel of the step
+        w_next = tl.load(w_rows + offs_kb[None, :], mask=(offs_kb < K)[None, :], other=0.0,
+                         eviction_policy="evict_first")  # fmt: skip
+    wait_for_previous(USE_PDL)
+
+    sum_sq = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([2 * HALF_BLOCK, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + offs_kb
+        k_mask = offs_k < K
+        a = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        if HAS_NORM:
+            sum_sq += tl.sum(a * a, axis=1)
+            nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            a = a * nw[None, :]
+        if PREFETCH_TILE:
+            next_k = offs_k[None, :] + BLOCK_K
+            w = w_next.to(tl.float32)
+            w_next = tl.load(w_rows + next_k, mask=next_k < K, other=0.0,
+                             eviction_policy="evict_first")  # fmt: skip
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)  # fmt: skip
+        acc += w * a
+    val = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_NORM:
+        val *= tl.rsqrt(sum_sq / K + eps)
+    if HAS_BIAS:
+        val += tl.load(bias_ptr + offs_n).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    x1, x2 = tl.split(tl.reshape(val.to(dtype).to(tl.float32), (HALF_BLOCK, 2)))
+
+    # Rotate q and k heads (v heads pass through) at the token's position.
+    offs_h = first + tl.arange(0, HALF_BLOCK)
+    row = cos_sin_ptr + tl.load(positions_ptr) * stride_cs_p
+    cos = tl.load(row + offs_h).to(tl.float32)
+    sin = tl.load(row + half_dim + offs_h).to(tl.float32)
+    is_rotated = offs_h * 0 + head < num_q_heads + num_kv_heads  # [HALF_BLOCK]
+    r1 = tl.where(is_rotated, x1 * cos - x2 * sin, x1)
+    r2 = tl.where(is_rotated, x2 * cos + x1 * sin, x2)
+    res = tl.reshape(tl.join(r1, r2), (2 * HALF_BLOCK,)).to(dtype)
+    tl.store(out_ptr + offs_n, res)
+
+    # k and v heads into the cache at the token's slot. Masks from row counts, not scalar
+    # bools (Triton's interpreter mistypes a tensor & scalar-bool mask as int32).
+    slot = tl.load(slot_ptr).to(tl.int64)
+    kv = head - num_q_heads  # 0 .. Hkv - 1: k heads; Hkv .. 2 Hkv - 1: v heads
+    k_cols = tl.where((slot >= 0) & (kv >= 0) & (kv < num_kv_heads), 2 * HALF_BLOCK, 0)
+    v_cols = tl.where((slot >= 0) & (kv >= num_kv_heads), 2 * HALF_BLOCK, 0)
+    block_id = tl.maximum(slot, 0) // CACHE_BLOCK
+    offset = tl.maximum(slot, 0) % CACHE_BLOCK
+    k_head = tl.minimum(tl.maximum(kv, 0), num_kv_heads - 1)
+    v_head = tl.minimum(tl.maximum(kv - num_kv_heads, 0), num_kv_heads - 1)
+    k_dst = k_cache_ptr + block_id * stride_kc_b + offset * stride_kc_s + k_head * stride_kc_h
+    v_dst = v_cache_ptr + block_id * stride_vc_b + offset * stride_vc_s + v_head * stride_vc_h
+    tl.store(k_dst + offs_d, res.to(k_cache_ptr.dtype.element_ty), mask=j < k_cols)
+    tl.store(v_dst + offs_d, res.to(v_cache_ptr.dtype.element_ty), mask=j < v_cols)
+
+
+def qkv_rope_store(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    num_q_heads: int,
+    num_kv_heads: int,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    use_pdl: bool = True,
+    prefetch: str = "auto",
+) -> torch.Tensor:
+    """``(rms_norm(x) * norm_weight) @ weight^T (+ bias)`` for one token, q and k heads rotated,
+    k and v stored at ``slot_mapping[0]`` -> qkv [1, (Hq + 2 Hkv) * D] (no norm when
+    ``norm_weight`` is None). Shapes as ``rope_store_kv``'s; no host sync."""
+    head_dim = cos_sin_cache.shape[1]
+    n, k = weight.shape
+    assert x.dim() == 2 and x.shape == (1, k) and x.stride(1) == 1, f"x: [1, {k}]"
+    assert weight.stride(1) == 1 and weight.dtype == x.dtype, "weight: [N, K] of x's dtype"
+    assert n == (num_q_heads + 2 * num_kv_heads) * head_dim, "weight rows: (Hq + 2 Hkv) * D"
+    assert head_dim >= 4 and head_dim & (head_dim - 1) == 0, "D must be a power of two >= 4"
+    assert positions.shape == (1,) and slot_mapping.shape == (1,), "one token"
+    assert positions.dtype == torch.int64 and slot_mapping.dtype == torch.int64
+    assert cos_sin_cache.stride(1) == 1, "cos_sin_cache: last dim must be contiguous"
+    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (num_kv_heads, head_dim)
+    assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "cache: last dim contiguous"
+    if norm_weight is not None:
+        assert norm_weight.shape == (k,) and norm_weight.is_contiguous(), "norm_weight: [K]"
+    if bias is not None:
+        assert bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype, "bias: [N]"
+    cfg = choose_config(PROLOGUE_RMS_NORM, 1, n, k)
+    half_block = max(1, min(cfg.block_n // 2, head_dim // 2))
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _qkv_rope_store_kernel[(n // (2 * half_block),)](
+        x, norm_weight if norm_weight is not None else x, weight,
+        bias if bias is not None else x, out, positions, cos_sin_cache, slot_mapping,
+        k_cache, v_cache, k, eps, weight.stride(0), cos_sin_cache.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        num_q_heads, num_kv_heads,
+        HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, HEAD_DIM=head_dim,
+        HALF_BLOCK=half_block, BLOCK_K=cfg.block_k, CACHE_BLOCK=k_cache.shape[1],
+        PREFETCH_TILE=reads_ahead(prefetch, 1, cfg.block_k),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(x.device, use_pdl),
+    )  # fmt: skip
+    return out
