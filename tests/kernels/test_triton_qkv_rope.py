@@ -48,7 +48,8 @@ def _two_steps(x, norm_weight, weight, bias, heads, position, cos_sin, pool, slo
 @pytest.mark.parametrize("prefetch", ["off", "all"])
 @pytest.mark.parametrize("with_norm,with_bias", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize(
-    "num_q_heads,num_kv_heads,head_dim,hidden", [(4, 2, 32, 96), (7, 1, 64, 1030), (2, 2, 8, 40)]
+    "num_q_heads,num_kv_heads,head_dim,hidden",
+    [(4, 2, 32, 96), (7, 1, 64, 1030), (2, 2, 8, 40), (2, 1, 10, 40)],  # D / 2 = 5: a pair each
 )
 def test_matches_projection_then_rope_store(
     target, num_q_heads, num_kv_heads, head_dim, hidden, with_norm, with_bias, prefetch

@@ -75,8 +75,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SILU_OUT: tl.constexpr,  # W is [2N, K] = [gate; up]; out = silu(gate) * up (M_PAD > 1)
-    PREFETCH_TILE: tl.constexpr,  # M_PAD == 1: W's first K tile read before the wait, each
-    # later one a step ahead
+    PREFETCH_TILE: tl.constexpr,  # one row: W's tiles read a step ahead, the first one early
     USE_PDL: tl.constexpr,
 ):
     # Weights are never written by a kernel of the step, so reading W may start before the

@@ -197,7 +197,7 @@ class TritonOps:
         token under ``KernelConfig.fuse_rope_store``: one kernel; else the projection, then
         ``rope_store_kv``."""
         head_dim = cos_sin_cache.shape[1]
-        if self.fuse_rope_store and x.shape[0] == 1 and head_dim >= 4:
+        if self.fuse_rope_store and x.shape[0] == 1:
             qkv = triton_qkv_rope.qkv_rope_store(
                 x, norm_weight, eps, weight, bias, num_q_heads, num_kv_heads, positions,
                 cos_sin_cache, k_cache, v_cache, slot_mapping, **self.gemv_knobs,

@@ -49,7 +49,7 @@ def _qkv_rope_store_kernel(
     HAS_NORM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    HALF_BLOCK: tl.constexpr,  # column pairs per program; divides HEAD_DIM // 2
+    HALF_BLOCK: tl.constexpr,  # column pairs per program (a power of two dividing D / 2)
     BLOCK_K: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
     PREFETCH_TILE: tl.constexpr,  # W's first K tile read before the wait, each next one ahead
@@ -102,7 +102,7 @@ def _qkv_rope_store_kernel(
     row = cos_sin_ptr + tl.load(positions_ptr) * stride_cs_p
     cos = tl.load(row + offs_h).to(tl.float32)
     sin = tl.load(row + half_dim + offs_h).to(tl.float32)
-    is_rotated = offs_h * 0 + head < num_q_heads + num_kv_heads  # [HALF_BLOCK]
+    is_rotated = offs_h * 0 + head < num_q_heads + num_kv_heads  # [HALF_BLOCK], all alike
     r1 = tl.where(is_rotated, x1 * cos - x2 * sin, x1)
     r2 = tl.where(is_rotated, x2 * cos + x1 * sin, x2)
     res = tl.reshape(tl.join(r1, r2), (2 * HALF_BLOCK,)).to(dtype)
@@ -114,6 +114,7 @@ def _qkv_rope_store_kernel(
     kv = head - num_q_heads  # 0 .. Hkv - 1: k heads; Hkv .. 2 Hkv - 1: v heads
     k_cols = tl.where((slot >= 0) & (kv >= 0) & (kv < num_kv_heads), 2 * HALF_BLOCK, 0)
     v_cols = tl.where((slot >= 0) & (kv >= num_kv_heads), 2 * HALF_BLOCK, 0)
+    # Clamped so that no address leaves the caches, even where the store is masked off.
     block_id = tl.maximum(slot, 0) // CACHE_BLOCK
     offset = tl.maximum(slot, 0) % CACHE_BLOCK
     k_head = tl.minimum(tl.maximum(kv, 0), num_kv_heads - 1)
@@ -149,7 +150,7 @@ def qkv_rope_store(
     assert x.dim() == 2 and x.shape == (1, k) and x.stride(1) == 1, f"x: [1, {k}]"
     assert weight.stride(1) == 1 and weight.dtype == x.dtype, "weight: [N, K] of x's dtype"
     assert n == (num_q_heads + 2 * num_kv_heads) * head_dim, "weight rows: (Hq + 2 Hkv) * D"
-    assert head_dim >= 4 and head_dim & (head_dim - 1) == 0, "D must be a power of two >= 4"
+    assert head_dim % 2 == 0, "D must be even"
     assert positions.shape == (1,) and slot_mapping.shape == (1,), "one token"
     assert positions.dtype == torch.int64 and slot_mapping.dtype == torch.int64
     assert cos_sin_cache.stride(1) == 1, "cos_sin_cache: last dim must be contiguous"
@@ -160,7 +161,9 @@ def qkv_rope_store(
     if bias is not None:
         assert bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype, "bias: [N]"
     cfg = choose_config(PROLOGUE_RMS_NORM, 1, n, k)
-    half_block = max(1, min(cfg.block_n // 2, head_dim // 2))
+    half_block = cfg.block_n // 2  # pairs per program: a power of two dividing D / 2
+    while (head_dim // 2) % half_block:
+        half_block //= 2
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     _qkv_rope_store_kernel[(n // (2 * half_block),)](
         x, norm_weight if norm_weight is not None else x, weight,
