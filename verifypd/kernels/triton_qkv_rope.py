@@ -2,12 +2,12 @@
 
 At batch-1 decode an attention block begins with two kernels: the q/k/v GEMV (pre-norm and bias
 folded in, ``triton_gemv``) and ``rope_store_kv``. Here one launch does both. Each program
-computes ``BLOCK_N // 2`` column pairs (d, d + D/2) of one head, side by side, so the rotate-half
-rotation of a pair happens in the program that computed it. It writes the q, k and v heads into
-the qkv output (q and k rotated; the attention kernels read the step's own key and value
-there) and the k and v heads at the token's cache slot (a negative slot is padding: the cache is
-left alone). Rounding follows the two-kernel path: the projection is rounded to the output
-dtype, then rotated in fp32, then rounded again.
+computes ``BLOCK_N // 2`` column pairs (d, d + D/2) of one head, the first columns and their
+partners in two accumulators, so the rotate-half rotation of a pair happens in the program that
+computed it. It writes the q, k and v heads into the qkv output (q and k rotated; the attention
+kernels read the step's own key and value there) and the k and v heads at the token's cache
+slot (a negative slot is padding: the cache is left alone). Rounding follows the two-kernel
+path: the projection is rounded to the output dtype, then rotated in fp32, then rounded again.
 
 One row only (``KernelConfig.fuse_rope_store``); more rows keep the two kernels.
 """
@@ -59,61 +59,77 @@ def _qkv_rope_store_kernel(
     per_head: tl.constexpr = half_dim // HALF_BLOCK
     pid = tl.program_id(0)
     head = pid // per_head
-    first = (pid % per_head) * HALF_BLOCK  # the program's first pair within the half
-    j = tl.arange(0, 2 * HALF_BLOCK)
-    offs_d = first + j // 2 + (j % 2) * half_dim  # pairs (d, d + D/2) side by side
-    offs_n = head * HEAD_DIM + offs_d
+    offs_h = (pid % per_head) * HALF_BLOCK + tl.arange(0, HALF_BLOCK)  # d in the first half
+    offs_n1 = head * HEAD_DIM + offs_h  # the pairs' first columns; their partners D/2 on
     offs_kb = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w_n  # [BLOCK_N, 1]
+    rows1 = w_ptr + offs_n1[:, None].to(tl.int64) * stride_w_n  # [HALF_BLOCK, 1]
+    rows2 = rows1 + half_dim * stride_w_n
     if PREFETCH_TILE:  # weights: never written by a kernel of the step
-        w_next = tl.load(w_rows + offs_kb[None, :], mask=(offs_kb < K)[None, :], other=0.0,
-                         eviction_policy="evict_first")  # fmt: skip
+        first_mask = (offs_kb < K)[None, :]
+        w1_next = tl.load(rows1 + offs_kb[None, :], mask=first_mask, other=0.0,
+                          eviction_policy="evict_first")  # fmt: skip
+        w2_next = tl.load(rows2 + offs_kb[None, :], mask=first_mask, other=0.0,
+                          eviction_policy="evict_first")  # fmt: skip
     wait_for_previous(USE_PDL)
+    # The epilogue's scalars first: their latency hides behind the K loop's weight reads.
+    position = tl.load(positions_ptr)
+    slot = tl.load(slot_ptr).to(tl.int64)
 
     sum_sq = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([2 * HALF_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([HALF_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([HALF_BLOCK, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + offs_kb
-        k_mask = offs_k < K
-        a = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        k_mask = (offs_k < K)[None, :]
+        a = tl.load(x_ptr + offs_k[None, :], mask=k_mask, other=0.0).to(tl.float32)
         if HAS_NORM:
             sum_sq += tl.sum(a * a, axis=1)
-            nw = tl.load(norm_weight_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            a = a * nw[None, :]
+            nw = tl.load(norm_weight_ptr + offs_k[None, :], mask=k_mask, other=0.0)
+            a = a * nw.to(tl.float32)
         if PREFETCH_TILE:
             next_k = offs_k[None, :] + BLOCK_K
-            w = w_next.to(tl.float32)
-            w_next = tl.load(w_rows + next_k, mask=next_k < K, other=0.0,
-                             eviction_policy="evict_first")  # fmt: skip
+            w1 = w1_next.to(tl.float32)
+            w2 = w2_next.to(tl.float32)
+            w1_next = tl.load(rows1 + next_k, mask=next_k < K, other=0.0,
+                              eviction_policy="evict_first")  # fmt: skip
+            w2_next = tl.load(rows2 + next_k, mask=next_k < K, other=0.0,
+                              eviction_policy="evict_first")  # fmt: skip
         else:
-            w = tl.load(w_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)  # fmt: skip
-        acc += w * a
-    val = tl.sum(acc, axis=1)  # [BLOCK_N]
+            w1 = tl.load(rows1 + offs_k[None, :], mask=k_mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)  # fmt: skip
+            w2 = tl.load(rows2 + offs_k[None, :], mask=k_mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)  # fmt: skip
+        acc1 += w1 * a
+        acc2 += w2 * a
+    x1 = tl.sum(acc1, axis=1)  # [HALF_BLOCK]
+    x2 = tl.sum(acc2, axis=1)
     if HAS_NORM:
-        val *= tl.rsqrt(sum_sq / K + eps)
+        scale = tl.rsqrt(sum_sq / K + eps)
+        x1 *= scale
+        x2 *= scale
     if HAS_BIAS:
-        val += tl.load(bias_ptr + offs_n).to(tl.float32)
+        x1 += tl.load(bias_ptr + offs_n1).to(tl.float32)
+        x2 += tl.load(bias_ptr + offs_n1 + half_dim).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    x1, x2 = tl.split(tl.reshape(val.to(dtype).to(tl.float32), (HALF_BLOCK, 2)))
+    x1 = x1.to(dtype).to(tl.float32)
+    x2 = x2.to(dtype).to(tl.float32)
 
     # Rotate q and k heads (v heads pass through) at the token's position.
-    offs_h = first + tl.arange(0, HALF_BLOCK)
-    row = cos_sin_ptr + tl.load(positions_ptr) * stride_cs_p
+    row = cos_sin_ptr + position * stride_cs_p
     cos = tl.load(row + offs_h).to(tl.float32)
     sin = tl.load(row + half_dim + offs_h).to(tl.float32)
     is_rotated = offs_h * 0 + head < num_q_heads + num_kv_heads  # [HALF_BLOCK], all alike
-    r1 = tl.where(is_rotated, x1 * cos - x2 * sin, x1)
-    r2 = tl.where(is_rotated, x2 * cos + x1 * sin, x2)
-    res = tl.reshape(tl.join(r1, r2), (2 * HALF_BLOCK,)).to(dtype)
-    tl.store(out_ptr + offs_n, res)
+    r1 = tl.where(is_rotated, x1 * cos - x2 * sin, x1).to(dtype)
+    r2 = tl.where(is_rotated, x2 * cos + x1 * sin, x2).to(dtype)
+    tl.store(out_ptr + offs_n1, r1)
+    tl.store(out_ptr + offs_n1 + half_dim, r2)
 
     # k and v heads into the cache at the token's slot. Masks from row counts, not scalar
     # bools (Triton's interpreter mistypes a tensor & scalar-bool mask as int32).
-    slot = tl.load(slot_ptr).to(tl.int64)
     kv = head - num_q_heads  # 0 .. Hkv - 1: k heads; Hkv .. 2 Hkv - 1: v heads
-    k_cols = tl.where((slot >= 0) & (kv >= 0) & (kv < num_kv_heads), 2 * HALF_BLOCK, 0)
-    v_cols = tl.where((slot >= 0) & (kv >= num_kv_heads), 2 * HALF_BLOCK, 0)
+    lanes = tl.arange(0, HALF_BLOCK)
+    k_cols = tl.where((slot >= 0) & (kv >= 0) & (kv < num_kv_heads), HALF_BLOCK, 0)
+    v_cols = tl.where((slot >= 0) & (kv >= num_kv_heads), HALF_BLOCK, 0)
     # Clamped so that no address leaves the caches, even where the store is masked off.
     block_id = tl.maximum(slot, 0) // CACHE_BLOCK
     offset = tl.maximum(slot, 0) % CACHE_BLOCK
@@ -121,8 +137,12 @@ def _qkv_rope_store_kernel(
     v_head = tl.minimum(tl.maximum(kv - num_kv_heads, 0), num_kv_heads - 1)
     k_dst = k_cache_ptr + block_id * stride_kc_b + offset * stride_kc_s + k_head * stride_kc_h
     v_dst = v_cache_ptr + block_id * stride_vc_b + offset * stride_vc_s + v_head * stride_vc_h
-    tl.store(k_dst + offs_d, res.to(k_cache_ptr.dtype.element_ty), mask=j < k_cols)
-    tl.store(v_dst + offs_d, res.to(v_cache_ptr.dtype.element_ty), mask=j < v_cols)
+    k_dtype = k_cache_ptr.dtype.element_ty
+    v_dtype = v_cache_ptr.dtype.element_ty
+    tl.store(k_dst + offs_h, r1.to(k_dtype), mask=lanes < k_cols)
+    tl.store(k_dst + half_dim + offs_h, r2.to(k_dtype), mask=lanes < k_cols)
+    tl.store(v_dst + offs_h, r1.to(v_dtype), mask=lanes < v_cols)
+    tl.store(v_dst + half_dim + offs_h, r2.to(v_dtype), mask=lanes < v_cols)
 
 
 def qkv_rope_store(
