@@ -191,7 +191,7 @@ def choose_config(
         if n <= 4096 or k >= 8192:
             return GemvConfig(block_n=32, block_k=512, num_warps=4, num_stages=4)
         return GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)
-    if n > 8192 and prologue == PROLOGUE_NONE:
+    if n > 8192 and prologue != PROLOGUE_SILU_MUL:  # a norm prologue too (fuse_norm_max_n)
         return GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3)
     long_k = k <= 2048 or k % 512 != 0
     block_n = 4 if prologue == PROLOGUE_NONE or n < 1024 else 8

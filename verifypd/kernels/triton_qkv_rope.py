@@ -71,8 +71,13 @@ def _qkv_rope_store_kernel(
         w2_next = tl.load(rows2 + offs_kb[None, :], mask=first_mask, other=0.0,
                           eviction_policy="evict_first")  # fmt: skip
     wait_for_previous(USE_PDL)
-    # The epilogue's scalars first: their latency hides behind the K loop's weight reads.
-    position = tl.load(positions_ptr)
+    # The epilogue's inputs first: their latency hides behind the K loop's weight reads.
+    row = cos_sin_ptr + tl.load(positions_ptr) * stride_cs_p
+    cos = tl.load(row + offs_h).to(tl.float32)
+    sin = tl.load(row + half_dim + offs_h).to(tl.float32)
+    if HAS_BIAS:
+        bias1 = tl.load(bias_ptr + offs_n1).to(tl.float32)
+        bias2 = tl.load(bias_ptr + offs_n1 + half_dim).to(tl.float32)
     slot = tl.load(slot_ptr).to(tl.int64)
 
     sum_sq = tl.zeros([1], dtype=tl.float32)
@@ -108,16 +113,13 @@ def _qkv_rope_store_kernel(
         x1 *= scale
         x2 *= scale
     if HAS_BIAS:
-        x1 += tl.load(bias_ptr + offs_n1).to(tl.float32)
-        x2 += tl.load(bias_ptr + offs_n1 + half_dim).to(tl.float32)
+        x1 += bias1
+        x2 += bias2
     dtype = out_ptr.dtype.element_ty
     x1 = x1.to(dtype).to(tl.float32)
     x2 = x2.to(dtype).to(tl.float32)
 
     # Rotate q and k heads (v heads pass through) at the token's position.
-    row = cos_sin_ptr + position * stride_cs_p
-    cos = tl.load(row + offs_h).to(tl.float32)
-    sin = tl.load(row + half_dim + offs_h).to(tl.float32)
     is_rotated = offs_h * 0 + head < num_q_heads + num_kv_heads  # [HALF_BLOCK], all alike
     r1 = tl.where(is_rotated, x1 * cos - x2 * sin, x1).to(dtype)
     r2 = tl.where(is_rotated, x2 * cos + x1 * sin, x2).to(dtype)
