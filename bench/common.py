@@ -54,6 +54,7 @@ TOPICS = {
     "profile_spec": "profile",
     "timeline": "profile",
     "catch_up_cost": "profile",
+    "sample_cost": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
     "grammar_mask": "api",

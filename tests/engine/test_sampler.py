@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stats_helpers import Z_1E4, chi_square, chi_square_critical, single_thread, total_variation  # noqa: F401,E501
 
-from verifypd.engine.sampler import SamplingTensors, processed_probs, sample, uniform_noise
+from verifypd.engine.sampler import (
+    SamplingTensors,
+    processed_probs,
+    sample,
+    sample_with_probs,
+    uniform_noise,
+)
 
 
 def tensors(n: int, temperature=1.0, top_k=0, top_p=1.0, seed=0, positions=None):
@@ -220,3 +226,39 @@ def test_uniform_noise_no_correlation():
     # Pure function of (seed, position, column, stream): a sub-batch reproduces the same values.
     sub = uniform_noise(torch.tensor([7, 7]), torch.tensor([5, 1999]), cols, stream=0)
     assert torch.equal(sub, u[[5, 1999]])
+
+
+def test_sample_with_probs_is_sample_and_processed_probs():
+    """A sampled drafter takes its tokens and their distribution from one call: the same as
+    ``sample`` then ``processed_probs`` (greedy rows one-hot; None when every row is greedy)."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    t = SamplingTensors.build(
+        temperature=[0.7, 0.0, 1.3, 0.9], top_k=[0, 0, 5, 0], top_p=[1.0, 1.0, 1.0, 0.8],
+        seeds=[1, 2, 3, 4], positions=[10, 11, 12, 13], device="cpu",
+    )  # fmt: skip
+    tokens, probs = sample_with_probs(logits, t)
+    assert torch.equal(tokens, sample(logits, t))
+    assert torch.equal(probs, processed_probs(logits, t))
+    assert tokens[1] == logits[1].argmax()
+    greedy = tensors(4, temperature=0.0)
+    tokens, probs = sample_with_probs(logits, greedy)
+    assert probs is None and torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_prefix_is_the_rows_built_further_on():
+    """``SamplingTensors.prefix(rows, j)``: a drafter's step j over the first rows samples as
+    tensors built on the host for those rows at positions j further on would."""
+    args = dict(temperature=[0.7, 1.0, 0.5], top_k=[0, 3, 0], top_p=[0.9, 1.0, 1.0],
+                seeds=[7, 8, 9], positions=[20, 5, 31])  # fmt: skip
+    full = SamplingTensors.build(**args, device="cpu")
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(4))
+    for advance in (0, 3):
+        rows = {k: v[:2] for k, v in args.items()}
+        rows["positions"] = [p + advance for p in rows["positions"]]
+        built = SamplingTensors.build(**rows, device="cpu")
+        got = full.prefix(2, advance)
+        assert torch.equal(got.positions, built.positions)
+        assert torch.equal(got.seeds, built.seeds) and torch.equal(got.top_k, built.top_k)
+        assert torch.equal(sample(logits, got), sample(logits, built))
+        assert torch.equal(processed_probs(logits, got), processed_probs(logits, built))
+    assert torch.equal(full.positions, torch.tensor([20, 5, 31]))  # the whole batch untouched

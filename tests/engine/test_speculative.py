@@ -8,6 +8,7 @@ import torch
 from helpers import tiny_config, tiny_draft_spec
 
 from verifypd.engine.loader import load_model
+from verifypd.engine.sampler import SamplingTensors, sample
 from verifypd.engine.speculative import DraftModelProposer
 from verifypd.kernels import get_ops
 from verifypd.types import SamplingParams, ScheduledSeq, Sequence
@@ -143,3 +144,37 @@ def test_the_controller_learns_the_drafting_cost_from_proposals():
         driver.step()
     assert model.num_observations["draft"] > 0 and model.draft_cost() > 0
     assert core.spec.drafter.last_catch_up <= 2
+
+
+def test_sampled_drafts_draw_at_each_step_own_position(monkeypatch):
+    """A sampled proposal copies its sampling parameters to the device once; draft step j of a
+    row must still draw with the row's seed at the position it drafts (its tokens so far), over
+    the rows still drafting: the draws of tensors built on the host for that step."""
+    from verifypd.engine import speculative
+
+    prop = _proposer()
+    seqs = [
+        Sequence("a", list(range(1, 9)), SamplingParams(max_tokens=32, temperature=0.8, seed=5)),
+        Sequence("b", list(range(2, 7)), SamplingParams(max_tokens=32, temperature=1.2, seed=6)),
+    ]
+    calls: list[tuple[list[int], list[int]]] = []
+    real = speculative.sample_with_probs
+
+    def spy(logits, t):
+        calls.append((t.positions.tolist(), t.seeds.tolist()))
+        tokens, probs = real(logits, t)
+        views = [prop.views[s.seq_id] for s in seqs][: logits.shape[0]]
+        built = SamplingTensors.build(
+            temperature=[0.8, 1.2][: len(views)], top_k=[0] * len(views),
+            top_p=[1.0] * len(views), seeds=[v.seed for v in views],
+            positions=[v.num_tokens for v in views], device="cpu",
+        )  # fmt: skip
+        assert torch.equal(tokens, sample(logits, built))
+        return tokens, probs
+
+    monkeypatch.setattr(speculative, "sample_with_probs", spy)
+    entries = [ScheduledSeq(s, 1) for s in seqs]
+    prop.propose(entries, [3, 1], [0.8, 1.2])
+    assert [len(e.draft_token_ids) for e in entries] == [3, 1]
+    assert [p for p, _ in calls] == [[8, 5], [9], [10]]  # the longer row first, one further
+    assert entries[0].drafts.probs.shape[0] == 3 and entries[1].drafts.probs.shape[0] == 1

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from verifypd.engine.sampler import exponential_race, uniform_host, uniform_noise
+from verifypd.engine.sampler import noise_race, uniform_host, uniform_noise
 
 ACCEPT_STREAM = 1
 FINAL_STREAM = 2
@@ -73,8 +73,8 @@ def _final_tokens(
     q_k = q_k.masked_fill((k >= num_drafts)[:, None], 0.0)
     residual = (p_k - q_k).clamp(min=0.0)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_k)
-    uniforms = uniform_noise(seeds, positions + k, vocab_size, FINAL_STREAM)  # [B, V]
-    return exponential_race(residual, uniforms)  # unnormalized is fine: argmax is scale-free
+    # Unnormalized is fine: the race's argmax is scale-free.
+    return noise_race(residual.contiguous(), seeds, positions + k, FINAL_STREAM)
 
 
 def rejection_sample(

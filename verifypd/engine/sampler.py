@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from verifypd.kernels import triton_noise_race
+
 
 def _int64(c: int) -> int:
     """A Python int reduced mod 2^64, as the signed int64 with the same bits."""
@@ -46,8 +48,16 @@ def _mix64(x: Tensor) -> Tensor:
 def uniform_noise(seeds: Tensor, positions: Tensor, num_cols: int, stream: int) -> Tensor:
     """Counter-based uniforms: ``[N], [N] -> [N, num_cols]`` float32 in the open interval (0, 1).
 
-    Entry (i, c) is a pure function of (seeds[i], positions[i], c, stream).
+    Entry (i, c) is a pure function of (seeds[i], positions[i], c, stream). On a GPU one Triton
+    kernel (``kernels.triton_noise_race``), elsewhere torch ops: the same bits.
     """
+    if seeds.is_cuda:
+        return triton_noise_race.uniform_noise(seeds, positions, num_cols, stream)
+    return uniform_noise_torch(seeds, positions, num_cols, stream)
+
+
+def uniform_noise_torch(seeds: Tensor, positions: Tensor, num_cols: int, stream: int) -> Tensor:
+    """``uniform_noise`` in torch int64 ops (the reference; about 45 kernels on a GPU)."""
     seeds, positions = seeds.to(torch.int64), positions.to(torch.int64)
     row = _mix64(seeds + _int64(stream * _STREAM))  # [N]
     row = _mix64(row + positions * _GOLDEN)  # [N]
@@ -114,6 +124,22 @@ class SamplingTensors:
             any_top_p=any(s and p < 1.0 for s, p in zip(sampled, top_p, strict=True)),
         )
 
+    def prefix(self, rows: int, advance: int) -> SamplingTensors:
+        """The first ``rows`` rows, each ``advance`` positions further on (a drafter's later
+        steps over a prefix of its rows), without another host copy. The flags stay the whole
+        batch's: a flag set for rows outside the prefix only costs work that changes nothing."""
+        positions = self.positions[:rows]
+        return SamplingTensors(
+            temperature=self.temperature[:rows],
+            top_k=self.top_k[:rows],
+            top_p=self.top_p[:rows],
+            seeds=self.seeds[:rows],
+            positions=positions + advance if advance else positions,
+            all_greedy=self.all_greedy,
+            any_top_k=self.any_top_k,
+            any_top_p=self.any_top_p,
+        )
+
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
     pin = device.type == "cuda"
@@ -167,12 +193,26 @@ def exponential_race(probs: Tensor, uniforms: Tensor) -> Tensor:
     return (probs / -torch.log(uniforms)).argmax(dim=-1)
 
 
+def noise_race(probs: Tensor, seeds: Tensor, positions: Tensor, stream: int) -> Tensor:
+    """``exponential_race(probs, uniform_noise(seeds, positions, V, stream))``: [N] int64. On a
+    GPU one Triton kernel that never writes the uniforms out."""
+    if probs.is_cuda:
+        return triton_noise_race.noise_race(probs, seeds, positions, stream)
+    return exponential_race(probs, uniform_noise_torch(seeds, positions, probs.shape[-1], stream))
+
+
 def sample(logits: Tensor, t: SamplingTensors) -> Tensor:
     """[N, V] logits -> [N] int64 tokens: argmax for greedy rows, else a draw from
     ``processed_probs`` with the noise of ``uniform_noise(seeds, positions, V, stream=0)``."""
+    return sample_with_probs(logits, t)[0]
+
+
+def sample_with_probs(logits: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor | None]:
+    """``sample``'s tokens and the distribution they were drawn from (``processed_probs``;
+    None when every row is greedy), computed once: a sampled drafter keeps both."""
     greedy_tokens = logits.argmax(dim=-1)
     if t.all_greedy:
-        return greedy_tokens
-    uniforms = uniform_noise(t.seeds, t.positions, logits.shape[-1], stream=0)
-    tokens = exponential_race(processed_probs(logits, t), uniforms)
-    return torch.where(t.temperature == 0, greedy_tokens, tokens)
+        return greedy_tokens, None
+    probs = processed_probs(logits, t)
+    tokens = noise_race(probs, t.seeds, t.positions, stream=0)
+    return torch.where(t.temperature == 0, greedy_tokens, tokens), probs

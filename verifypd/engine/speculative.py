@@ -31,7 +31,7 @@ from verifypd.engine.draft_view import DraftView, window_skip
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
-from verifypd.engine.sampler import SamplingTensors, processed_probs, sample
+from verifypd.engine.sampler import SamplingTensors, sample_with_probs
 from verifypd.kvcache import KVCacheManager, KVPool
 from verifypd.types import DRAFT_ON_DEVICE, SamplingParams, ScheduledSeq, Sequence, StepPlan
 
@@ -145,6 +145,7 @@ class DraftModelProposer:
         for v in views:
             v.draft_start = v.num_tokens
         active.sort(key=lambda a: -a[2])  # longest first: each step's rows are a prefix
+        sampling = self._sampling([v for _, v, _, _ in active], [t for *_, t in active])
         drafted: list[torch.Tensor] = []  # per step j: [B_j] token ids on the device
         probs: list[torch.Tensor | None] = []
         prev: torch.Tensor | None = None
@@ -152,7 +153,10 @@ class DraftModelProposer:
             step = [a for a in active if a[2] > j]
             if prev is not None and len(step) < prev.shape[0]:
                 prev = prev[: len(step)]
-            toks, q = self._draft_step([v for _, v, _, _ in step], [t for *_, t in step], prev)
+            step_sampling = None
+            if sampling is not None and any(t > 0 for *_, t in step):
+                step_sampling = sampling.prefix(len(step), j)
+            toks, q = self._draft_step([v for _, v, _, _ in step], step_sampling, prev)
             for _, v, _, _ in step:
                 v.num_computed_tokens = v.num_tokens
                 v.token_ids.append(-1)  # placeholder until the ids come back to the host
@@ -236,8 +240,9 @@ class DraftModelProposer:
         return [t if t < v else 0 for t in token_ids]
 
     @torch.inference_mode()
-    def _draft_step(self, views: list[DraftView], temps: list[float], prev):
-        """One drafter forward: catch-up tokens for each view, one sampled token each."""
+    def _draft_step(self, views: list[DraftView], sampling: SamplingTensors | None, prev):
+        """One drafter forward: catch-up tokens for each view, one token each (greedy when
+        ``sampling`` is None)."""
         logits = self._continue_graph(views, prev)
         if logits is None:
             entries = [ScheduledSeq(v, v.num_tokens - v.num_computed_tokens) for v in views]
@@ -248,7 +253,9 @@ class DraftModelProposer:
             logits = self.runner.logits(inputs, inputs.sample_rows)
             replayed = self.runner.num_graph_steps > graphed_before
             self._graph_ready = replayed and inputs.meta.max_query_len == 1
-        return self._pick(logits, views, temps)
+        if sampling is None:
+            return logits.argmax(dim=-1), None
+        return sample_with_probs(logits, sampling)
 
     def _continue_graph(self, views: list[DraftView], prev) -> torch.Tensor | None:
         """After one graphed single-token step, the next one of the same rows advances the
@@ -260,18 +267,20 @@ class DraftModelProposer:
             return None
         return graphs.run_next(prev)
 
-    def _pick(self, logits: torch.Tensor, views: list[DraftView], temps: list[float]):
+    def _sampling(self, views: list[DraftView], temps: list[float]) -> SamplingTensors | None:
+        """The proposal's sampling parameters, copied to the device once (step j takes a
+        prefix of the rows, at positions j further: ``SamplingTensors.prefix``); None when
+        every row drafts greedily."""
         if all(t == 0 for t in temps):
-            return logits.argmax(dim=-1), None
-        t = SamplingTensors.build(
+            return None
+        return SamplingTensors.build(
             temperature=temps,
             top_k=[v.params.top_k for v in views],
             top_p=[v.params.top_p for v in views],
             seeds=[v.seed for v in views],
             positions=[v.num_tokens for v in views],
-            device=logits.device,
+            device=self.runner.device,
         )
-        return sample(logits, t), processed_probs(logits, t)
 
     def verified(self, seq_id: int, num_accepted: int) -> None:
         """A verify of this sequence's drafts landed: the KV of its accepted drafts stays, the

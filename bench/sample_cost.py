@@ -1,0 +1,117 @@
+"""What a sampled token costs outside the forward: the host time of launching the sampling ops
+and their GPU time, for the torch int64 noise (``uniform_noise_torch`` + ``exponential_race``,
+the path before 2026-11-28) against the Triton kernels (``kernels.triton_noise_race``, today's
+path on a GPU), and the whole of a sampled drafter step's sampling (``sample_with_probs``) with
+each. Rows 1 / 4 / 16 over a vocabulary of 151,936 (Qwen2.5), the same run, the same inputs.
+
+Host time: the wall time of the calls with the GPU idle beforehand. GPU time: CUDA events
+around the same calls enqueued behind a sleep kernel (the GPU never waits for the host)::
+
+    python bench/sample_cost.py --out DIR
+
+Each variant's draws are checked against the torch path's first (they must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import format_table, metadata, resolve_device, result_path, write_json  # noqa: E402,E501
+from verifypd.engine import sampler  # noqa: E402
+from verifypd.engine.sampler import SamplingTensors, processed_probs  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="1,4,16", help="comma-separated row counts")
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--repeats", type=int, default=50, help="calls per timing")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=None)
+    p.add_argument("--tag", default="")
+    return p.parse_args(argv)
+
+
+def _torch_race(probs, t):
+    u = sampler.uniform_noise_torch(t.seeds, t.positions, probs.shape[-1], 0)
+    return sampler.exponential_race(probs, u)
+
+
+def _kernel_race(probs, t):
+    return sampler.noise_race(probs, t.seeds, t.positions, 0)
+
+
+def _torch_step(logits, t):  # the drafter's sampling before: sample, then processed_probs again
+    probs = processed_probs(logits, t)
+    tokens = _torch_race(probs, t)
+    greedy = logits.argmax(dim=-1)
+    return torch.where(t.temperature == 0, greedy, tokens), processed_probs(logits, t)
+
+
+def _timed(fn, repeats: int, cuda: bool) -> tuple[float, float | None]:
+    """(host ms a call, GPU ms a call or None)."""
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    host = (time.perf_counter() - t0) / repeats
+    if not cuda:
+        return host * 1e3, None
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(4e6 * max(host * repeats * 1e3, 1.0)))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return host * 1e3, start.elapsed_time(end) / repeats
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        logits = (torch.randn(rows, args.vocab, generator=gen) * 3).to(device, torch.bfloat16)
+        seeds, positions = list(range(rows)), [100 + r for r in range(rows)]
+        t = SamplingTensors.build([0.7] * rows, [0] * rows, [1.0] * rows, seeds, positions, device)
+        probs = processed_probs(logits, t)
+        variants = {
+            "race, torch ops": lambda p=probs, t=t: _torch_race(p, t),
+            "race, kernel": lambda p=probs, t=t: _kernel_race(p, t),
+            "draft sampling, torch ops": lambda x=logits, t=t: _torch_step(x, t),
+            "draft sampling, kernel": lambda x=logits, t=t: sampler.sample_with_probs(x, t),
+        }
+        same = bool(torch.equal(_torch_race(probs, t), _kernel_race(probs, t)))
+        step_tokens = sampler.sample_with_probs(logits, t)[0]
+        same_step = bool(torch.equal(_torch_step(logits, t)[0], step_tokens))
+        for name, fn in variants.items():
+            fn()  # compile / warm
+            host, gpu = _timed(fn, args.repeats, cuda)
+            results.append({"rows": rows, "variant": name, "host_ms": host, "gpu_ms": gpu,
+                            "draws_equal": same if "race" in name else same_step})  # fmt: skip
+    print(format_table(["rows", "variant", "host ms", "GPU ms", "draws equal"],
+                       [[r["rows"], r["variant"], round(r["host_ms"], 4),
+                         None if r["gpu_ms"] is None else round(r["gpu_ms"], 4), r["draws_equal"]]
+                        for r in results]))  # fmt: skip
+    report = {**metadata("sample_cost", argv, vars(args), device), "results": results}
+    path = write_json(result_path(args.out, "sample_cost", device, "json", args.tag), report)
+    print(f"wrote {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

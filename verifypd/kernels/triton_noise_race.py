@@ -1,0 +1,132 @@
+"""Counter-based sampling noise in one kernel (Triton): the uniforms (``uniform_noise``), and
+one draw per row of unnormalized probabilities with them (``noise_race``).
+
+``sampler.uniform_noise`` as torch ops is about forty-five elementwise kernels (the splitmix64
+hash in int64 ops), and ``exponential_race`` over it five more. A sampled drafter step, and a
+sampled verify, launch them a few times each: on the GPU their launches held the host longer
+than the drafter's forward. Here each is one launch. The uniforms are the same bit for bit
+(uint64 arithmetic wraps as the int64 ops do), the argmax takes the first index on ties as
+torch's does; only the log is Triton's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# sampler.py's splitmix64 constants, as unsigned 64-bit values.
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_STREAM = 0xD6E8FEB86659FD93
+_MASK64 = (1 << 64) - 1
+_UNIFORM_BITS = 23
+
+
+@triton.jit
+def _mix64(x):
+    """splitmix64's finalizer on uint64 (multiplication wraps mod 2^64)."""
+    x = x ^ (x >> 30)
+    x = x * tl.full(x.shape, _MIX1, tl.uint64)
+    x = x ^ (x >> 27)
+    x = x * tl.full(x.shape, _MIX2, tl.uint64)
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _row_hash(seeds_ptr, positions_ptr, row, STREAM_OFFSET: tl.constexpr):
+    """The row's hash of (seed, stream, position): [1] uint64."""
+    seed = tl.load(seeds_ptr + row + tl.zeros([1], tl.int32)).to(tl.uint64, bitcast=True)
+    pos = tl.load(positions_ptr + row + tl.zeros([1], tl.int32)).to(tl.uint64, bitcast=True)
+    h = _mix64(seed + tl.full([1], STREAM_OFFSET, tl.uint64))
+    return _mix64(h + pos * tl.full([1], _GOLDEN, tl.uint64))
+
+
+@triton.jit
+def _uniforms(h, cols, BLOCK: tl.constexpr):
+    """Column ``cols``' uniforms in (0, 1) of the row with hash ``h``: [BLOCK] float32."""
+    counter = (cols + 1).to(tl.uint64) * tl.full([BLOCK], _GOLDEN, tl.uint64)
+    bits = _mix64(h + counter) >> (64 - _UNIFORM_BITS)
+    return (bits.to(tl.float32) + 0.5) * (2.0**-_UNIFORM_BITS)
+
+
+@triton.jit
+def _uniform_noise_kernel(
+    seeds_ptr,  # [N] int64
+    positions_ptr,  # [N] int64
+    out_ptr,  # [N, C] float32, contiguous
+    C,
+    STREAM_OFFSET: tl.constexpr,  # stream * _STREAM mod 2^64
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    h = _row_hash(seeds_ptr, positions_ptr, row, STREAM_OFFSET)
+    u = _uniforms(h, cols, BLOCK)
+    tl.store(out_ptr + row.to(tl.int64) * C + cols, u, mask=cols < C)
+
+
+@triton.jit
+def _noise_race_kernel(
+    probs_ptr,  # [N, V], >= 0, any float dtype
+    seeds_ptr,  # [N] int64
+    positions_ptr,  # [N] int64
+    out_ptr,  # [N] int64
+    V,
+    stride_p,
+    STREAM_OFFSET: tl.constexpr,  # stream * _STREAM mod 2^64
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    h = _row_hash(seeds_ptr, positions_ptr, row, STREAM_OFFSET)
+    offs = tl.arange(0, BLOCK)
+    best = tl.full([1], -1.0, tl.float32)
+    best_idx = tl.zeros([1], tl.int32)
+    p_row = probs_ptr + row.to(tl.int64) * stride_p
+    for c0 in range(0, V, BLOCK):
+        cols = c0 + offs
+        mask = cols < V
+        p = tl.load(p_row + cols, mask=mask, other=0.0).to(tl.float32)
+        u = _uniforms(h, cols, BLOCK)
+        score = tl.where(mask, p / -tl.log(u), -1.0)
+        block_best = tl.max(score, axis=0)
+        block_idx = tl.argmax(score, axis=0, tie_break_left=True) + c0
+        better = block_best > best  # strictly: an earlier block keeps a tie
+        best_idx = tl.where(better, block_idx, best_idx)
+        best = tl.where(better, block_best, best)
+    tl.store(out_ptr + row + tl.zeros([1], tl.int32), best_idx.to(tl.int64))
+
+
+def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, num_cols: int, stream: int):
+    """``sampler.uniform_noise``: [N], [N] -> [N, num_cols] float32 in (0, 1), bit for bit."""
+    n = seeds.shape[0]
+    assert positions.shape == (n,), "one position per seed"
+    out = torch.empty((n, num_cols), dtype=torch.float32, device=seeds.device)
+    if n == 0 or num_cols == 0:
+        return out
+    block = min(2048, triton.next_power_of_2(num_cols))
+    _uniform_noise_kernel[(n, triton.cdiv(num_cols, block))](
+        seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), out,
+        num_cols, STREAM_OFFSET=(stream * _STREAM) & _MASK64, BLOCK=block,
+        num_warps=4 if block >= 512 else 1,
+    )  # fmt: skip
+    return out
+
+
+def noise_race(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, stream: int):
+    """``argmax(probs / -log(uniform_noise(seeds, positions, V, stream)))`` per row:
+    [N, V], [N], [N] -> [N] int64 (first index on ties; no host sync)."""
+    n, v = probs.shape
+    assert probs.stride(1) == 1, "probs: last dim contiguous"
+    assert seeds.shape == (n,) and positions.shape == (n,), "one seed and position per row"
+    out = torch.empty(n, dtype=torch.int64, device=probs.device)
+    if n == 0:
+        return out
+    seeds = seeds.to(torch.int64).contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    _noise_race_kernel[(n,)](
+        probs, seeds, positions, out, v, probs.stride(0),
+        STREAM_OFFSET=(stream * _STREAM) & _MASK64, BLOCK=2048, num_warps=8,
+    )  # fmt: skip
+    return out
