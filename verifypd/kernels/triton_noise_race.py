@@ -15,13 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-# sampler.py's splitmix64 constants, as unsigned 64-bit values.
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-_STREAM = 0xD6E8FEB86659FD93
+# sampler.py's splitmix64 constants, as unsigned 64-bit values (constexpr: a kernel reads no
+# other globals).
+_GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
+_MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
+_MIX2 = tl.constexpr(0x94D049BB133111EB)
+_BITS_SHIFT = tl.constexpr(64 - 23)  # the uniform keeps the hash's top 23 bits
+_BITS_UNIT = tl.constexpr(2.0**-23)
+_STREAM = 0xD6E8FEB86659FD93  # host side: a stream's offset is passed in
 _MASK64 = (1 << 64) - 1
-_UNIFORM_BITS = 23
 
 
 @triton.jit
@@ -47,8 +49,8 @@ def _row_hash(seeds_ptr, positions_ptr, row, STREAM_OFFSET: tl.constexpr):
 def _uniforms(h, cols, BLOCK: tl.constexpr):
     """Column ``cols``' uniforms in (0, 1) of the row with hash ``h``: [BLOCK] float32."""
     counter = (cols + 1).to(tl.uint64) * tl.full([BLOCK], _GOLDEN, tl.uint64)
-    bits = _mix64(h + counter) >> (64 - _UNIFORM_BITS)
-    return (bits.to(tl.float32) + 0.5) * (2.0**-_UNIFORM_BITS)
+    bits = _mix64(h + counter) >> _BITS_SHIFT
+    return (bits.to(tl.float32) + 0.5) * _BITS_UNIT
 
 
 @triton.jit
