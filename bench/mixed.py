@@ -367,6 +367,14 @@ MODES = {
         )
         for base in ("off", "policy")
     },
+    # Sampling noise as Triton kernels (KernelConfig.fused_sampling_noise; off by default until
+    # it has run on a GPU): the sampled drafter's and verify's ~50 noise launches a draw in one.
+    **{
+        f"{base}-fused-noise": _with_engine(
+            base, (("kernels", KernelConfig(fused_sampling_noise=True)),)
+        )
+        for base in ("off", "policy")
+    },
     # While decode rows run and no prompt waits behind the step, prompt steps' GEMMs leave 8 /
     # 16 / 32 SMs to the decode and verify streams (EngineConfig.prefill_sm_carveout; 0, all
     # SMs, by default); "-always": with prompts waiting too (prefill_sm_carveout_in_backlog),

@@ -1,8 +1,9 @@
 """What a sampled token costs outside the forward: the host time of launching the sampling ops
 and their GPU time, for the torch int64 noise (``uniform_noise_torch`` + ``exponential_race``,
-the path before 2026-11-28) against the Triton kernels (``kernels.triton_noise_race``, today's
-path on a GPU), and the whole of a sampled drafter step's sampling (``sample_with_probs``) with
-each. Rows 1 / 4 / 16 over a vocabulary of 151,936 (Qwen2.5), the same run, the same inputs.
+the default path) against the Triton kernels (``kernels.triton_noise_race``,
+``KernelConfig.fused_sampling_noise``), and the whole of a sampled drafter step's sampling
+(``sample_with_probs``) with each. Rows 1 / 4 / 16 over a vocabulary of 151,936 (Qwen2.5), the
+same run, the same inputs.
 
 Host time: the wall time of the calls with the GPU idle beforehand. GPU time: CUDA events
 around the same calls enqueued behind a sleep kernel (the GPU never waits for the host)::
@@ -49,7 +50,7 @@ def _kernel_race(probs, t):
     return sampler.noise_race(probs, t.seeds, t.positions, 0)
 
 
-def _torch_step(logits, t):  # the drafter's sampling before: sample, then processed_probs again
+def _torch_step(logits, t):  # the drafter's sampling until 2026-11-28: probs computed twice
     probs = processed_probs(logits, t)
     tokens = _torch_race(probs, t)
     greedy = logits.argmax(dim=-1)
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
+    sampler.use_fused_noise(cuda)  # the "kernel" variants (KernelConfig.fused_sampling_noise)
     gen = torch.Generator().manual_seed(0)
     results = []
     for rows in [int(r) for r in args.rows.split(",")]:

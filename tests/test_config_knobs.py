@@ -43,6 +43,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "pdl": True,
         "weight_prefetch": "auto",
         "fuse_rope_store": False,
+        "fused_sampling_noise": False,
         "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False
@@ -67,6 +68,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         (lambda: KernelConfig(pdl="0"), "pdl"),
         (lambda: KernelConfig(weight_prefetch="tile"), "weight_prefetch"),
         (lambda: KernelConfig(fuse_rope_store=1), "fuse_rope_store"),
+        (lambda: KernelConfig(fused_sampling_noise=1), "fused_sampling_noise"),
         (lambda: KernelConfig(weight_prefetch=True), "weight_prefetch"),
         (lambda: EngineConfig(kernels={"pdl": False}), "kernels"),
         (lambda: SpecConfig(always_pad_verify="yes"), "always_pad_verify"),

@@ -256,6 +256,10 @@ class KernelConfig:
     # One token: the q/k/v GEMV rotates q and k and stores k and v in its epilogue (one kernel
     # for the projection and rope_store_kv). Off until measured.
     fuse_rope_store: bool = False
+    # Sampling noise on a GPU as Triton kernels (kernels/triton_noise_race.py: the uniforms in
+    # one launch, and one fused draw per row) instead of ~50 torch ops per draw. The same bits.
+    # Off until it has run on a GPU: built 2026-11-28 after that session's lease was spent.
+    fused_sampling_noise: bool = False
     # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
     # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a
     # decode stream's kernels reach the SMs (beside a 2,048-row GEMM a decode step waits ~3x
@@ -275,7 +279,8 @@ class KernelConfig:
             raise ValueError(
                 f"weight_prefetch must be 'off', 'auto' or 'all', got {self.weight_prefetch!r}"
             )
-        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl", "fuse_rope_store"):
+        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl", "fuse_rope_store",
+                     "fused_sampling_noise"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -262,3 +262,25 @@ def test_prefix_is_the_rows_built_further_on():
         assert torch.equal(sample(logits, got), sample(logits, built))
         assert torch.equal(processed_probs(logits, got), processed_probs(logits, built))
     assert torch.equal(full.positions, torch.tensor([20, 5, 31]))  # the whole batch untouched
+
+
+def test_fused_noise_is_set_by_the_engine_from_its_kernel_knob(monkeypatch):
+    """``KernelConfig.fused_sampling_noise`` reaches the sampler when the engine is built: on
+    only with the Triton kernel set (never on CPU torch ops)."""
+    from helpers import tiny_config
+
+    from verifypd.config import KernelConfig
+    from verifypd.engine import sampler, setup
+
+    seen: list[bool] = []
+    monkeypatch.setattr(sampler, "use_fused_noise", seen.append)
+    for on in (False, True):
+        setup.build_engine(tiny_config(kernels=KernelConfig(fused_sampling_noise=on)), None)
+    assert seen == [False, False]  # CPU: torch ops, whatever the knob
+    real_get_ops = setup.get_ops  # the Triton kernel set asked for; torch ops run this CPU test
+    monkeypatch.setattr(setup, "get_ops", lambda use_triton, knobs: real_get_ops(False, knobs))
+    for on in (False, True):
+        setup.build_engine(
+            tiny_config(use_triton=True, kernels=KernelConfig(fused_sampling_noise=on)), None
+        )
+    assert seen == [False, False, False, True]

@@ -11,6 +11,13 @@ from verifypd.engine import sampler
 from verifypd.kernels import triton_noise_race
 
 
+@pytest.fixture(autouse=True)
+def _fused(monkeypatch):
+    """``KernelConfig.fused_sampling_noise`` on: the sampler's entry points take the kernels
+    on a GPU (torch ops on CPU tensors either way)."""
+    monkeypatch.setattr(sampler, "_fused_noise", True)
+
+
 def _rows(target, n, seed):
     gen = torch.Generator().manual_seed(seed)
     seeds = torch.randint(-(2**62), 2**62, (n,), generator=gen)

@@ -17,6 +17,16 @@ from torch import Tensor
 
 from verifypd.kernels import triton_noise_race
 
+# KernelConfig.fused_sampling_noise, set by the engine at start-up (``use_fused_noise``): on a
+# GPU the noise runs as Triton kernels. Process-wide, as the kernel set is.
+_fused_noise = False
+
+
+def use_fused_noise(on: bool) -> None:
+    """Sampling noise on a GPU as Triton kernels (True) or torch ops (False): the same bits."""
+    global _fused_noise
+    _fused_noise = bool(on)
+
 
 def _int64(c: int) -> int:
     """A Python int reduced mod 2^64, as the signed int64 with the same bits."""
@@ -48,10 +58,11 @@ def _mix64(x: Tensor) -> Tensor:
 def uniform_noise(seeds: Tensor, positions: Tensor, num_cols: int, stream: int) -> Tensor:
     """Counter-based uniforms: ``[N], [N] -> [N, num_cols]`` float32 in the open interval (0, 1).
 
-    Entry (i, c) is a pure function of (seeds[i], positions[i], c, stream). On a GPU one Triton
-    kernel (``kernels.triton_noise_race``), elsewhere torch ops: the same bits.
+    Entry (i, c) is a pure function of (seeds[i], positions[i], c, stream). On a GPU with
+    ``use_fused_noise`` one Triton kernel (``kernels.triton_noise_race``), else torch ops: the
+    same bits.
     """
-    if seeds.is_cuda:
+    if _fused_noise and seeds.is_cuda:
         return triton_noise_race.uniform_noise(seeds, positions, num_cols, stream)
     return uniform_noise_torch(seeds, positions, num_cols, stream)
 
@@ -195,8 +206,8 @@ def exponential_race(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 def noise_race(probs: Tensor, seeds: Tensor, positions: Tensor, stream: int) -> Tensor:
     """``exponential_race(probs, uniform_noise(seeds, positions, V, stream))``: [N] int64. On a
-    GPU one Triton kernel that never writes the uniforms out."""
-    if probs.is_cuda:
+    GPU with ``use_fused_noise`` one Triton kernel that never writes the uniforms out."""
+    if _fused_noise and probs.is_cuda:
         return triton_noise_race.noise_race(probs, seeds, positions, stream)
     return exponential_race(probs, uniform_noise_torch(seeds, positions, probs.shape[-1], stream))
 

@@ -17,6 +17,7 @@ import torch
 
 from verifypd.config import EngineConfig, ModelConfig, SpecConfig
 from verifypd.costs import CostTable
+from verifypd.engine import sampler
 from verifypd.engine.calibrate import VERIFY_GRAPH_BATCH, measure_costs
 from verifypd.engine.cuda_graphs import StepGraphs, warm_up_eager
 from verifypd.engine.gemm_warmup import warm_prompt_gemms
@@ -83,6 +84,7 @@ def build_engine(config: EngineConfig, observer: Observer) -> EngineParts:
     dtype = resolve_dtype(config.dtype, device)
     use_triton = config.use_triton if config.use_triton is not None else device.type == "cuda"
     ops = get_ops(use_triton, config.kernels)
+    sampler.use_fused_noise(use_triton and config.kernels.fused_sampling_noise)
     loaded = load_model(
         config.model, device, dtype, ops, seed=config.seed, tokenizer=config.tokenizer
     )
