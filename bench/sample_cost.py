@@ -10,7 +10,9 @@ around the same calls enqueued behind a sleep kernel (the GPU never waits for th
 
     python bench/sample_cost.py --out DIR
 
-Each variant's draws are checked against the torch path's first (they must be equal).
+Each variant's draws are checked against the torch path's first (they must be equal), and the
+aten ops each call dispatches are counted (``torch_ops``; a Triton launch is not one of them).
+On CPU the "kernel" variants run the torch ops too: a smoke test, and the op counts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -55,6 +58,24 @@ def _torch_step(logits, t):  # the drafter's sampling until 2026-11-28: probs co
     tokens = _torch_race(probs, t)
     greedy = logits.argmax(dim=-1)
     return torch.where(t.temperature == 0, greedy, tokens), processed_probs(logits, t)
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the aten ops a call dispatches: on a GPU each is (at least) one kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(fn) -> int:
+    with _OpCount() as counter:
+        fn()
+    return counter.count
 
 
 def _timed(fn, repeats: int, cuda: bool) -> tuple[float, float | None]:
@@ -104,9 +125,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fn()  # compile / warm
             host, gpu = _timed(fn, args.repeats, cuda)
             results.append({"rows": rows, "variant": name, "host_ms": host, "gpu_ms": gpu,
+                            "torch_ops": _ops(fn),
                             "draws_equal": same if "race" in name else same_step})  # fmt: skip
-    print(format_table(["rows", "variant", "host ms", "GPU ms", "draws equal"],
-                       [[r["rows"], r["variant"], round(r["host_ms"], 4),
+    print(format_table(["rows", "variant", "torch ops", "host ms", "GPU ms", "draws equal"],
+                       [[r["rows"], r["variant"], r["torch_ops"], round(r["host_ms"], 4),
                          None if r["gpu_ms"] is None else round(r["gpu_ms"], 4), r["draws_equal"]]
                         for r in results]))  # fmt: skip
     report = {**metadata("sample_cost", argv, vars(args), device), "results": results}
