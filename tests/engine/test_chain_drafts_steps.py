@@ -1,7 +1,8 @@
 """Chained drafting (``DraftModelProposer.chain``) drafts exactly what a fresh proposal drafts
 after the same verify, for every accepted count from 0 (re-feed the last token) to L (feed the
-last draft and the bonus), across block boundaries, batch rows of different lengths, on CPU
-(eager steps) and on the GPU (the q = 2 graph fed on the device, then q = 1 graph steps)."""
+last draft and the bonus), across block boundaries, batch rows of different lengths, greedy and
+sampled (the same draws from the same distributions), on CPU (eager steps) and on the GPU (the
+q = 2 graph fed on the device, then q = 1 graph steps)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,24 @@ L = 4
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _rounds(core: EngineCore, prompts, accepted, chain: bool):
+def _rounds(core: EngineCore, prompts, accepted, chain: bool, temps=None):
     """Each round: a proposal, then a fake verify accepting k drafts and a new token (on the
-    device as the runner leaves it), chained or not, then the tokens land on the host."""
+    device as the runner leaves it), chained or not, then the tokens land on the host. Returns
+    each round's drafts (and, sampled, their distributions) and the adopted proposals."""
     drafter = core.spec.drafter
     device = core.device
-    seqs = [Sequence(f"c{chain}{i}", p, SamplingParams(max_tokens=256, temperature=0))
-            for i, p in enumerate(prompts)]  # fmt: skip
+    temps = temps or [0.0] * len(prompts)
+    seqs = [Sequence(f"s{i}", p, SamplingParams(max_tokens=256, temperature=t, seed=40 + i))
+            for i, (p, t) in enumerate(zip(prompts, temps, strict=True))]  # fmt: skip
     out = []
     for per_seq in accepted:
         entries = [ScheduledSeq(s, 1) for s in seqs]
-        drafter.propose(entries, [L] * len(seqs), [0.0] * len(seqs))
+        drafter.propose(entries, [L] * len(seqs), temps)
         drafts = [e.draft_ids() for e in entries]
         out.append(drafts)
+        dists = [e.drafts.probs for e in entries]
+        assert all((q is None) == (t == 0) for q, t in zip(dists, temps, strict=True))
+        out.append([None if q is None else q.cpu() for q in dists])
         new = [d[:k] + [(d[-1] + 1 + k) % 500] for d, k in zip(drafts, per_seq, strict=True)]
         plan = StepPlan("verify", entries)
         if chain:
@@ -77,6 +83,37 @@ def test_chained_drafts_equal_fresh_proposals(device):
     (chained, adopted), (fresh, not_adopted) = results
     assert adopted == len(accepted) - 1 and not_adopted == 0  # all but the first round
     assert chained == fresh
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_chained_drafts_equal_fresh_proposals(device):
+    """Sampled drafting (one greedy row beside two sampled ones): a chained draft is the one a
+    fresh proposal samples after the same verify, from the same distribution, its noise at the
+    row's positions found on the device."""
+    spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=L,
+                      initial_draft_len=L, controller=False)  # fmt: skip
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (5, 30, 61)]
+    accepted = [rng.integers(0, L + 1, len(prompts)).tolist() for _ in range(12)]
+    accepted[0] = [0, L, 2]
+    temps = [0.8, 0.0, 1.3]
+    results = []
+    for chain in (True, False):
+        core = EngineCore(EngineConfig(
+            model="dummy:tiny", device=device, spec=spec, cuda_graphs=device == "cuda",
+            dtype="float32",
+            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
+            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
+        ))  # fmt: skip
+        results.append(_rounds(core, prompts, accepted, chain, temps))
+    (chained, adopted), (fresh, not_adopted) = results
+    assert adopted == len(accepted) - 1 and not_adopted == 0
+    for got, want in zip(chained, fresh, strict=True):
+        if got and isinstance(got[0], list):  # the drafts
+            assert got == want
+        else:  # the distributions they were drawn from
+            for q, p in zip(got, want, strict=True):
+                assert (q is None and p is None) or torch.allclose(q, p, atol=1e-6)
 
 
 def test_chains_only_when_the_gap_after_a_verify_would_be_idle():

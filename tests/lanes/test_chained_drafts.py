@@ -92,14 +92,21 @@ async def test_chained_drafts_with_the_controller_stay_lossless(reference):
     assert engine.core.spec.num_verifies > 0
 
 
-async def test_sampled_requests_are_not_chained():
-    """Sampled drafting needs its noise at positions only known after the verify: those
-    requests draft afresh each round."""
-    engine = _engine("three", chain=True)
+async def test_sampled_requests_chain_and_sample_what_fresh_proposals_sample():
+    """Sampled drafting chains too (its noise at positions found on the device after the
+    verify): seeded requests get the same tokens with chaining as without, from the same
+    rounds, and rounds really came from chained drafts."""
     params = SamplingParams(max_tokens=16, temperature=0.8, seed=5, ignore_eos=True)
-    outs = await _run_all(engine, params)
-    assert [len(o) for o in outs] == [16] * len(PROMPTS)
-    assert engine.core.spec.drafter.num_adopted == 0
+    outs, counts, adopted = {}, {}, {}
+    for chain in (True, False):
+        engine = _engine("three", chain=chain)
+        counts[chain] = Counter()
+        outs[chain] = await _run_all(engine, params, counts[chain])
+        adopted[chain] = engine.core.spec.drafter.num_adopted
+    assert [len(o) for o in outs[True]] == [16] * len(PROMPTS)
+    assert outs[True] == outs[False]
+    assert adopted[True] > 0 and adopted[False] == 0
+    assert counts[True] == counts[False]  # the same (L, accepted) for every verify
 
 
 async def test_the_controller_learns_draft_costs_from_chains_not_from_adoptions(reference):

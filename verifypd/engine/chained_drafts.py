@@ -2,6 +2,11 @@
 the host has seen it (the GPU's gap between a verify and the next round's first draft step is
 otherwise idle while the host turns around), and adopted by the next proposal where the verify
 left the sequence exactly as the chain assumed.
+
+Sampled drafting chains too: its noise is a function of (seed, position), and each row's
+positions after the verify are found on the device from the accepted count, so a chained draft
+is the draft a fresh proposal would sample there (at the view's last drafter temperature), and
+it keeps the distribution it was drawn from for the verify.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.draft_follow import wait_for_follow
 from verifypd.engine.runner import VerifyOutputs
+from verifypd.engine.sampler import SamplingTensors, sample_with_probs
 from verifypd.engine.step_inputs import StepInputs
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kernels.triton_advance import advance_reference, chain_inputs, chain_inputs_reference
@@ -36,6 +42,7 @@ class ChainedDrafts:
     rows: dict[int, int]  # seq id -> row of ``matrix``
     base: dict[int, tuple[int, int]]  # seq id -> (its tokens before the verify, the verify's L)
     confirmed: dict[int, int] = field(default_factory=dict)  # seq id -> its tokens after it
+    probs: torch.Tensor | None = None  # [B, L, V] the sampled rows' draft distributions
 
     @property
     def num_drafts(self) -> int:
@@ -55,11 +62,11 @@ class DraftChainer:
     def chain(
         self, verify: StepPlan, verified: VerifyOutputs, num_drafts: int, max_len: int
     ) -> int:
-        """Drafts the next round of the verified greedy-drafting sequences on the device,
-        behind the verify: each row feeds the token before the verify's final one and the final
-        one (both found on the device from the accepted count; re-feeding a token whose KV is
-        stored writes the same KV), then ``num_drafts - 1`` single-token steps. Every row
-        reserves drafter blocks for the most the verify can accept. Returns the rows drafted."""
+        """Drafts the next round of the verified sequences on the device, behind the verify:
+        each row feeds the token before the verify's final one and the final one (both found on
+        the device from the accepted count; re-feeding a token whose KV is stored writes the
+        same KV), then ``num_drafts - 1`` single-token steps. Every row reserves drafter blocks
+        for the most the verify can accept. Returns the rows drafted."""
         self.chained = None
         if num_drafts < 1:
             return 0
@@ -71,8 +78,7 @@ class DraftChainer:
                 continue
             n, width = view.local(e.seq.num_tokens), len(e.draft_token_ids)  # the view's count
             if (
-                not e.seq.params.is_greedy
-                or n + width + num_drafts > max_len
+                n + width + num_drafts > max_len
                 or view.num_computed_tokens < n + width - 1
                 or not self.drafter.kv.allocate(view.block_table, n + width + num_drafts)
             ):
@@ -91,15 +97,17 @@ class DraftChainer:
             host, torch.int64
         )  # verify row, first input, position
         tables = self.drafter._tables([v for _, v, _, _ in picks])
+        pick = self._picker([v for _, v, _, _ in picks], rows, verified)
+        probs: list[torch.Tensor] = []
         if self._chain_fits_graphs(len(picks), tables.shape[1], max_len):
-            drafted = [self.drafter._greedy(self._chain_graph_step(rows, tables, verified))]
+            drafted = [pick(self._chain_graph_step(rows, tables, verified), 0, probs)]
             next_step = self.drafter.runner.graphs[1].run_next
         else:
             logits, base = self._chain_eager_step(rows, tables, verified, max_len)
-            drafted = [self.drafter._greedy(logits)]
+            drafted = [pick(logits, 0, probs)]
             next_step = lambda prev: self._chain_eager_next_step(base, prev)  # noqa: E731
-        for _ in range(num_drafts - 1):
-            drafted.append(self.drafter._greedy(next_step(drafted[-1])))
+        for j in range(1, num_drafts):
+            drafted.append(pick(next_step(drafted[-1]), j, probs))
         matrix = torch.stack(drafted, dim=1)
         self.chained = ChainedDrafts(
             verify=verify,
@@ -107,9 +115,36 @@ class DraftChainer:
             ready=self.drafter._record_work(),
             rows={v.seq_id: r for r, (_, v, _, _) in enumerate(picks)},
             base={v.seq_id: (v.seq_end(n), w) for _, v, n, w in picks},
+            probs=torch.stack(probs, dim=1) if probs else None,
         )
         self.drafter._graph_ready = False
         return len(picks)
+
+    def _picker(self, views, rows: torch.Tensor, verified: VerifyOutputs):
+        """``pick(logits, j, probs)``: the rows' draft j, greedy, or sampled at the views' last
+        drafter temperatures (then its distribution appended to ``probs``). A sampled row's
+        draft j lies at its count after the verify plus j: the position before the verify
+        (``rows[2]``) + 2 + the accepted count, found on the device."""
+        temps = [v.draft_temp for v in views]
+        if all(t == 0 for t in temps):
+            return lambda logits, j, probs: self.drafter._greedy(logits)
+        built = SamplingTensors.build(
+            temperature=temps,
+            top_k=[v.params.top_k for v in views],
+            top_p=[v.params.top_p for v in views],
+            seeds=[v.seed for v in views],
+            positions=[0] * len(views),
+            device=rows.device,
+        )
+        first = rows[2] + 2 + verified.num_accepted.to(torch.int64)[rows[0]]
+
+        def pick(logits, j, probs):
+            t = SamplingTensors(**{**vars(built), "positions": first + j})
+            tokens, q = sample_with_probs(logits, t)
+            probs.append(q)
+            return tokens
+
+        return pick
 
     def warm_up_chain(self) -> None:
         """Compiles the chain's input kernel at start-up (every argument that changes from call
@@ -198,21 +233,27 @@ class DraftChainer:
             if 1 <= len(new_ids) <= width + 1 and e.seq.num_tokens == n + len(new_ids):
                 c.confirmed[sid] = e.seq.num_tokens
 
-    def adopt(self, entries: list[ScheduledSeq], lens: list[int], temps: list[float]) -> set:
+    def adopt(self, entries: list[ScheduledSeq], lens: list[int]) -> set:
         """Serves entries from the chained drafts where they are still valid: the sequence has
-        exactly the tokens of the verify they followed, and drafts greedily."""
+        exactly the tokens of the verify they followed. Sampled rows bring the distributions
+        their drafts were drawn from (at the temperature of the proposal before: any drafter
+        distribution keeps the verify lossless)."""
         c = self.chained
         if c is None or not c.confirmed:
             return set()
         adopted = set()
-        for e, n, t in zip(entries, lens, temps, strict=True):
+        for e, n in zip(entries, lens, strict=True):
             sid = e.seq.seq_id
-            if n <= 0 or t != 0 or c.confirmed.get(sid) != e.seq.num_tokens:
+            if n <= 0 or c.confirmed.get(sid) != e.seq.num_tokens:
                 continue
             del c.confirmed[sid]
             m = min(n, c.num_drafts)
             e.draft_token_ids = [DRAFT_ON_DEVICE] * m
-            e.drafts = DeviceDrafts(c.matrix[c.rows[sid], :m], None, c.ready)
+            row = c.rows[sid]
+            q = None
+            if c.probs is not None and self.drafter.views[sid].draft_temp > 0:
+                q = c.probs[row, :m]
+            e.drafts = DeviceDrafts(c.matrix[row, :m], q, c.ready)
             view = self.drafter.views[sid]
             view.draft_start = view.local(e.seq.num_tokens)
             view.num_computed_tokens = view.draft_start + c.num_drafts - 1

@@ -48,6 +48,9 @@ class DraftView:
         # The first drafted position whose verify has not landed: the KV from there on is the
         # drafts'. ``verified`` keeps the accepted ones; without it none is kept.
         self.draft_start: int | None = None
+        # The drafter temperature of its last proposal (0: greedy): a round chained behind that
+        # proposal's verify drafts at it (``chained_drafts``).
+        self.draft_temp = 0.0
 
     @property
     def num_tokens(self) -> int:

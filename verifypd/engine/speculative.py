@@ -127,7 +127,7 @@ class DraftModelProposer:
         verify reads the drafts there too: a proposal costs no host sync, so the verify can be
         launched behind it while the GPU still drafts. Entries whose next round was already
         drafted behind their verify (``chain``) adopt those drafts instead."""
-        adopted = self.last_adopted = self.chainer.adopt(entries, lens, temps)
+        adopted = self.last_adopted = self.chainer.adopt(entries, lens)
         active = [
             (e, v, n, t)
             for e, n, t in zip(entries, lens, temps, strict=True)
@@ -139,6 +139,8 @@ class DraftModelProposer:
         self._follow_last_work()
         wait_for_follow([v for _, v, _, _ in active])
         views = [v for _, v, _, _ in active]
+        for _, v, _, t in active:
+            v.draft_temp = t
         self.last_catch_up = max(v.num_tokens - v.num_computed_tokens for v in views)
         chunked_catch_up(self.runner, views, self.catch_up_chunk, self.catch_up_chunks)
         uniform_catch_up(views, self.runner.graphs)
