@@ -377,8 +377,9 @@ class SpecConfig:
     # against the whole context), only acceptance can fall. None: the whole context.
     draft_window: int | None = None
     draft_window_sink: int = 4
-    # Draft the next round on the device right behind each verify (draft model, greedy
-    # drafting): None = on GPU, where it hides the host's turnaround between rounds.
+    # Draft the next round on the device right behind each verify (draft model; sampled
+    # drafting too since 2026-11-28): None = on GPU, where it hides the host's turnaround
+    # between rounds.
     chain_drafts: bool | None = None
     # Tests: pad a verify batch of mixed L to one width even without a CUDA graph for it.
     always_pad_verify: bool = False
