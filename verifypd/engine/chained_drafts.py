@@ -11,7 +11,7 @@ it keeps the distribution it was drawn from for the verify.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -139,8 +139,7 @@ class DraftChainer:
         first = rows[2] + 2 + verified.num_accepted.to(torch.int64)[rows[0]]
 
         def pick(logits, j, probs):
-            t = SamplingTensors(**{**vars(built), "positions": first + j})
-            tokens, q = sample_with_probs(logits, t)
+            tokens, q = sample_with_probs(logits, replace(built, positions=first + j))
             probs.append(q)
             return tokens
 
