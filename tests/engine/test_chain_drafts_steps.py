@@ -63,23 +63,27 @@ def _rounds(core: EngineCore, prompts, accepted, chain: bool, temps=None):
     return out, adopted
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_chained_drafts_equal_fresh_proposals(device):
+def _core(device: str) -> EngineCore:
+    """A ``dummy:tiny`` engine drafting for itself at a fixed L (graphs on a GPU)."""
     spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=L,
                       initial_draft_len=L, controller=False)  # fmt: skip
+    return EngineCore(EngineConfig(
+        model="dummy:tiny", device=device, spec=spec, cuda_graphs=device == "cuda",
+        dtype="float32",
+        scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
+        cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
+    ))  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chained_drafts_equal_fresh_proposals(device):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 500, n).tolist() for n in (3, 30, 61)]
     accepted = [rng.integers(0, L + 1, len(prompts)).tolist() for _ in range(20)]
     accepted[0] = [0, L, 2]  # every kind of catch-up early on
     results = []
     for chain in (True, False):
-        core = EngineCore(EngineConfig(
-            model="dummy:tiny", device=device, spec=spec, cuda_graphs=device == "cuda",
-            dtype="float32",
-            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
-            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
-        ))  # fmt: skip
-        results.append(_rounds(core, prompts, accepted, chain))
+        results.append(_rounds(_core(device), prompts, accepted, chain))
     (chained, adopted), (fresh, not_adopted) = results
     assert adopted == len(accepted) - 1 and not_adopted == 0  # all but the first round
     assert chained == fresh
@@ -90,8 +94,6 @@ def test_sampled_chained_drafts_equal_fresh_proposals(device):
     """Sampled drafting (one greedy row beside two sampled ones): a chained draft is the one a
     fresh proposal samples after the same verify, from the same distribution, its noise at the
     row's positions found on the device."""
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=L,
-                      initial_draft_len=L, controller=False)  # fmt: skip
     rng = np.random.default_rng(6)
     prompts = [rng.integers(0, 500, n).tolist() for n in (5, 30, 61)]
     accepted = [rng.integers(0, L + 1, len(prompts)).tolist() for _ in range(12)]
@@ -99,13 +101,7 @@ def test_sampled_chained_drafts_equal_fresh_proposals(device):
     temps = [0.8, 0.0, 1.3]
     results = []
     for chain in (True, False):
-        core = EngineCore(EngineConfig(
-            model="dummy:tiny", device=device, spec=spec, cuda_graphs=device == "cuda",
-            dtype="float32",
-            scheduler=SchedulerConfig(max_num_seqs=4, max_model_len=512),
-            cache=CacheConfig(num_blocks=256, block_size=8, enable_prefix_caching=False),
-        ))  # fmt: skip
-        results.append(_rounds(core, prompts, accepted, chain, temps))
+        results.append(_rounds(_core(device), prompts, accepted, chain, temps))
     (chained, adopted), (fresh, not_adopted) = results
     assert adopted == len(accepted) - 1 and not_adopted == 0
     for got, want in zip(chained, fresh, strict=True):
