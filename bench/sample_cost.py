@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,10 @@ def _kernel_race(probs, t):
     return sampler.noise_race(probs, t.seeds, t.positions, 0)
 
 
-def _torch_step(logits, t):  # the drafter's sampling until 2026-11-28: probs computed twice
+def _torch_step(logits, t):
+    """The drafter's sampling until 2026-11-28: the distribution computed twice, greedy rows
+    mixed in whether or not there are any (``any_greedy`` True)."""
+    t = replace(t, any_greedy=True)
     probs = processed_probs(logits, t)
     tokens = _torch_race(probs, t)
     greedy = logits.argmax(dim=-1)

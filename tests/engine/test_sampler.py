@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -284,3 +285,17 @@ def test_fused_noise_is_set_by_the_engine_from_its_kernel_knob(monkeypatch):
             tiny_config(use_triton=True, kernels=KernelConfig(fused_sampling_noise=on)), None
         )
     assert seen == [False, False, False, True]
+
+
+def test_a_batch_without_greedy_rows_skips_the_greedy_mix_and_draws_the_same():
+    """``any_greedy`` False (every row sampled) leaves out the one-hot rows and the argmax pick:
+    the same distribution and the same draws as the general path."""
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(8))
+    t = SamplingTensors.build([0.7, 1.0, 1.4], [0, 4, 0], [1.0, 1.0, 0.9], [1, 2, 3], [5, 6, 7],
+                              "cpu")  # fmt: skip
+    assert not t.any_greedy and t.prefix(2, 1).any_greedy is False
+    general = dataclasses.replace(t, any_greedy=True)
+    assert torch.equal(processed_probs(logits, t), processed_probs(logits, general))
+    assert torch.equal(sample(logits, t), sample(logits, general))
+    mixed = SamplingTensors.build([0.7, 0.0], [0, 0], [1.0, 1.0], [1, 2], [5, 6], "cpu")
+    assert mixed.any_greedy

@@ -110,6 +110,9 @@ class SamplingTensors:
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    # False: no greedy row, so no one-hot rows and no argmax pick to mix in (three to seven ops
+    # fewer a draw). True is always correct.
+    any_greedy: bool = True
 
     @classmethod
     def build(
@@ -133,6 +136,7 @@ class SamplingTensors:
             all_greedy=not any(sampled),
             any_top_k=any(s and k > 0 for s, k in zip(sampled, top_k, strict=True)),
             any_top_p=any(s and p < 1.0 for s, p in zip(sampled, top_p, strict=True)),
+            any_greedy=not all(sampled),
         )
 
     def prefix(self, rows: int, advance: int) -> SamplingTensors:
@@ -149,6 +153,7 @@ class SamplingTensors:
             all_greedy=self.all_greedy,
             any_top_k=self.any_top_k,
             any_top_p=self.any_top_p,
+            any_greedy=self.any_greedy,
         )
 
 
@@ -189,12 +194,17 @@ def processed_probs(logits: Tensor, t: SamplingTensors) -> Tensor:
     logits = logits.to(torch.float32)
     if t.all_greedy:
         return _one_hot_argmax(logits)
-    is_greedy = (t.temperature == 0)[:, None]  # [N, 1]
-    temperature = torch.where(is_greedy, 1.0, t.temperature[:, None])
+    if t.any_greedy:
+        is_greedy = (t.temperature == 0)[:, None]  # [N, 1]
+        temperature = torch.where(is_greedy, 1.0, t.temperature[:, None])
+    else:
+        temperature = t.temperature[:, None]
     probs = torch.softmax(logits / temperature, dim=-1)  # [N, V]
     if t.any_top_k or t.any_top_p:
         probs = _top_k_top_p(probs, t.top_k, t.top_p)
         probs = probs / probs.sum(dim=-1, keepdim=True)
+    if not t.any_greedy:
+        return probs
     return torch.where(is_greedy, _one_hot_argmax(logits), probs)
 
 
@@ -221,9 +231,10 @@ def sample(logits: Tensor, t: SamplingTensors) -> Tensor:
 def sample_with_probs(logits: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor | None]:
     """``sample``'s tokens and the distribution they were drawn from (``processed_probs``;
     None when every row is greedy), computed once: a sampled drafter keeps both."""
-    greedy_tokens = logits.argmax(dim=-1)
     if t.all_greedy:
-        return greedy_tokens, None
+        return logits.argmax(dim=-1), None
     probs = processed_probs(logits, t)
     tokens = noise_race(probs, t.seeds, t.positions, stream=0)
-    return torch.where(t.temperature == 0, greedy_tokens, tokens), probs
+    if not t.any_greedy:
+        return tokens, probs
+    return torch.where(t.temperature == 0, logits.argmax(dim=-1), tokens), probs
