@@ -358,16 +358,6 @@ MODES = {
         for mode in ("off", "all")
         for base in ("off", "policy")
     },
-    # Fewer kernels per one-row layer, off by default (measured slower in graph replays, a 0.5B
-    # step 1.018x at 20705ff): RoPE and the KV store in the q/k/v GEMV's epilogue
-    # (KernelConfig.fuse_rope_store), and the MLP's pre-norm folded into gate_up up to 16,384
-    # outputs (the 0.5B drafter's 9,728; the 7B's 37,888 stay apart).
-    **{
-        f"{base}-fewer-kernels": _with_engine(
-            base, (("kernels", KernelConfig(fuse_rope_store=True, fuse_norm_max_n=16384)),)
-        )
-        for base in ("off", "policy")
-    },
     # Sampling noise as Triton kernels (KernelConfig.fused_sampling_noise; off by default until
     # it has run on a GPU): the sampled drafter's and verify's ~50 noise launches a draw in one.
     **{

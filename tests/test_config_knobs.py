@@ -42,7 +42,6 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu_epilogue": True,
         "pdl": True,
         "weight_prefetch": "auto",
-        "fuse_rope_store": False,
         "fused_sampling_noise": False,
         "gemm_split_rows": 0,
     }
@@ -67,7 +66,6 @@ def test_defaults_are_frozen_and_recorded() -> None:
         (lambda: KernelConfig(fuse_silu_epilogue=None), "fuse_silu_epilogue"),
         (lambda: KernelConfig(pdl="0"), "pdl"),
         (lambda: KernelConfig(weight_prefetch="tile"), "weight_prefetch"),
-        (lambda: KernelConfig(fuse_rope_store=1), "fuse_rope_store"),
         (lambda: KernelConfig(fused_sampling_noise=1), "fused_sampling_noise"),
         (lambda: KernelConfig(weight_prefetch=True), "weight_prefetch"),
         (lambda: EngineConfig(kernels={"pdl": False}), "kernels"),

@@ -253,10 +253,6 @@ class KernelConfig:
     # takes a 0.5B step from 0.656 to 0.617 ms and a 1.5B step from 1.312 to 1.233 ms and
     # leaves the 7B's alone; "all" also slows the 7B by 2 % (bench/profile_decode.py --ab).
     weight_prefetch: str = "auto"
-    # One token: the q/k/v GEMV rotates q and k and stores k and v in its epilogue (one kernel
-    # for the projection and rope_store_kv). Off: measured slower, a 0.5B step 1.03-1.04x and
-    # a 7B step 1.005x (H200, dd88881 and 20705ff; PDL already hides the separate kernel).
-    fuse_rope_store: bool = False
     # Sampling noise on a GPU as Triton kernels (kernels/triton_noise_race.py: the uniforms in
     # one launch, and one fused draw per row) instead of ~50 torch ops per draw. The same bits.
     # Off until it has run on a GPU: built 2026-11-28 after that session's lease was spent.
@@ -280,8 +276,7 @@ class KernelConfig:
             raise ValueError(
                 f"weight_prefetch must be 'off', 'auto' or 'all', got {self.weight_prefetch!r}"
             )
-        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl", "fuse_rope_store",
-                     "fused_sampling_noise"):  # fmt: skip
+        for name in ("fuse_norm", "fuse_silu", "fuse_silu_epilogue", "pdl", "fused_sampling_noise"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -16,7 +16,6 @@ from transformers import (
 )
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from verifypd.config import KernelConfig
 from verifypd.engine.loader import load_model
 from verifypd.engine.rope import build_cos_sin_cache
 from verifypd.kernels import get_ops, reference
@@ -73,20 +72,13 @@ def models(request, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["llama", "qwen2-tied", "qwen3"])
 def triton_models(request, tmp_path_factory):
-    """(transformers model, our model on the Triton ops, the same under
-    ``KernelConfig(fuse_rope_store=True)``): run by the interpreter on CPU."""
+    """(transformers model, our model on the Triton ops): run by the interpreter on CPU."""
     model_cls, config_cls, extra = CASES[request.param]
     hf = model_cls(config_cls(**TINY, **extra, attn_implementation="eager")).eval()
     _randomize(hf, seed=len(request.param))
     path = tmp_path_factory.mktemp(request.param + "-triton")
     hf.save_pretrained(path, safe_serialization=True)
-    fused = get_ops(use_triton=True, knobs=KernelConfig(fuse_rope_store=True))
-    cpu = torch.device("cpu")
-    return (
-        hf,
-        load_model(str(path), cpu, torch.float32, get_ops(use_triton=True)),
-        load_model(str(path), cpu, torch.float32, fused),
-    )
+    return hf, load_model(str(path), torch.device("cpu"), torch.float32, get_ops(use_triton=True))
 
 
 @torch.inference_mode()
@@ -198,12 +190,10 @@ def test_unsupported_rope_type_raises():
     reason="runs the Triton ops on CPU tensors under TRITON_INTERPRET, which conftest sets only "
     "without a GPU; on a GPU tests/kernels checks each kernel's CUDA build against its reference",
 )
-@pytest.mark.parametrize("fuse_rope_store", [False, True])
-def test_triton_ops_prefill_then_single_token_decode_matches_hf(triton_models, fuse_rope_store):
+def test_triton_ops_prefill_then_single_token_decode_matches_hf(triton_models):
     """The Triton op table end to end: prefill (separate norm + matmul), then batch-1 decode
-    steps (one row: the fused norm/SwiGLU/bias GEMV, fused rope + KV store, split-K attention;
-    with ``fuse_rope_store`` RoPE and the KV store in the q/k/v GEMV's epilogue)."""
-    hf, ours = triton_models[0], triton_models[1 + fuse_rope_store]
+    steps (one row: the fused norm/SwiGLU/bias GEMV, fused rope + KV store, split-K attention)."""
+    hf, ours = triton_models
     (ids,) = _prompts([12], seed=6)
     (seq,) = _paged_seqs([ids], seed=7)
     kv = new_kv_pool(ours.config, NUM_BLOCKS, BLOCK_SIZE)

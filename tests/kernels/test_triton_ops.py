@@ -13,7 +13,7 @@ from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit, uniform
 
 OPS = [
     "store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul", "rope_store_kv",
-    "linear", "rms_norm_linear", "silu_mul_linear", "mlp", "qkv_rope_store",
+    "linear", "rms_norm_linear", "silu_mul_linear", "mlp",
 ]  # fmt: skip
 
 

@@ -22,7 +22,6 @@ from verifypd.config import ModelConfig
 from verifypd.engine.rope import build_cos_sin_cache
 from verifypd.kernels import Ops
 from verifypd.kernels.metadata import AttentionMetadata
-from verifypd.kernels.reference import split_qkv
 
 T = TypeVar("T")
 
@@ -86,7 +85,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim, self.eps = cfg.head_dim, cfg.rms_norm_eps
         self.scale = cfg.head_dim**-0.5
-        qkv_size = sum(packed_shard_sizes(cfg)["qkv_proj"])
+        self.split_sizes = list(packed_shard_sizes(cfg)["qkv_proj"])
+        qkv_size = sum(self.split_sizes)
         self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.attention_bias, **factory)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, **factory)
         self.q_norm = RMSNormWeight(cfg.head_dim, **factory) if cfg.qk_norm else None
@@ -106,20 +106,16 @@ class Attention(nn.Module):
         """Pre-norm attention block: returns the residual stream plus the block's output."""
         num_tokens = residual.shape[0]
         qkv_proj = self.qkv_proj
-        if self.q_norm is None or self.k_norm is None:
-            q, k, v = self.ops.qkv_rope_store(
-                residual, norm_weight, eps, qkv_proj.weight, qkv_proj.bias, self.num_heads,
-                self.num_kv_heads, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
-            )  # fmt: skip
-        else:  # Qwen3: each head normed between the projection and RoPE
-            qkv = self.ops.rms_norm_linear(
-                residual, norm_weight, eps, qkv_proj.weight, qkv_proj.bias
-            )
-            q, k, v = split_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+        qkv = self.ops.rms_norm_linear(residual, norm_weight, eps, qkv_proj.weight, qkv_proj.bias)
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self._head_norm(q, self.q_norm.weight), self._head_norm(k, self.k_norm.weight)
-            q = self.ops.rope_store_kv(
-                q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping
-            )
+        q = self.ops.rope_store_kv(
+            q, k, v, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping
+        )
         # k now holds the rotated keys (rope_store_kv rotates it in place)
         out = self.ops.paged_attention(q, k_cache, v_cache, meta, self.scale, k, v)  # [T, Hq, D]
         out = out.reshape(num_tokens, self.num_heads * self.head_dim)

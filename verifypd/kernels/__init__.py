@@ -30,7 +30,6 @@ class Ops:
     rms_norm_linear: Callable[..., object]
     silu_mul_linear: Callable[..., object]
     mlp: Callable[..., object]
-    qkv_rope_store: Callable[..., object]
 
 
 REFERENCE_OPS = Ops(
@@ -44,7 +43,6 @@ REFERENCE_OPS = Ops(
     rms_norm_linear=reference.rms_norm_linear,
     silu_mul_linear=reference.silu_mul_linear,
     mlp=reference.mlp,
-    qkv_rope_store=reference.qkv_rope_store,
 )
 
 
@@ -77,5 +75,4 @@ def _triton_ops(knobs: KernelConfig) -> Ops:
         rms_norm_linear=chosen.rms_norm_linear,
         silu_mul_linear=chosen.silu_mul_linear,
         mlp=chosen.mlp,
-        qkv_rope_store=chosen.qkv_rope_store,
     )

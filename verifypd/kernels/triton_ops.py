@@ -23,8 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from verifypd.config import KernelConfig
-from verifypd.kernels import triton_qkv_rope
-from verifypd.kernels.reference import split_qkv
 from verifypd.kernels.triton_decode_attention import decode_attention, is_short_query
 from verifypd.kernels.triton_gemv import (
     beats_gemm,
@@ -48,7 +46,6 @@ __all__ = [
     "linear",
     "mlp",
     "paged_attention",
-    "qkv_rope_store",
     "rms_norm",
     "rms_norm_linear",
     "rope",
@@ -75,7 +72,6 @@ class TritonOps:
         self.use_pdl = knobs.pdl
         self.gemv_knobs = {"use_pdl": knobs.pdl, "prefetch": knobs.weight_prefetch}
         self.gemm_split_rows = knobs.gemm_split_rows
-        self.fuse_rope_store = knobs.fuse_rope_store
         # The two kernels the model calls directly, under this choice's PDL.
         self.rms_norm = functools.partial(rms_norm, use_pdl=knobs.pdl)
         self.rope_store_kv = functools.partial(rope_store_kv, use_pdl=knobs.pdl)
@@ -178,36 +174,6 @@ class TritonOps:
         gate_up = self.rms_norm_linear(residual, norm_weight, eps, gate_up_weight)
         return self.silu_mul_linear(gate_up, down_weight, residual)
 
-    def qkv_rope_store(
-        self,
-        x: torch.Tensor,
-        norm_weight: torch.Tensor,
-        eps: float,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        num_q_heads: int,
-        num_kv_heads: int,
-        positions: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Pre-norm q/k/v projection, RoPE, KV store -> q, k (both rotated), v [T, H, D]. One
-        token under ``KernelConfig.fuse_rope_store``: one kernel; else the projection, then
-        ``rope_store_kv``."""
-        head_dim = cos_sin_cache.shape[1]
-        if self.fuse_rope_store and x.shape[0] == 1:
-            qkv = triton_qkv_rope.qkv_rope_store(
-                x, norm_weight, eps, weight, bias, num_q_heads, num_kv_heads, positions,
-                cos_sin_cache, k_cache, v_cache, slot_mapping, **self.gemv_knobs,
-            )  # fmt: skip
-            return split_qkv(qkv, num_q_heads, num_kv_heads, head_dim)
-        qkv = self.rms_norm_linear(x, norm_weight, eps, weight, bias)
-        q, k, v = split_qkv(qkv, num_q_heads, num_kv_heads, head_dim)
-        q = self.rope_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping)
-        return q, k, v
-
 
 def split_linear(
     x: torch.Tensor,
@@ -240,4 +206,3 @@ linear = _DEFAULT.linear
 rms_norm_linear = _DEFAULT.rms_norm_linear
 silu_mul_linear = _DEFAULT.silu_mul_linear
 mlp = _DEFAULT.mlp
-qkv_rope_store = _DEFAULT.qkv_rope_store
