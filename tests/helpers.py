@@ -10,7 +10,8 @@ folder on ``sys.path``). Fixtures built on them live in tests/conftest.py.
   ``ServerProcess`` (the real ``verifypd serve``), ``smollm_server`` (the embedded model);
 - ``bounded``: fail an async test that runs too long instead of hanging; ``wait_until``: poll a
   condition (an engine's or server's state) until it holds;
-- ``load_bench``: import a script from bench/ as a module.
+- ``load_bench``: import a script from bench/ as a module;
+- ``triton_on_cpu``: the mark of a test that runs the Triton kernels on CPU tensors.
 """
 
 from __future__ import annotations
@@ -31,10 +32,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from verifypd.config import EngineConfig, SpecConfig
 
 REPO = Path(__file__).resolve().parents[1]
 READY_RE = re.compile(r"^verifypd serving (?P<model>\S+) at (?P<url>http://\S+)$")
+
+# Triton runs on CPU tensors only on its interpreter, which tests/conftest.py turns on where there
+# is no GPU; on a GPU machine these cases would hand CPU pointers to compiled kernels.
+triton_on_cpu = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (set without a GPU); the compiled "
+    "kernels have their own CUDA tests",
+)
 
 
 # -- tiny engines ----------------------------------------------------------------------------

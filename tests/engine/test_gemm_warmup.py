@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import tiny_config, triton_on_cpu
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,7 +53,7 @@ class RecordingOps:
         return self.ops.mlp(residual, norm_weight, eps, gate_up_weight, down_weight)
 
 
-@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=triton_on_cpu)])
 def test_every_projection_at_every_row_count_changes_nothing(use_triton: bool) -> None:
     core = EngineCore(tiny_config(use_triton=use_triton))
     model = core.runner.model

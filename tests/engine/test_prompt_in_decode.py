@@ -9,7 +9,7 @@ tests/engine/test_gpu_prompt_in_decode.py replays the captured graphs on a GPU.
 from __future__ import annotations
 
 import pytest
-from helpers import serve_arrivals, tiny_config
+from helpers import serve_arrivals, tiny_config, triton_on_cpu
 
 from verifypd.config import PROMPT_IN_DECODE_SIZES, EngineConfig
 from verifypd.engine.core import EngineCore
@@ -155,7 +155,10 @@ PROMPTS = {
 }
 
 
-@pytest.mark.parametrize("sizes,use_triton", [((Q,), False), ((16, Q), False), ((Q,), True)])
+@pytest.mark.parametrize(
+    "sizes,use_triton",
+    [((Q,), False), ((16, Q), False), pytest.param((Q,), True, marks=triton_on_cpu)],
+)
 def test_prompts_inside_decode_steps_change_no_token(sizes, use_triton) -> None:
     """Token-identical to prompt steps; with the Triton kernels (interpreted) the step's
     attention runs split (the decode rows on the split-K kernel, the chunk on the prefill
