@@ -358,11 +358,11 @@ MODES = {
         for mode in ("off", "all")
         for base in ("off", "policy")
     },
-    # Sampling noise as Triton kernels (KernelConfig.fused_sampling_noise; off by default until
-    # it has run on a GPU): the sampled drafter's and verify's ~50 noise launches a draw in one.
+    # Sampling noise as torch ops (~50 launches a draw), as before the Triton kernels became the
+    # default (KernelConfig.fused_sampling_noise).
     **{
-        f"{base}-fused-noise": _with_engine(
-            base, (("kernels", KernelConfig(fused_sampling_noise=True)),)
+        f"{base}-torch-noise": _with_engine(
+            base, (("kernels", KernelConfig(fused_sampling_noise=False)),)
         )
         for base in ("off", "policy")
     },

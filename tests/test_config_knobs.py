@@ -42,7 +42,7 @@ def test_defaults_are_frozen_and_recorded() -> None:
         "fuse_silu_epilogue": True,
         "pdl": True,
         "weight_prefetch": "auto",
-        "fused_sampling_noise": False,
+        "fused_sampling_noise": True,
         "gemm_split_rows": 0,
     }
     assert recorded["spec"]["always_pad_verify"] is False
