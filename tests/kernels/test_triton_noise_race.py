@@ -44,7 +44,9 @@ def test_race_draws_what_the_reference_draws(target, n, vocab, stream):
     probs = torch.rand(n, vocab, generator=gen)
     probs[0, : vocab // 2] = 0.0  # zeros are never drawn
     if n > 2:
-        probs[2] = 0.0  # an all-zero row: index 0, as torch's argmax
+        probs[2] = 0.0  # an all-zero row: index 0, as torch's argmax (ties across chunks)
+    if n == 2:
+        probs[1, :-1] = 0.0  # the mass only in the row's last column (its last chunk)
     probs = probs.to(target.device)
     expected = sampler.exponential_race(
         probs, sampler.uniform_noise_torch(seeds, positions, vocab, stream)

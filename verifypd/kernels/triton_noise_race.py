@@ -4,7 +4,8 @@ one draw per row of unnormalized probabilities with them (``noise_race``).
 ``sampler.uniform_noise`` as torch ops is about forty-five elementwise kernels (the splitmix64
 hash in int64 ops), and ``exponential_race`` over it five more. A sampled drafter step, and a
 sampled verify, launch them a few times each: on the GPU their launches held the host longer
-than the drafter's forward. Here each is one launch. The uniforms are the same bit for bit
+than the drafter's forward. Here the uniforms are one launch and a draw two (a row's chunks in
+parallel, then the pick). The uniforms are the same bit for bit
 (uint64 arithmetic wraps as the int64 ops do), the argmax takes the first index on ties as
 torch's does; only the log is Triton's.
 """
@@ -24,6 +25,7 @@ _BITS_SHIFT = tl.constexpr(64 - 23)  # the uniform keeps the hash's top 23 bits
 _BITS_UNIT = tl.constexpr(2.0**-23)
 _STREAM = 0xD6E8FEB86659FD93  # host side: a stream's offset is passed in
 _MASK64 = (1 << 64) - 1
+_RACE_BLOCK = 2048  # columns a program of the race takes
 
 
 @triton.jit
@@ -70,34 +72,52 @@ def _uniform_noise_kernel(
 
 
 @triton.jit
-def _noise_race_kernel(
+def _noise_race_chunk_kernel(
     probs_ptr,  # [N, V], >= 0, any float dtype
     seeds_ptr,  # [N] int64
     positions_ptr,  # [N] int64
-    out_ptr,  # [N] int64
+    best_ptr,  # [N, S] float32: each chunk's best score
+    idx_ptr,  # [N, S] int32: its column (the first on ties)
     V,
+    S,
     stride_p,
     STREAM_OFFSET: tl.constexpr,  # stream * _STREAM mod 2^64
     BLOCK: tl.constexpr,
 ):
+    """One chunk of BLOCK columns of one row: its best score and that score's first column."""
     row = tl.program_id(0)
+    chunk = tl.program_id(1)
     h = _row_hash(seeds_ptr, positions_ptr, row, STREAM_OFFSET)
-    offs = tl.arange(0, BLOCK)
-    best = tl.full([1], -1.0, tl.float32)
-    best_idx = tl.zeros([1], tl.int32)
-    p_row = probs_ptr + row.to(tl.int64) * stride_p
-    for c0 in range(0, V, BLOCK):
-        cols = c0 + offs
-        mask = cols < V
-        p = tl.load(p_row + cols, mask=mask, other=0.0).to(tl.float32)
-        u = _uniforms(h, cols, BLOCK)
-        score = tl.where(mask, p / -tl.log(u), -1.0)
-        block_best = tl.max(score, axis=0)
-        block_idx = tl.argmax(score, axis=0, tie_break_left=True) + c0
-        better = block_best > best  # strictly: an earlier block keeps a tie
-        best_idx = tl.where(better, block_idx, best_idx)
-        best = tl.where(better, block_best, best)
-    tl.store(out_ptr + row + tl.zeros([1], tl.int32), best_idx.to(tl.int64))
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < V
+    p = tl.load(probs_ptr + row.to(tl.int64) * stride_p + cols, mask=mask, other=0.0)
+    u = _uniforms(h, cols, BLOCK)
+    score = tl.where(mask, p.to(tl.float32) / -tl.log(u), -1.0)
+    at = row * S + chunk + tl.zeros([1], tl.int32)
+    tl.store(best_ptr + at, tl.max(score, axis=0) + tl.zeros([1], tl.float32))
+    tl.store(
+        idx_ptr + at,
+        tl.argmax(score, axis=0, tie_break_left=True) + chunk * BLOCK + tl.zeros([1], tl.int32),
+    )
+
+
+@triton.jit
+def _noise_race_pick_kernel(
+    best_ptr,  # [N, S] float32
+    idx_ptr,  # [N, S] int32
+    out_ptr,  # [N] int64
+    S,
+    S_BLOCK: tl.constexpr,
+):
+    """A row's winner: the first chunk holding the best score (so the first column overall)."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, S_BLOCK)
+    mask = offs < S
+    best = tl.load(best_ptr + row * S + offs, mask=mask, other=-2.0)
+    idx = tl.load(idx_ptr + row * S + offs, mask=mask, other=0)
+    first = tl.argmax(best, axis=0, tie_break_left=True)
+    pick = tl.sum(tl.where(offs == first, idx, 0), axis=0)
+    tl.store(out_ptr + row + tl.zeros([1], tl.int32), pick.to(tl.int64) + tl.zeros([1], tl.int64))
 
 
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, num_cols: int, stream: int):
@@ -127,8 +147,18 @@ def noise_race(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
         return out
     seeds = seeds.to(torch.int64).contiguous()
     positions = positions.to(torch.int64).contiguous()
-    _noise_race_kernel[(n,)](
-        probs, seeds, positions, out, v, probs.stride(0),
-        STREAM_OFFSET=(stream * _STREAM) & _MASK64, BLOCK=2048, num_warps=8,
+    # A row's columns in chunks, each on its own program, then one program a row picks the first
+    # chunk with the best score: one program a row looping over 151,936 columns took 0.11 ms on
+    # an H200 (bench/sample_cost.py, 5f99af4), the length of a quarter of a 0.5B drafter step.
+    block = min(_RACE_BLOCK, triton.next_power_of_2(v))
+    chunks = triton.cdiv(v, block)
+    best = torch.empty((n, chunks), dtype=torch.float32, device=probs.device)
+    idx = torch.empty((n, chunks), dtype=torch.int32, device=probs.device)
+    _noise_race_chunk_kernel[(n, chunks)](
+        probs, seeds, positions, best, idx, v, chunks, probs.stride(0),
+        STREAM_OFFSET=(stream * _STREAM) & _MASK64, BLOCK=block, num_warps=4 if block >= 512 else 1,
     )  # fmt: skip
+    _noise_race_pick_kernel[(n,)](
+        best, idx, out, chunks, S_BLOCK=max(16, triton.next_power_of_2(chunks)), num_warps=1
+    )
     return out
