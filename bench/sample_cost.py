@@ -1,7 +1,7 @@
 """What a sampled token costs outside the forward: the host time of launching the sampling ops
-and their GPU time, for the torch int64 noise (``uniform_noise_torch`` + ``exponential_race``,
-the default path) against the Triton kernels (``kernels.triton_noise_race``,
-``KernelConfig.fused_sampling_noise``), and the whole of a sampled drafter step's sampling
+and their GPU time, for the torch int64 noise (``uniform_noise_torch`` + ``exponential_race``)
+against the Triton kernels (``kernels.triton_noise_race``, ``KernelConfig.fused_sampling_noise``,
+the default on a GPU since 2026-11-28), and the whole of a sampled drafter step's sampling
 (``sample_with_probs``) with each. Rows 1 / 4 / 16 over a vocabulary of 151,936 (Qwen2.5), the
 same run, the same inputs.
 
@@ -9,6 +9,7 @@ Host time: the wall time of the calls with the GPU idle beforehand. GPU time: CU
 around the same calls enqueued behind a sleep kernel (the GPU never waits for the host)::
 
     python bench/sample_cost.py --out DIR
+    python bench/sample_cost.py --replot RESULT.json   # redraw a saved run's .png
 
 Each variant's draws are checked against the torch path's first (they must be equal), and the
 aten ops each call dispatches are counted (``torch_ops``; a Triton launch is not one of them).
@@ -18,6 +19,7 @@ On CPU the "kernel" variants run the torch ops too: a smoke test, and the op cou
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -29,7 +31,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import format_table, metadata, resolve_device, result_path, write_json  # noqa: E402,E501
+from bench.common import (  # noqa: E402
+    bar_panels,
+    format_table,
+    metadata,
+    resolve_device,
+    result_path,
+    write_json,
+)
 from verifypd.engine import sampler  # noqa: E402
 from verifypd.engine.sampler import SamplingTensors, processed_probs  # noqa: E402
 
@@ -103,8 +112,25 @@ def _timed(fn, repeats: int, cuda: bool) -> tuple[float, float | None]:
     return host * 1e3, start.elapsed_time(end) / repeats
 
 
+def plot(report: dict[str, Any], path: Path) -> Path | None:
+    """Host and GPU milliseconds of each variant, one bar a row count."""
+    res = report["results"]
+    names = list(dict.fromkeys(r["variant"] for r in res))
+    panels = []
+    for key, what in (("host_ms", "host time of the calls"), ("gpu_ms", "GPU time")):
+        series = {f"{n} rows": [next(r[key] or 0.0 for r in res
+                                     if r["rows"] == n and r["variant"] == v) for v in names]
+                  for n in dict.fromkeys(r["rows"] for r in res)}  # fmt: skip
+        panels.append((f"{report['device']}: {what}", "ms", names, series))
+    return bar_panels(path, panels, ncols=2)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--replot"]:
+        path = Path(argv[1])
+        print("wrote", plot(json.loads(path.read_text()), path.with_suffix(".png")))
+        return {}
     args = parse_args(argv)
     device = resolve_device(args.device)
     cuda = device.type == "cuda"
@@ -137,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         for r in results]))  # fmt: skip
     report = {**metadata("sample_cost", argv, vars(args), device), "results": results}
     path = write_json(result_path(args.out, "sample_cost", device, "json", args.tag), report)
-    print(f"wrote {path}")
+    print(f"wrote {path} and {plot(report, path.with_suffix('.png'))}")
     return report
 
 

@@ -1,5 +1,6 @@
 """bench/sample_cost.py on CPU (where both paths are the torch ops): every row and variant is
-timed, the draws agree, and the report is written with its metadata."""
+timed, the draws agree, and the report is written with its metadata and its plot (drawn again
+by ``--replot``)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,8 @@ def test_sample_cost_times_every_variant(tmp_path) -> None:
     assert keys == {(n, v) for n in (1, 3) for v in variants}
     for r in saved["results"]:
         assert r["draws_equal"] and r["host_ms"] > 0 and r["gpu_ms"] is None
+    png = tmp_path / "sample_cost-cpu-t.png"
+    assert png.stat().st_size > 0
+    png.unlink()
+    bench.main(["--replot", str(tmp_path / "sample_cost-cpu-t.json")])
+    assert png.stat().st_size > 0
