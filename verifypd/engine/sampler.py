@@ -216,7 +216,7 @@ def exponential_race(probs: Tensor, uniforms: Tensor) -> Tensor:
 
 def noise_race(probs: Tensor, seeds: Tensor, positions: Tensor, stream: int) -> Tensor:
     """``exponential_race(probs, uniform_noise(seeds, positions, V, stream))``: [N] int64. On a
-    GPU with ``use_fused_noise`` one Triton kernel that never writes the uniforms out."""
+    GPU with ``use_fused_noise`` two Triton kernels that never write the uniforms out."""
     if _fused_noise and probs.is_cuda:
         return triton_noise_race.noise_race(probs, seeds, positions, stream)
     return exponential_race(probs, uniform_noise_torch(seeds, positions, probs.shape[-1], stream))
