@@ -254,9 +254,10 @@ class KernelConfig:
     # leaves the 7B's alone; "all" also slows the 7B by 2 % (bench/profile_decode.py --ab).
     weight_prefetch: str = "auto"
     # Sampling noise on a GPU as Triton kernels (kernels/triton_noise_race.py: the uniforms in
-    # one launch, and one fused draw per row) instead of ~50 torch ops per draw. The same bits.
-    # H200 (bench/sample_cost.py, 5f99af4): a sampled drafter step's sampling from 77 torch ops,
-    # 0.63-0.95 ms of host and 0.47-0.52 ms of GPU time, to 5 ops, 0.05 and 0.16-0.17 ms.
+    # one launch, a draw in two) instead of ~50 torch ops per draw. The same bits. H200
+    # (bench/sample_cost.py, 3c00bd8), a sampled drafter step's sampling at 1-16 rows: 77 torch
+    # ops, 0.74-1.02 ms of host and 0.50-0.84 ms of GPU time, against 7 ops, 0.09-0.16 and
+    # 0.05-0.07 ms.
     fused_sampling_noise: bool = True
     # A projection over more rows than this (a long prompt step, eager) runs as one GEMM per
     # block of this many rows (0: one GEMM): the same sums in shorter kernels, between which a

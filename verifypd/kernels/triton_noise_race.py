@@ -5,9 +5,9 @@ one draw per row of unnormalized probabilities with them (``noise_race``).
 hash in int64 ops), and ``exponential_race`` over it five more. A sampled drafter step, and a
 sampled verify, launch them a few times each: on the GPU their launches held the host longer
 than the drafter's forward. Here the uniforms are one launch and a draw two (a row's chunks in
-parallel, then the pick). The uniforms are the same bit for bit
-(uint64 arithmetic wraps as the int64 ops do), the argmax takes the first index on ties as
-torch's does; only the log is Triton's.
+parallel, then the pick). The uniforms are the same bit for bit (uint64 arithmetic wraps as the
+int64 ops do), the argmax takes the first index on ties as torch's does; only the log is
+Triton's.
 """
 
 from __future__ import annotations
