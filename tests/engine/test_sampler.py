@@ -288,7 +288,7 @@ def test_fused_noise_is_set_by_the_engine_from_its_kernel_knob(monkeypatch):
 
 
 def test_a_batch_without_greedy_rows_skips_the_greedy_mix_and_draws_the_same():
-    """``any_greedy`` False (every row sampled) leaves out the one-hot rows and the argmax pick:
+    """``any_greedy`` False (every row sampled) leaves out the one-hot rows:
     the same distribution and the same draws as the general path."""
     logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(8))
     t = SamplingTensors.build([0.7, 1.0, 1.4], [0, 4, 0], [1.0, 1.0, 0.9], [1, 2, 3], [5, 6, 7],

@@ -19,8 +19,9 @@ import torch
 
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.draft_follow import wait_for_follow
+from verifypd.engine.draft_view import draft_sampling
 from verifypd.engine.runner import VerifyOutputs
-from verifypd.engine.sampler import SamplingTensors, sample_with_probs
+from verifypd.engine.sampler import sample_with_probs
 from verifypd.engine.step_inputs import StepInputs
 from verifypd.kernels.metadata import AttentionMetadata
 from verifypd.kernels.triton_advance import advance_reference, chain_inputs, chain_inputs_reference
@@ -128,14 +129,7 @@ class DraftChainer:
         temps = [v.draft_temp for v in views]
         if all(t == 0 for t in temps):
             return lambda logits, j, probs: self.drafter._greedy(logits)
-        built = SamplingTensors.build(
-            temperature=temps,
-            top_k=[v.params.top_k for v in views],
-            top_p=[v.params.top_p for v in views],
-            seeds=[v.seed for v in views],
-            positions=[0] * len(views),
-            device=rows.device,
-        )
+        built = draft_sampling(views, temps, [0] * len(views), rows.device)
         first = rows[2] + 2 + verified.num_accepted.to(torch.int64)[rows[0]]
 
         def pick(logits, j, probs):

@@ -13,6 +13,9 @@ whatever the window; only acceptance can fall.
 
 from __future__ import annotations
 
+import torch
+
+from verifypd.engine.sampler import SamplingTensors
 from verifypd.types import Sequence
 
 _DRAFT_SEED_SALT = 0x5DEECE66D  # drafter noise must not reuse the target's sampling stream
@@ -24,6 +27,21 @@ def window_skip(seq: Sequence, window: int | None, sink: int) -> int:
     if window is None:
         return 0
     return max(0, seq.num_prompt_tokens - sink - window)
+
+
+def draft_sampling(
+    views: list[DraftView], temps: list[float], positions: list[int], device: torch.device
+) -> SamplingTensors:
+    """The views' drafter sampling parameters at ``temps`` (their requests' top-k and top-p,
+    their drafter seeds), copied to the device once."""
+    return SamplingTensors.build(
+        temperature=temps,
+        top_k=[v.params.top_k for v in views],
+        top_p=[v.params.top_p for v in views],
+        seeds=[v.seed for v in views],
+        positions=positions,
+        device=device,
+    )
 
 
 class DraftView:

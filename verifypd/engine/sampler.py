@@ -10,7 +10,7 @@ Streams in use: 0 = plain sampling and drafting (``sample``), 1 = acceptance tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -110,8 +110,8 @@ class SamplingTensors:
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
-    # False: no greedy row, so no one-hot rows and no argmax pick to mix in (three to seven ops
-    # fewer a draw). True is always correct.
+    # False: no greedy row, so no one-hot rows to mix in (a few ops fewer a draw). True is
+    # always correct.
     any_greedy: bool = True
 
     @classmethod
@@ -144,16 +144,13 @@ class SamplingTensors:
         steps over a prefix of its rows), without another host copy. The flags stay the whole
         batch's: a flag set for rows outside the prefix only costs work that changes nothing."""
         positions = self.positions[:rows]
-        return SamplingTensors(
+        return replace(
+            self,
             temperature=self.temperature[:rows],
             top_k=self.top_k[:rows],
             top_p=self.top_p[:rows],
             seeds=self.seeds[:rows],
             positions=positions + advance if advance else positions,
-            all_greedy=self.all_greedy,
-            any_top_k=self.any_top_k,
-            any_top_p=self.any_top_p,
-            any_greedy=self.any_greedy,
         )
 
 
@@ -234,7 +231,6 @@ def sample_with_probs(logits: Tensor, t: SamplingTensors) -> tuple[Tensor, Tenso
     if t.all_greedy:
         return logits.argmax(dim=-1), None
     probs = processed_probs(logits, t)
-    tokens = noise_race(probs, t.seeds, t.positions, stream=0)
-    if not t.any_greedy:
-        return tokens, probs
-    return torch.where(t.temperature == 0, logits.argmax(dim=-1), tokens), probs
+    # A greedy row's distribution is one-hot at its argmax, the one column the race can pick
+    # (every other score is 0, that one positive): its draw is its argmax.
+    return noise_race(probs, t.seeds, t.positions, stream=0), probs

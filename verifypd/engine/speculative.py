@@ -27,7 +27,7 @@ from verifypd.engine.chained_drafts import ChainedDrafts, DraftChainer
 from verifypd.engine.device_drafts import DeviceDrafts
 from verifypd.engine.draft_catch_up import chunked_catch_up, uniform_catch_up
 from verifypd.engine.draft_follow import PromptFollower, wait_for_follow
-from verifypd.engine.draft_view import DraftView, window_skip
+from verifypd.engine.draft_view import DraftView, draft_sampling, window_skip
 from verifypd.engine.loader import LoadedModel
 from verifypd.engine.ngram import NgramProposer
 from verifypd.engine.runner import ModelRunner, VerifyOutputs
@@ -275,14 +275,7 @@ class DraftModelProposer:
         every row drafts greedily."""
         if all(t == 0 for t in temps):
             return None
-        return SamplingTensors.build(
-            temperature=temps,
-            top_k=[v.params.top_k for v in views],
-            top_p=[v.params.top_p for v in views],
-            seeds=[v.seed for v in views],
-            positions=[v.num_tokens for v in views],
-            device=self.runner.device,
-        )
+        return draft_sampling(views, temps, [v.num_tokens for v in views], self.runner.device)
 
     def verified(self, seq_id: int, num_accepted: int) -> None:
         """A verify of this sequence's drafts landed: the KV of its accepted drafts stays, the
