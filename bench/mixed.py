@@ -209,6 +209,11 @@ MODES = {
     # 1dc8f53 (speculators up to 10 % slower per token than plain decoding, riders 25 %), and
     # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
     "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
+    # The rider bound alone loosened (default 0.05): a plain row (an α ≈ 0.2 request) may wait
+    # up to 1.25 / 1.5 plain steps in another's round. At light load one such row in the batch
+    # keeps every other row from speculating; the TPOT p50 by α class says what that costs.
+    "policy-rider25": _policy_with(spec=(("rider_slack", 0.25),)),
+    "policy-rider50": _policy_with(spec=(("rider_slack", 0.5),)),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
     # tokens/s (SpecConfig.tail_tolerance: the ITL tail against a little mean speed), and the
     # step cap at 1.5 plain steps (the tail a plain step has at light load).

@@ -252,9 +252,29 @@ def summary_row(
         "trace_fingerprint": result["fingerprint"],
         "mean_alpha": float(np.mean(result["alphas"])) if result["alphas"] else None,
         "slowest": slowest_requests(traces, result.get("alpha_of", {})),
+        "tpot_by_alpha": tpot_by_alpha(traces, result.get("alpha_of", {})),
         **extra,
     }
     return row
+
+
+def tpot_by_alpha(traces: list, alpha_of: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per acceptance class of the profile (its α, as "0.9"), the finished requests with a TPOT
+    and their TPOT p50 / p99 (ms). The light-load target is on the median request, which for
+    hetero is an α ≈ 0.6 one: this says how far each class is from ``off``'s."""
+    groups: dict[str, list[float]] = {}
+    for t in traces:
+        alpha = alpha_of.get(t.request_id)
+        if alpha is not None and t.tpot_s is not None and t.finish_reason in ("length", "stop"):
+            groups.setdefault(f"{alpha:g}", []).append(t.tpot_s * 1e3)
+    return {
+        key: {
+            "num": len(v),
+            "tpot_p50_ms": float(np.percentile(v, 50)),
+            "tpot_p99_ms": float(np.percentile(v, 99)),
+        }
+        for key, v in sorted(groups.items(), key=lambda kv: -float(kv[0]))
+    }
 
 
 SLOWEST_SHARE = 0.05  # the p99's company: the slowest 5 % of requests (at least 3)

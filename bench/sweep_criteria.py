@@ -145,14 +145,25 @@ def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: 
             continue
         mine, off = modes[policy].get("tpot_p50_ms"), modes["off"].get("tpot_p50_ms")
         speedup = off / mine if mine and off else None
-        checks.append({"acceptance_profile": profile, "temperature": temp, "rate": rate,
-                       "policy_tpot_p50_ms": mine, "off_tpot_p50_ms": off, "speedup": speedup,
-                       "judged": profile == "hetero",
-                       "ok": speedup is not None and speedup >= factor})  # fmt: skip
+        check = {"acceptance_profile": profile, "temperature": temp, "rate": rate,
+                 "policy_tpot_p50_ms": mine, "off_tpot_p50_ms": off, "speedup": speedup,
+                 "judged": profile == "hetero",
+                 "ok": speedup is not None and speedup >= factor}  # fmt: skip
+        by_alpha = _speedup_by_alpha(modes[policy], modes["off"])
+        if by_alpha:
+            check["speedup_by_alpha"] = by_alpha
+        checks.append(check)
     judged = [c for c in checks if c["judged"]]
     out = _verdict(judged, f"needs the hetero profile with {policy!r} and 'off'")
     out["all_profiles"] = checks
     return out
+
+
+def _speedup_by_alpha(mine: dict[str, Any], off: dict[str, Any]) -> dict[str, float]:
+    """``off``'s TPOT p50 over the policy's, per acceptance class both rows have."""
+    a, b = mine.get("tpot_by_alpha") or {}, off.get("tpot_by_alpha") or {}
+    return {k: round(b[k]["tpot_p50_ms"] / a[k]["tpot_p50_ms"], 3)
+            for k in a if k in b and a[k]["tpot_p50_ms"]}  # fmt: skip
 
 
 SPREAD_METRICS = (*LOWER_BETTER, "goodput_rps", "tpot_p50_ms")

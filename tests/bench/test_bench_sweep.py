@@ -424,6 +424,39 @@ def test_slowest_requests_are_the_p99s_company() -> None:
     assert len(many["ttft"]) == 6
 
 
+def test_tpot_by_alpha_class() -> None:
+    """Per acceptance class, the finished requests with a TPOT and their TPOT p50 / p99: an
+    unfinished request, a one-token one and a request without a class are left out; classes
+    come highest α first."""
+    sweep, loadgen = load_bench("sweep"), load_bench("loadgen")
+    traces = []
+    for i in range(9):  # TPOT i + 1 ms; classes 0.9 (i < 3), 0.6 (3 <= i < 6), 0.2
+        t = loadgen.Trace(f"req-{i}", "short", 10, 4, arrival=0.0)
+        t.deltas = [(0.01, 1), (0.01 + 0.003 * (i + 1), 3)]
+        t.finish_time, t.finish_reason = t.deltas[-1][0], "length"
+        traces.append(t)
+    traces[8].finish_reason = "error"  # not finished: left out
+    one = loadgen.Trace("req-one", "short", 10, 1, arrival=0.0)
+    one.deltas, one.finish_time, one.finish_reason = [(0.01, 1)], 0.01, "length"
+    alpha_of = {f"req-{i}": (0.9, 0.6, 0.2)[i // 3] for i in range(9)} | {"req-one": 0.2}
+    by = sweep.tpot_by_alpha([*traces, one, loadgen.Trace("req-x", "short", 1, 4, 0.0)], alpha_of)
+    assert list(by) == ["0.9", "0.6", "0.2"]
+    assert by["0.9"]["num"] == 3 and by["0.9"]["tpot_p50_ms"] == pytest.approx(2.0)
+    assert by["0.6"]["tpot_p50_ms"] == pytest.approx(5.0)
+    assert by["0.2"]["num"] == 2 and by["0.2"]["tpot_p50_ms"] == pytest.approx(7.5)
+    assert by["0.2"]["tpot_p99_ms"] == pytest.approx(7.99)
+    # The light-load check gives off's TPOT p50 over the policy's per class both rows have.
+    crit = load_bench("sweep_criteria")
+    off, pol = _row("off", 2, p50=4.0), _row("policy", 2, p50=3.2)
+    off["tpot_by_alpha"] = {"0.9": {"tpot_p50_ms": 4.0}, "0.6": {"tpot_p50_ms": 4.2}}
+    pol["tpot_by_alpha"] = {"0.9": {"tpot_p50_ms": 2.0}, "0.6": {"tpot_p50_ms": 3.0},
+                            "0.2": {"tpot_p50_ms": 4.4}}  # fmt: skip
+    (check,) = crit.criteria([off, pol])["light_load_tpot_p50_1p5x_off"]["checks"]
+    assert check["speedup_by_alpha"] == {"0.9": 2.0, "0.6": 1.4}
+    assert "speedup_by_alpha" not in crit.light_load_tpot([_row("off", 2), _row("policy", 2)])[
+        "checks"][0]  # fmt: skip
+
+
 def test_misses_replicated_in_a_repeat() -> None:
     """A within-5 % miss counts as replicated only where the repeat misses the same check; a
     policy variant's rows are not among the modes the policy is judged against."""
