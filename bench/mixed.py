@@ -210,8 +210,9 @@ MODES = {
     # the policy and `off` with the Sarathi-style prefill bound (20 ms; off by default).
     "policy-loose": _policy_with(spec=(("guard_slack", 0.10), ("rider_slack", 0.25))),
     # The rider bound alone loosened (default 0.05): a plain row (an α ≈ 0.2 request) may wait
-    # up to 1.25 / 1.5 plain steps in another's round. At light load one such row in the batch
-    # keeps every other row from speculating; the TPOT p50 by α class says what that costs.
+    # up to 1.25 / 1.5 plain steps in another's round. Measured at 2 req/s, hetero (33b7e4f,
+    # mixed-nvidia-h200-rider-33b7e4f.json): no acceptance class got faster (α 0.6 at 1.22x
+    # `off` in all three), the riders slower (0.92-0.94x) and TPOT p99 up to 1.34x. Not a default.
     "policy-rider25": _policy_with(spec=(("rider_slack", 0.25),)),
     "policy-rider50": _policy_with(spec=(("rider_slack", 0.5),)),
     # The policy taking the shortest step among the plans within 5 % / 10 % of the best
