@@ -55,6 +55,7 @@ TOPICS = {
     "timeline": "profile",
     "catch_up_cost": "profile",
     "sample_cost": "profile",
+    "policy_sim": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
     "grammar_mask": "api",

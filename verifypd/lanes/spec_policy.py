@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
 
+from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
 from verifypd.engine.core import EngineCore
 from verifypd.engine.model import drain
@@ -41,7 +42,14 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
     while a prompt has waited half its TTFT budget for its prefill, and how far behind a
     drafter may be while its first draft step still replays a graph."""
     graphs = core.use_cuda_graphs and core.spec.enabled
-    sched, spec = core.config.scheduler, core.config.spec
+    return goodput_config_for(core.config.scheduler, core.config.spec, graphs, core.decode_ahead)
+
+
+def goodput_config_for(
+    sched: SchedulerConfig, spec: SpecConfig, graphs: bool, decode_ahead: bool
+) -> GoodputConfig:
+    """``goodput_config`` from the configs and two facts of the engine (CUDA graphs with a
+    drafter, decode-ahead): also what ``bench/policy_sim.py`` runs the policy with."""
     reach = max((2, *spec.catch_up_graphs)) if graphs else 2
     chunks = max(spec.chunk_sizes, default=0) * spec.catch_up_chunks + reach if graphs else 0
     return GoodputConfig(
@@ -56,7 +64,7 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
         yield_to_prefill=spec.yield_to_prefill,
         waiting_riders_exempt=spec.waiting_riders_exempt,
         waiting_rider_max_steps=spec.waiting_rider_max_steps,
-        round_overhead_s=spec.round_overhead_s if core.decode_ahead else 0.0,
+        round_overhead_s=spec.round_overhead_s if decode_ahead else 0.0,
         tail_tolerance=spec.tail_tolerance,
         catch_up_round_tokens=spec.catch_up_round_tokens,
         catch_up_every_steps=spec.catch_up_every_steps,

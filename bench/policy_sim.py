@@ -1,0 +1,245 @@
+"""The goodput policy alone, on simulated time: how much of the light-load speedup its own
+decisions give, per acceptance class, against the best fixed draft length for that class.
+
+No engine runs. The GPU is a start-up cost table (the policy engine's ``cost_table`` in a
+``bench/mixed.py`` result, ``--from``), used both as the truth and as the policy's shape, so
+the cost model is exact and its online levels stay at 1. Left out on purpose: host time, the
+drafter's catch-up on a prompt (every drafter is steady), prompt work beside decode, the second
+token. What the engine measures below this simulation is their share of the gap.
+
+Requests keep ``--concurrency`` rows in the batch (1: one request at a time, the light-load
+limit); each draws its α from the profile (``bench/sweep.py``'s shares) and its output length
+from ``--tokens``; acceptance is synthetic (a truncated geometric), as in ``mixed.py``. Per
+request, its speedup is plain decoding's time per token in the batches it ran in (the table's
+plain step) over its own time per token. The bound per class is the best fixed L for a lone
+request, from the same table.
+
+    python bench/policy_sim.py --from bench/results/mixed/mixed-nvidia-h200-fixed-33b7e4f.json \\
+        [--profile hetero] [--concurrency 1,2,4] [--requests 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from common import (  # noqa: E402
+    add_common_args,
+    bar_chart,
+    csv_list,
+    format_table,
+    progress,
+    start_run,
+)
+from sweep import PROFILES  # noqa: E402
+
+from verifypd.config import SchedulerConfig, SpecConfig  # noqa: E402
+from verifypd.controller import BatchCostModel, SeqView, build_policy  # noqa: E402
+from verifypd.controller.policy import expected_tokens  # noqa: E402
+from verifypd.costs import CostTable  # noqa: E402
+from verifypd.lanes.spec_policy import goodput_config_for  # noqa: E402
+
+SCRIPT = "policy_sim"
+METHOD = (
+    "the goodput policy on simulated time with a measured cost table as the GPU (exact cost "
+    "model), synthetic acceptance, every drafter steady: no host time, catch-up or prompt work"
+)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """``concurrency`` rows kept in the batch, or (``rate`` > 0) Poisson arrivals at ``rate``."""
+
+    concurrency: int = 1
+    rate: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:g}/s" if self.rate else f"{self.concurrency} rows"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--from", dest="source", required=True,
+                   help="a bench/mixed.py result with a policy engine's cost_table")  # fmt: skip
+    p.add_argument("--engine-mode", default="policy", help="whose cost_table (sweep_engines)")
+    p.add_argument("--profile", default="hetero", choices=sorted(PROFILES))
+    p.add_argument("--concurrency", type=csv_list, default=["1", "2"], help="rows kept busy")
+    p.add_argument("--rates", type=csv_list, default=["2", "8"],
+                   help="Poisson arrivals, req/s (the sweep's light rates)")  # fmt: skip
+    p.add_argument("--requests", type=int, default=300, help="per concurrency")
+    p.add_argument("--tokens", type=int, nargs=2, default=[64, 256], help="output length range")
+    p.add_argument("--max-draft-len", type=int, default=4)
+    p.add_argument("--spec", type=csv_list, default=[],
+                   help="SpecConfig overrides KEY=VALUE,... (e.g. rider_slack=0.5)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def spec_config(overrides: list[str], max_draft_len: int) -> SpecConfig:
+    """The engine's SpecConfig defaults (a GPU: graphs, decode-ahead) with ``overrides``."""
+    fields: dict[str, Any] = {"max_draft_len": max_draft_len, "initial_draft_len": max_draft_len}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or key not in SpecConfig.__dataclass_fields__:
+            raise SystemExit(f"--spec wants KEY=VALUE with a SpecConfig field, got {item!r}")
+        fields[key] = json.loads(text) if text not in ("None", "none") else None
+    return SpecConfig(**fields)
+
+
+def load_table(path: str | Path, mode: str = "policy") -> CostTable:
+    data = json.loads(Path(path).read_text())
+    engines = data.get("sweep_engines") or {}
+    table = (engines.get(mode) or {}).get("engine", {}).get("cost_table")
+    if table is None:
+        raise SystemExit(f"{path}: no sweep_engines.{mode}.engine.cost_table")
+    return CostTable.from_dict(table)
+
+
+def best_fixed(table: CostTable, alpha: float, max_draft_len: int) -> tuple[float, int]:
+    """(speedup over plain decoding, L) of the best fixed L for a request decoding alone."""
+    plain = table.target_time(1, 1)
+    rates = [
+        (expected_tokens(alpha, n) / (table.target_time(1, n + 1) + n * table.draft_time(1)), n)
+        for n in range(max_draft_len + 1)
+    ]
+    rate, n = max(rates)
+    return rate * plain, n
+
+
+def simulate(
+    table: CostTable, profile: str, batch: Batching, num_requests: int, tokens: tuple[int, int],
+    spec: SpecConfig, seed: int,
+) -> dict[str, Any]:  # fmt: skip
+    """One run: ``num_requests`` requests, either keeping ``batch.concurrency`` rows in the
+    batch or arriving at ``batch.rate`` (Poisson), the policy configured as the engine
+    configures it on a GPU. The requests (α, length, arrival) come from their own generator,
+    so every configuration of one seed sees the same ones."""
+    make, accept = random.Random(seed), random.Random(seed + 7919)
+    values, shares = zip(*PROFILES[profile], strict=True)
+    arrival, queue = 0.0, []
+    for _ in range(num_requests):
+        if batch.rate:
+            arrival += make.expovariate(batch.rate)
+        queue.append((arrival, make.choices(values, weights=shares)[0], make.randint(*tokens)))
+    queue.reverse()  # pop() takes the next
+    clock = _Clock()
+    goodput = goodput_config_for(SchedulerConfig(), spec, graphs=True, decode_ahead=True)
+    policy = build_policy(spec, BatchCostModel(table), goodput, clock)
+    max_draft_len = spec.max_draft_len
+    active: dict[int, dict[str, float]] = {}
+    done: list[dict[str, float]] = []
+    next_id, num_steps, num_speculating, rows_sum = 0, 0, 0, 0
+    while len(done) < num_requests:
+        if not active and batch.rate:
+            clock.t = max(clock.t, queue[-1][0])  # idle until the next arrival
+        while queue and (len(active) < batch.concurrency if not batch.rate
+                         else queue[-1][0] <= clock.t):  # fmt: skip
+            _, alpha, length = queue.pop()
+            active[next_id] = {"alpha": alpha, "left": length, "tokens": 0, "seconds": 0.0,
+                               "plain_s": 0.0, "steps": 0, "drafted": 0}  # fmt: skip
+            policy.add_request(next_id, True, 0.0, True)
+            next_id += 1
+        d = policy.decide([SeqView(i, 1) for i in active])
+        plain = table.target_time(len(active), 1)
+        step = d.predicted_step_s if any(d.draft_lens.values()) else plain
+        num_steps += 1
+        rows_sum += len(active)
+        num_speculating += any(d.draft_lens.values())
+        clock.t += step
+        for i, r in list(active.items()):
+            n = d.draft_lens.get(i, 0)
+            got = 1
+            if n:
+                k = 0
+                while k < n and accept.random() < r["alpha"]:
+                    k += 1
+                policy.observe_acceptance(i, n, k)
+                got, r["drafted"] = k + 1, r["drafted"] + n
+            r["tokens"] += min(got, r["left"] - r["tokens"])
+            r["seconds"] += step
+            r["plain_s"] += plain
+            r["steps"] += 1
+            if r["tokens"] >= r["left"]:
+                done.append(r)
+                del active[i]
+                policy.remove_request(i)
+    by_class: dict[str, Any] = {}
+    for alpha in sorted(set(values), reverse=True):
+        mine = [r for r in done if r["alpha"] == alpha]
+        if not mine:
+            continue
+        speedups = [(r["plain_s"] / r["steps"]) / (r["seconds"] / r["tokens"]) for r in mine]
+        bound, bound_len = best_fixed(table, alpha, max_draft_len)
+        by_class[f"{alpha:g}"] = {
+            "num": len(mine),
+            "speedup_p50": statistics.median(speedups),
+            "speedup_mean": statistics.fmean(speedups),
+            "drafts_per_step": sum(r["drafted"] for r in mine) / sum(r["steps"] for r in mine),
+            "best_fixed_speedup": bound,
+            "best_fixed_len": bound_len,
+        }
+    all_speedups = [(r["plain_s"] / r["steps"]) / (r["seconds"] / r["tokens"]) for r in done]
+    return {"batching": batch.label, "num_requests": len(done), "num_steps": num_steps,
+            "mean_rows": rows_sum / num_steps, "speculating_share": num_speculating / num_steps,
+            "speedup_p50": statistics.median(all_speedups), "by_class": by_class}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> Path:
+    run = start_run(SCRIPT, argv, parse_args, METHOD)
+    args, report = run.args, run.report
+    table = load_table(args.source, args.engine_mode)
+    report["cost_table"] = table.to_dict()
+    report["acceptance_kind"] = "synthetic (truncated geometric per request α)"
+    spec = spec_config(args.spec, args.max_draft_len)
+    report["spec_config"] = spec
+    batchings = [Batching(concurrency=int(c)) for c in args.concurrency]
+    batchings += [Batching(rate=float(r)) for r in args.rates]
+    results = {}
+    for b in batchings:
+        results[b.label] = simulate(table, args.profile, b, args.requests, tuple(args.tokens),
+                                    spec, args.seed)  # fmt: skip
+        progress(SCRIPT, b.label, results[b.label], ("mean_rows", "speedup_p50"))
+    report["results"] = results
+    rows = []
+    for label, res in results.items():
+        for alpha, k in res["by_class"].items():
+            rows.append([label, alpha, k["num"], k["speedup_p50"], k["best_fixed_speedup"],
+                         k["best_fixed_len"], k["drafts_per_step"]])  # fmt: skip
+        rows.append([label, "all", res["num_requests"], res["speedup_p50"], "", "", ""])
+    headers = ["batch", "alpha", "requests", "speedup p50", "best fixed (alone)", "at L",
+               "drafts/step"]  # fmt: skip
+    return run.finish(format_table(headers, rows), lambda png: plot(png, results))
+
+
+def plot(path: Path, results: dict[str, Any]) -> Path | None:
+    """Per batching, each class's median speedup; the best fixed L alone as the last group."""
+    classes = list(next(iter(results.values()))["by_class"])
+    labels = [*results, "best fixed L, alone"]
+    series = {
+        f"α {a}": [res["by_class"].get(a, {}).get("speedup_p50") for res in results.values()]
+        + [next(iter(results.values()))["by_class"].get(a, {}).get("best_fixed_speedup")]
+        for a in classes
+    }
+    title = "the goodput policy alone on simulated time (exact costs, no host time, no catch-up)"
+    return bar_chart(path, labels, series, "speedup over plain decoding (median request)", title)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""bench/policy_sim.py: the goodput policy alone on simulated time reaches the best fixed draft
+length for a request decoding alone, every configuration of one seed sees the same requests,
+and the report (JSON and plot) comes from a mixed.py result's cost table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import load_bench
+
+from verifypd.config import SpecConfig
+from verifypd.costs import CostTable
+
+# A memory-bound GPU in miniature (seconds): a target forward reads the weights and pays a
+# little per token; a drafter step is a fifth of a plain step.
+TABLE = {
+    "context_len": 512,
+    "mixed_draft_len": 4,
+    "target": [
+        {"rows": r, "query_len": q, "seconds": 4e-3 + 40e-6 * r * q}
+        for r in (1, 2, 4, 8)
+        for q in (1, 2, 3, 4, 5)
+    ],  # fmt: skip
+    "prefill": [],
+    "draft": [{"rows": r, "seconds": 0.8e-3 + 50e-6 * r} for r in (1, 2, 4, 8)],
+    "meta": {},
+}
+
+
+def _simulate(batching, spec=None, requests=90, profile="hetero"):
+    sim = load_bench("policy_sim")
+    spec = spec or SpecConfig(max_draft_len=4, initial_draft_len=4)
+    table = CostTable.from_dict(TABLE)
+    return sim.simulate(table, profile, batching, requests, (64, 128), spec, seed=3)
+
+
+def test_alone_the_policy_reaches_the_best_fixed_length_per_class() -> None:
+    sim = load_bench("policy_sim")
+    res = _simulate(sim.Batching(concurrency=1))
+    assert res["num_requests"] == 90 and res["mean_rows"] == pytest.approx(1.0)
+    high, low = res["by_class"]["0.9"], res["by_class"]["0.2"]
+    assert high["best_fixed_len"] == 4 and high["best_fixed_speedup"] > 1.8
+    # the policy learns each request's α from the population and gets most of the bound
+    assert (
+        0.93 * high["best_fixed_speedup"] < high["speedup_p50"] < 1.05 * high["best_fixed_speedup"]
+    )
+    assert high["drafts_per_step"] > 3.0
+    # α ≈ 0.2 does not pay here: the policy leaves it (nearly) plain, never much slower
+    assert low["best_fixed_len"] == 0 and 0.95 < low["speedup_p50"] <= 1.01
+    assert low["drafts_per_step"] < 0.5
+
+
+def test_the_same_requests_under_every_configuration() -> None:
+    """Requests come from their own generator: another rider bound changes the speed, not the
+    requests; a batch of two rows gives each class less than alone (one L a round)."""
+    sim = load_bench("policy_sim")
+    two = sim.Batching(concurrency=2)
+    default = _simulate(two)
+    loose = _simulate(two, SpecConfig(max_draft_len=4, initial_draft_len=4, rider_slack=0.5))
+    assert {a: c["num"] for a, c in default["by_class"].items()} == {
+        a: c["num"] for a, c in loose["by_class"].items()
+    }
+    alone = _simulate(sim.Batching(concurrency=1))
+    assert default["mean_rows"] == pytest.approx(2.0, abs=0.05)
+    assert default["by_class"]["0.9"]["speedup_p50"] < alone["by_class"]["0.9"]["speedup_p50"]
+    arrivals = _simulate(sim.Batching(rate=50.0))
+    assert 1.0 < arrivals["mean_rows"] and arrivals["num_requests"] == 90
+
+
+def test_report_from_a_mixed_result(tmp_path) -> None:
+    sim = load_bench("policy_sim")
+    source = tmp_path / "mixed.json"
+    source.write_text(json.dumps({"sweep_engines": {"policy": {"engine": {"cost_table": TABLE}}}}))
+    path = sim.main(["--from", str(source), "--device", "cpu", "--no-ceilings", "--requests", "30",
+                     "--concurrency", "1", "--rates", "4", "--spec", "rider_slack=0.25",
+                     "--out", str(tmp_path), "--tag", "t"])  # fmt: skip
+    saved = json.loads(path.read_text())
+    assert set(saved["results"]) == {"1 rows", "4/s"} and saved["complete"]
+    assert saved["spec_config"]["rider_slack"] == 0.25 and saved["cost_table"] == TABLE
+    assert (tmp_path / "policy_sim-cpu-t.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        sim.main(["--from", str(source), "--device", "cpu", "--spec", "no_such_knob=1"])
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        sim.main(["--from", str(tmp_path / "empty.json"), "--device", "cpu"])
