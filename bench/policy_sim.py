@@ -12,7 +12,9 @@ limit); each draws its α from the profile (``bench/sweep.py``'s shares) and its
 from ``--tokens``; acceptance is synthetic (a truncated geometric), as in ``mixed.py``. Per
 request, its speedup is plain decoding's time per token in the batches it ran in (the table's
 plain step) over its own time per token. The bound per class is the best fixed L for a lone
-request, from the same table.
+request, from the same table. The ITL p99 counts a round's tokens as ``bench/loadgen.py`` counts
+a delta's (its time split among them), against the p99 of the plain steps of the same batches:
+the tail's share of the trade, with the engine's other gaps (prompts beside decode) left out.
 
     python bench/policy_sim.py --from bench/results/mixed/mixed-nvidia-h200-fixed-33b7e4f.json \\
         [--profile hetero] [--concurrency 1,2,4] [--requests 300]
@@ -146,6 +148,7 @@ def simulate(
     active: dict[int, dict[str, float]] = {}
     done: list[dict[str, float]] = []
     next_id, num_steps, num_speculating, rows_sum = 0, 0, 0, 0
+    itl, itl_plain = [], []  # per token, as bench/loadgen.py counts a delta's tokens
     while len(done) < num_requests:
         if not active and batch.rate:
             clock.t = max(clock.t, queue[-1][0])  # idle until the next arrival
@@ -172,7 +175,10 @@ def simulate(
                     k += 1
                 policy.observe_acceptance(i, n, k)
                 got, r["drafted"] = k + 1, r["drafted"] + n
-            r["tokens"] += min(got, r["left"] - r["tokens"])
+            got = min(got, r["left"] - r["tokens"])
+            r["tokens"] += got
+            itl.extend([step / got] * got)
+            itl_plain.append(plain)
             r["seconds"] += step
             r["plain_s"] += plain
             r["steps"] += 1
@@ -198,7 +204,14 @@ def simulate(
     all_speedups = [(r["plain_s"] / r["steps"]) / (r["seconds"] / r["tokens"]) for r in done]
     return {"batching": batch.label, "num_requests": len(done), "num_steps": num_steps,
             "mean_rows": rows_sum / num_steps, "speculating_share": num_speculating / num_steps,
-            "speedup_p50": statistics.median(all_speedups), "by_class": by_class}  # fmt: skip
+            "speedup_p50": statistics.median(all_speedups),
+            "itl_p99_ms": 1e3 * _p99(itl), "plain_itl_p99_ms": 1e3 * _p99(itl_plain),
+            "by_class": by_class}  # fmt: skip
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -221,10 +234,11 @@ def main(argv: list[str] | None = None) -> Path:
     for label, res in results.items():
         for alpha, k in res["by_class"].items():
             rows.append([label, alpha, k["num"], k["speedup_p50"], k["best_fixed_speedup"],
-                         k["best_fixed_len"], k["drafts_per_step"]])  # fmt: skip
-        rows.append([label, "all", res["num_requests"], res["speedup_p50"], "", "", ""])
+                         k["best_fixed_len"], k["drafts_per_step"], ""])  # fmt: skip
+        itl = res["itl_p99_ms"] / res["plain_itl_p99_ms"]
+        rows.append([label, "all", res["num_requests"], res["speedup_p50"], "", "", "", itl])
     headers = ["batch", "alpha", "requests", "speedup p50", "best fixed (alone)", "at L",
-               "drafts/step"]  # fmt: skip
+               "drafts/step", "ITL p99 / plain"]  # fmt: skip
     return run.finish(format_table(headers, rows), lambda png: plot(png, results))
 
 

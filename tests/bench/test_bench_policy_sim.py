@@ -49,6 +49,18 @@ def test_alone_the_policy_reaches_the_best_fixed_length_per_class() -> None:
     # α ≈ 0.2 does not pay here: the policy leaves it (nearly) plain, never much slower
     assert low["best_fixed_len"] == 0 and 0.95 < low["speedup_p50"] <= 1.01
     assert low["drafts_per_step"] < 0.5
+    # a round that accepts nothing gives one token after more than a plain step: the tail
+    assert res["itl_p99_ms"] > 1.2 * res["plain_itl_p99_ms"]
+
+
+def test_a_tail_budget_keeps_the_tail_and_gives_up_the_speedup() -> None:
+    """As the engine measured it (fae4262): with a 0.2 % budget of late tokens the policy
+    speculates so rarely that the ITL p99 stays a plain step's, and so does the speed."""
+    sim = load_bench("policy_sim")
+    spec = sim.spec_config(["tail_budget=0.002"], 4)
+    res = _simulate(sim.Batching(concurrency=1), spec)
+    assert res["itl_p99_ms"] < 1.05 * res["plain_itl_p99_ms"]
+    assert res["speedup_p50"] < 1.1
 
 
 def test_the_same_requests_under_every_configuration() -> None:
