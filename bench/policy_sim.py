@@ -89,6 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=300, help="per concurrency")
     p.add_argument("--tokens", type=int, nargs=2, default=[64, 256], help="output length range")
     p.add_argument("--max-draft-len", type=int, default=4)
+    p.add_argument("--known-alpha", action="store_true",
+                   help="an oracle: every request's α̂ learned before its first step")  # fmt: skip
     p.add_argument("--spec", type=csv_list, default=[],
                    help="SpecConfig overrides KEY=VALUE,... (e.g. rider_slack=0.5)")  # fmt: skip
     return p.parse_args(argv)
@@ -127,12 +129,13 @@ def best_fixed(table: CostTable, alpha: float, max_draft_len: int) -> tuple[floa
 
 def simulate(
     table: CostTable, profile: str, batch: Batching, num_requests: int, tokens: tuple[int, int],
-    spec: SpecConfig, seed: int,
+    spec: SpecConfig, seed: int, known_alpha: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One run: ``num_requests`` requests, either keeping ``batch.concurrency`` rows in the
     batch or arriving at ``batch.rate`` (Poisson), the policy configured as the engine
     configures it on a GPU. The requests (α, length, arrival) come from their own generator,
-    so every configuration of one seed sees the same ones."""
+    so every configuration of one seed sees the same ones. ``known_alpha``: each request's
+    estimate is taught its true α before its first step (what learning α̂ costs)."""
     make, accept = random.Random(seed), random.Random(seed + 7919)
     values, shares = zip(*PROFILES[profile], strict=True)
     arrival, queue = 0.0, []
@@ -158,6 +161,12 @@ def simulate(
             active[next_id] = {"alpha": alpha, "left": length, "tokens": 0, "seconds": 0.0,
                                "plain_s": 0.0, "steps": 0, "drafted": 0}  # fmt: skip
             policy.add_request(next_id, True, 0.0, True)
+            if known_alpha:  # an oracle: its estimate learned before its first step
+                teach = random.Random(seed * 100_003 + next_id)
+                for _ in range(KNOWN_ALPHA_VERIFIES):
+                    policy.observe_acceptance(
+                        next_id, max_draft_len, _accepted(teach, alpha, max_draft_len)
+                    )
             next_id += 1
         d = policy.decide([SeqView(i, 1) for i in active])
         plain = table.target_time(len(active), 1)
@@ -170,9 +179,7 @@ def simulate(
             n = d.draft_lens.get(i, 0)
             got = 1
             if n:
-                k = 0
-                while k < n and accept.random() < r["alpha"]:
-                    k += 1
+                k = _accepted(accept, r["alpha"], n)
                 policy.observe_acceptance(i, n, k)
                 got, r["drafted"] = k + 1, r["drafted"] + n
             got = min(got, r["left"] - r["tokens"])
@@ -209,6 +216,17 @@ def simulate(
             "by_class": by_class}  # fmt: skip
 
 
+KNOWN_ALPHA_VERIFIES = 400  # --known-alpha: verifies taught before a request's first step
+
+
+def _accepted(rng: random.Random, alpha: float, drafted: int) -> int:
+    """Synthetic acceptance: drafts accepted in order with probability α, up to a rejection."""
+    k = 0
+    while k < drafted and rng.random() < alpha:
+        k += 1
+    return k
+
+
 def _speedup(r: dict[str, float]) -> float:
     """Plain decoding's time per token in the batches the request ran in over its own."""
     return (r["plain_s"] / r["steps"]) / (r["seconds"] / r["tokens"])
@@ -232,7 +250,7 @@ def main(argv: list[str] | None = None) -> Path:
     results = {}
     for b in batchings:
         results[b.label] = simulate(table, args.profile, b, args.requests, tuple(args.tokens),
-                                    spec, args.seed)  # fmt: skip
+                                    spec, args.seed, args.known_alpha)  # fmt: skip
         progress(SCRIPT, b.label, results[b.label], ("mean_rows", "speedup_p50"))
     report["results"] = results
     rows = []

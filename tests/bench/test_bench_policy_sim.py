@@ -53,6 +53,21 @@ def test_alone_the_policy_reaches_the_best_fixed_length_per_class() -> None:
     assert res["itl_p99_ms"] > 1.2 * res["plain_itl_p99_ms"]
 
 
+def test_an_oracle_of_each_requests_alpha_skips_the_learning() -> None:
+    """With every request's α known before its first step, an α ≈ 0.2 request never probes:
+    it drafts far less than one whose estimate starts at the population's."""
+    sim = load_bench("policy_sim")
+    spec = sim.spec_config([], 4)
+    learned = _simulate(sim.Batching(concurrency=1), spec)
+    known = sim.simulate(CostTable.from_dict(TABLE), "hetero", sim.Batching(concurrency=1), 90,
+                         (64, 128), spec, seed=3, known_alpha=True)  # fmt: skip
+    assert known["by_class"]["0.2"]["drafts_per_step"] < 0.3 * learned["by_class"]["0.2"][
+        "drafts_per_step"]  # fmt: skip
+    assert (
+        known["by_class"]["0.9"]["speedup_p50"] > 0.98 * learned["by_class"]["0.9"]["speedup_p50"]
+    )
+
+
 def test_a_tail_budget_keeps_the_tail_and_gives_up_the_speedup() -> None:
     """As the engine measured it (fae4262): with a 0.2 % budget of late tokens the policy
     speculates so rarely that the ITL p99 stays a plain step's, and so does the speed."""
