@@ -74,6 +74,10 @@ class SamplingParams:
     # probability until the first rejection) instead of the engine's global
     # ``SpecConfig.synthetic_acceptance``; refused by an engine that is not in synthetic mode.
     synthetic_acceptance: float | None = None
+    # vLLM's ``cache_salt``: prefix-cache blocks are shared only between requests with the same
+    # salt (None: the unsalted pool), so a tenant cannot time another's cached prompts, and a
+    # benchmark can replay a prompt without hitting the last run's cache.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -106,6 +110,11 @@ class SamplingParams:
                 self.synthetic_acceptance is None or 0 <= self.synthetic_acceptance <= 1,
                 "synthetic_acceptance",
                 "must be in [0, 1]",
+            ),
+            (
+                self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt),
+                "cache_salt",
+                "must be a non-empty string if given",
             ),
         ]
         for ok, name, msg in checks:

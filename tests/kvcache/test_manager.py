@@ -356,3 +356,40 @@ def test_check_integrity_reports_wrong_live_tables():
     m.allocator._ref_counts[5] = 1  # corrupt: referenced but on the free list
     with pytest.raises(AssertionError, match="block 5"):
         m.check_integrity()
+
+
+def test_salted_prompts_share_blocks_only_within_their_salt():
+    """vLLM's cache_salt: the same tokens cached under one salt are a miss under another salt
+    and unsalted, and a hit under the same salt; an unsalted block is a miss for a salted
+    prompt. A hit found under one salt cannot be allocated under another."""
+    m = KVCacheManager(num_blocks=12, block_size=BS)
+    prompt = list(range(9))  # 2 full blocks + 1 token
+    a: list[int] = []
+    assert m.allocate(a, len(prompt), salt="tenant-a")
+    m.cache_blocks(a, prompt, len(prompt), salt="tenant-a")
+    m.free(a)
+    assert m.match_prefix(prompt) == []
+    assert m.match_prefix(prompt, "tenant-b") == []
+    hit = m.match_prefix(prompt, "tenant-a")
+    assert hit == [0, 1]
+    with pytest.raises(ValueError, match="stale"):
+        m.allocate([], len(prompt), hit, salt="tenant-b")
+    b: list[int] = []
+    assert m.allocate(b, len(prompt), hit, salt="tenant-a")
+    assert b[:2] == [0, 1]
+    m.free(b)
+    c = _prefilled(m, prompt)  # unsalted: blocks of its own
+    assert set(c).isdisjoint({0, 1})
+    unsalted = c[:2]
+    m.free(c)
+    assert m.match_prefix(prompt) == unsalted
+    assert m.match_prefix(prompt, "tenant-a") == [0, 1]
+    assert m.match_prefix(prompt, "tenant-c") == []
+    m.check_integrity([])
+
+
+def test_salt_roots_are_stable_and_distinct():
+    root = prefix_cache_mod.root_hash
+    assert root(None) == prefix_cache_mod.ROOT_HASH
+    assert root("a") == root("a") != root("b")
+    assert prefix_cache_mod.ROOT_HASH not in {root(s) for s in ("", "a", "b", "x" * 1000)}

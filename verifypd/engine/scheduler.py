@@ -254,11 +254,12 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, token_budget: int) -> ScheduledSeq | None:
         # Prompt log-probs need the logits of every prompt position: no prefix reuse then.
-        cached = [] if seq.needs_prompt_logprobs else self.kv.match_prefix(seq.token_ids)
+        salt = seq.params.cache_salt
+        cached = [] if seq.needs_prompt_logprobs else self.kv.match_prefix(seq.token_ids, salt)
         num_cached = len(cached) * self.kv.block_size
         seq.num_computed_tokens = num_cached
         chunk = self._chunk(seq, token_budget)
-        if not self.kv.allocate(seq.block_table, num_cached + chunk, cached):
+        if not self.kv.allocate(seq.block_table, num_cached + chunk, cached, salt):
             seq.num_computed_tokens = 0
             return None
         self.observer.prefix_cache(seq.num_tokens, num_cached)
@@ -334,12 +335,16 @@ class Scheduler:
         num_accepted = max(len(new_ids) - 1, 0) if sched.draft_token_ids else 0
         seq.num_computed_tokens += sched.num_new_tokens + num_accepted
         if not new_ids:
-            self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+            self.kv.cache_blocks(
+                seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.params.cache_salt
+            )
             return False
         if seq.status in (SeqStatus.PREFILLING, SeqStatus.VERIFYING):
             seq.status = SeqStatus.DECODING
         reason = self._append(seq, new_ids)
-        self.kv.cache_blocks(seq.block_table, seq.token_ids, seq.num_computed_tokens)
+        self.kv.cache_blocks(
+            seq.block_table, seq.token_ids, seq.num_computed_tokens, seq.params.cache_salt
+        )
         if reason is not None:
             self.finish(seq, reason)
         elif sched.draft_token_ids or len(seq.block_table) * self.kv.block_size >= (

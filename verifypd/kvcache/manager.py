@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from verifypd.kvcache.allocator import BlockAllocator
 from verifypd.kvcache.integrity import check_integrity
-from verifypd.kvcache.prefix_cache import ROOT_HASH, PrefixCache
+from verifypd.kvcache.prefix_cache import PrefixCache, root_hash
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -50,15 +50,16 @@ class KVCacheManager:
 
     # ----- prefix cache -------------------------------------------------------------------
 
-    def match_prefix(self, token_ids: list[int]) -> list[int]:
-        """Longest run of cached full blocks matching a prefix of ``token_ids``. Takes no
-        references. At most ``(len(token_ids) - 1) // block_size`` blocks, so at least one
-        token is left to compute (its logits are needed). [] when caching is off."""
+    def match_prefix(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        """Longest run of cached full blocks matching a prefix of ``token_ids`` (cached under
+        the same ``salt``). Takes no references. At most ``(len(token_ids) - 1) // block_size``
+        blocks, so at least one token is left to compute (its logits are needed). [] when
+        caching is off."""
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
         blocks: list[int] = []
-        parent = ROOT_HASH
+        parent = root_hash(salt)
         for i in range((len(token_ids) - 1) // bs):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self.prefix_cache.hash_block(parent, tokens)
@@ -72,11 +73,16 @@ class KVCacheManager:
         return blocks
 
     def cache_blocks(
-        self, block_table: list[int], token_ids: list[int], num_computed_tokens: int
+        self,
+        block_table: list[int],
+        token_ids: list[int],
+        num_computed_tokens: int,
+        salt: str | None = None,
     ) -> None:
         """Register every full block of ``block_table`` whose tokens are all computed under its
-        chained hash. Incremental: only blocks not seen before are hashed. A block whose hash
-        is already held by another block stays unregistered (and is freed normally later)."""
+        chained hash (block 0's chained from ``salt``'s root). Incremental: only blocks not seen
+        before are hashed. A block whose hash is already held by another block stays
+        unregistered (and is freed normally later)."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -84,7 +90,9 @@ class KVCacheManager:
         start = num_full
         while start > 0 and block_table[start - 1] not in self._content_hash:
             start -= 1
-        parent = self._content_hash[block_table[start - 1]] if start else ROOT_HASH
+        if start >= num_full:
+            return
+        parent = self._content_hash[block_table[start - 1]] if start else root_hash(salt)
         for i in range(start, num_full):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self.prefix_cache.hash_block(parent, tokens)
@@ -114,16 +122,21 @@ class KVCacheManager:
         return needed <= self._room(cached_blocks)
 
     def allocate(
-        self, block_table: list[int], num_tokens: int, cached_blocks: Sequence[int] = ()
+        self,
+        block_table: list[int],
+        num_tokens: int,
+        cached_blocks: Sequence[int] = (),
+        salt: str | None = None,
     ) -> bool:
         """Extend ``block_table`` in place to cover ``num_tokens`` positions. ``cached_blocks``
-        (a fresh ``match_prefix`` result; only with an empty table) are taken first, then new
-        blocks from the free list, then by evicting LRU cached blocks. False: nothing changed."""
+        (a fresh ``match_prefix`` result under the same ``salt``; only with an empty table) are
+        taken first, then new blocks from the free list, then by evicting LRU cached blocks.
+        False: nothing changed."""
         if not cached_blocks and len(block_table) * self.block_size >= num_tokens:
             return True  # already covered: every decode step of every sequence asks this
         if cached_blocks and block_table:
             raise ValueError("cached_blocks may only be given for an empty block table")
-        self._check_prefix_hit(cached_blocks)
+        self._check_prefix_hit(cached_blocks, salt)
         needed = self.num_blocks_needed(block_table, num_tokens, cached_blocks)
         if needed > self._room(cached_blocks):
             return False
@@ -215,9 +228,11 @@ class KVCacheManager:
             self._content_hash.pop(block_id, None)
             self.prefix_cache.unregister(block_id)
 
-    def _check_prefix_hit(self, cached_blocks: Sequence[int]) -> None:
+    def _check_prefix_hit(self, cached_blocks: Sequence[int], salt: str | None) -> None:
         # A hit must still be the registered chain match_prefix found (not evicted since).
-        parent = ROOT_HASH
+        if not cached_blocks:
+            return
+        parent = root_hash(salt)
         for b in cached_blocks:
             entry = self.prefix_cache.entry(b)
             if entry is None or entry.parent_hash != parent:

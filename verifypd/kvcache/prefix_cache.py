@@ -7,10 +7,21 @@ its token ids, and a lookup compares both, so a collision gives a miss, never a 
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 ROOT_HASH = 0  # the "parent hash" of block 0
+
+
+def root_hash(salt: str | None) -> int:
+    """The "parent hash" of a sequence's block 0: ``ROOT_HASH`` unsalted, else a 64-bit digest
+    of the request's ``cache_salt`` (never ``ROOT_HASH``). Differently salted prompts chain
+    from different roots, so they never share a block: a lookup compares the parent hash too."""
+    if salt is None:
+        return ROOT_HASH
+    digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"verifypd-salt").digest()
+    return int.from_bytes(digest, "little") | 1
 
 
 def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:

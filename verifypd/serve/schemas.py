@@ -79,6 +79,8 @@ class _SamplingFields(StructuredFields):
     # verifypd extension, benchmark only: this request's synthetic acceptance alpha (400 on a
     # server not started with --synthetic-acceptance).
     synthetic_acceptance: float | None = Field(default=None, ge=0, le=1)
+    # vLLM's extension: prefix-cache blocks are shared only between requests with this salt
+    cache_salt: str | None = None
 
     @property
     def is_stream(self) -> bool:
@@ -320,6 +322,7 @@ def to_sampling_params(
         "n": request.n or 1,
         "priority": request.priority or 0,
         "synthetic_acceptance": request.synthetic_acceptance,
+        "cache_salt": request.cache_salt,
         **_sampling_controls(request),
         **_logprob_kwargs(request),
         "structured": structured,
