@@ -59,6 +59,8 @@ class HttpEngine:
             body["seed"] = params.seed
         if params.synthetic_acceptance is not None:  # verifypd in synthetic mode (benchmarks)
             body["synthetic_acceptance"] = params.synthetic_acceptance
+        if params.cache_salt is not None:  # vLLM's and verifypd's: a prefix cache of its own
+            body["cache_salt"] = params.cache_salt
         return body
 
     async def generate(
@@ -105,6 +107,32 @@ SERVER_HISTOGRAMS = {
 }
 
 
+# Counters of prompt tokens looked up in / found in the server's prefix cache (both servers
+# count tokens): a run's hits show whether it replayed prompts the server had cached.
+SERVER_COUNTERS = {
+    "prefix_cache_hits": ("verifypd_prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+    "prefix_cache_queries": (
+        "verifypd_prefix_cache_queries_total",
+        "vllm:prefix_cache_queries_total",
+    ),
+}
+
+
+def counter_totals(text: str) -> dict[str, float]:
+    """Each ``SERVER_COUNTERS`` entry of a Prometheus text page, summed over its label sets;
+    an entry the page lacks is left out."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        base = name.split("{", 1)[0]
+        for key, names in SERVER_COUNTERS.items():
+            if base in names:
+                totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
 def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of each ``SERVER_HISTOGRAMS`` entry in a Prometheus text page, summed over
     its label sets; an entry the page lacks is left out."""
@@ -122,23 +150,31 @@ def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
-async def server_totals(base_url: str) -> dict[str, tuple[float, float]]:
-    """``histogram_totals`` of ``GET /metrics``; empty where the server has no such page."""
+async def server_totals(base_url: str) -> dict[str, Any]:
+    """``histogram_totals`` and ``counter_totals`` of ``GET /metrics``; empty where the server
+    has no such page."""
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{base_url.rstrip('/')}/metrics") as resp:
-                return histogram_totals(await resp.text()) if resp.status == 200 else {}
+                if resp.status != 200:
+                    return {}
+                text = await resp.text()
+                return {**histogram_totals(text), **counter_totals(text)}
     except aiohttp.ClientError:
         return {}
 
 
 def server_means(before: dict, after: dict) -> dict[str, float | None]:
-    """Mean ms of each histogram over the requests between two ``server_totals``."""
+    """Between two ``server_totals``: the mean ms of each histogram over its requests, and
+    each counter's increase (``server_prefix_cache_hits_tokens``, ...)."""
     out: dict[str, float | None] = {}
     for key in SERVER_HISTOGRAMS:
         if key in before and key in after:
             d_sum, d_count = (a - b for a, b in zip(after[key], before[key], strict=True))
             out[f"server_{key}_mean_ms"] = d_sum / d_count * 1e3 if d_count > 0 else None
+    for key in SERVER_COUNTERS:
+        if key in before and key in after:
+            out[f"server_{key}_tokens"] = after[key] - before[key]
     return out
 
 

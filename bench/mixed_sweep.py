@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import secrets
 import time
 from collections.abc import Callable
 from functools import partial
@@ -95,6 +96,14 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="--http: send each request's alpha as synthetic_acceptance",
+    )
+    g.add_argument(
+        "--http-cache-salt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--http: every run's requests carry a cache_salt of their own (vLLM and verifypd "
+        "honour it), so a trace replayed at another temperature misses the prefix cache as it "
+        "does in-process, where the cache is reset between runs",
     )
 
 
@@ -319,8 +328,11 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
     """The same traces against the OpenAI server at ``--http``, one client (http_load)."""
     args = run.args
     model = await served_model(args.http)
-    run.report["sweep_engines"][args.mode_label] = {"http": args.http, "model": model,
-                                                    "send_alpha": args.http_alpha}  # fmt: skip
+    nonce = secrets.token_hex(8)  # another sweep against the same server misses too
+    run.report["sweep_engines"][args.mode_label] = {
+        "http": args.http, "model": model, "send_alpha": args.http_alpha,
+        "cache_salt_per_run": args.http_cache_salt,
+    }  # fmt: skip
     async with HttpEngine(args.http, model, args.http_extra) as engine:
         for temp in plan.temperatures:
             await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
@@ -330,6 +342,8 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
                 run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)
             ):
                 continue
+            if args.http_cache_salt:
+                engine.extra["cache_salt"] = f"{nonce}-{rate}-{profile}-{temp}"
             try:
                 before = await server_totals(args.http)
                 res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)

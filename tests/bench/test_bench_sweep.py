@@ -591,12 +591,25 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     )  # fmt: skip
     argv = [a for a in SWEEP_TINY if a not in ("--num-kv-blocks", "256")]
     argv[argv.index("off,three-fixed,policy")] = "off"  # one mode label; --modes does not apply
+    # One profile at two temperatures: the second run of a rate replays the first's prompts.
+    argv[argv.index("uniform-0.8,hetero")] = "hetero"
+    argv[argv.index("--temperatures") + 1] = "0,0.7"
     with start_server_process(cmd, timeout=120) as server:
         data = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label", "policy",
                                          "--http-extra", '{"user": "sweep"}',
                                          "--out", str(tmp_path)])  # fmt: skip
+        # Without a salt per run, the same replay hits the prompts cached at temperature 0.
+        unsalted = load_bench("mixed").main([*argv, "--http", server.url, "--mode-label",
+                                             "policy", "--no-http-cache-salt", "--rates", "20",
+                                             "--out", str(tmp_path / "unsalted")])  # fmt: skip
         server.stop()
+    hits = {r["temperature"]: r["server"]["server_prefix_cache_hits_tokens"]
+            for r in unsalted["sweep"]}  # fmt: skip
+    assert hits[0.0] == 0 and hits[0.7] > 0
+    assert unsalted["sweep_engines"]["policy"]["cache_salt_per_run"] is False
     rows = data["sweep"]
+    assert [r["server"]["server_prefix_cache_hits_tokens"] for r in rows] == [0.0] * 4
+    assert data["sweep_engines"]["policy"]["cache_salt_per_run"] is True
     assert len(rows) == 2 * 2 and {r["mode"] for r in rows} == {"policy"}
     for r in rows:
         assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions", "num_ahead_steps",
@@ -612,6 +625,8 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     sent = http.body([1, 2], SamplingParams(max_tokens=2, synthetic_acceptance=0.6))
     assert sent["synthetic_acceptance"] == 0.6
     assert "synthetic_acceptance" not in http.body([1, 2], SamplingParams(max_tokens=2))
+    assert http.body([1], SamplingParams(max_tokens=2, cache_salt="s"))["cache_salt"] == "s"
+    assert "cache_salt" not in http.body([1], SamplingParams(max_tokens=2))
     assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
 
 
@@ -647,6 +662,19 @@ verifypd_time_to_first_token_seconds_created{model="m"} 1.7e9
         "server_queue_mean_ms": None,  # no request between the scrapes
     }
     assert http.server_means({}, after) == {}
+    counters = """verifypd_prefix_cache_hits_total{model="m"} 32.0
+verifypd_prefix_cache_queries_total{model="m"} 80.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 16.0
+vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9
+"""
+    totals = http.counter_totals(counters)
+    assert totals == {"prefix_cache_hits": 64.0, "prefix_cache_queries": 80.0}
+    later = {"prefix_cache_hits": 64.0, "prefix_cache_queries": 120.0}
+    assert http.server_means(totals, later) == {
+        "server_prefix_cache_hits_tokens": 0.0,
+        "server_prefix_cache_queries_tokens": 40.0,
+    }
 
 
 def test_a_runs_policy_view_counts_from_its_start():
