@@ -104,7 +104,10 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, An
 SERVER_HISTOGRAMS = {
     "ttft": ("verifypd_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
     "queue": ("verifypd_request_queue_seconds", "vllm:request_queue_time_seconds"),
+    # verifypd only: how late its event loop (the engine's and the HTTP front's) woke
+    "loop_lag": ("verifypd_event_loop_lag_seconds",),
 }
+LATE_LOOP_S = "0.005"  # the loop-lag bucket bound: a probe past it held the loop >= 5 ms
 
 
 # Counters of prompt tokens looked up in / found in the server's prefix cache (both servers
@@ -130,6 +133,8 @@ def counter_totals(text: str) -> dict[str, float]:
         for key, names in SERVER_COUNTERS.items():
             if base in names:
                 totals[key] = totals.get(key, 0.0) + float(value)
+        if base == "verifypd_event_loop_lag_seconds_bucket" and f'le="{LATE_LOOP_S}"' in name:
+            totals["loop_lag_on_time"] = totals.get("loop_lag_on_time", 0.0) + float(value)
     return totals
 
 
@@ -165,8 +170,9 @@ async def server_totals(base_url: str) -> dict[str, Any]:
 
 
 def server_means(before: dict, after: dict) -> dict[str, float | None]:
-    """Between two ``server_totals``: the mean ms of each histogram over its requests, and
-    each counter's increase (``server_prefix_cache_hits_tokens``, ...)."""
+    """Between two ``server_totals``: the mean ms of each histogram over its requests (or its
+    probes), each counter's increase (``server_prefix_cache_hits_tokens``, ...) and the share of
+    event-loop probes that woke ``LATE_LOOP_S`` or more late (verifypd's)."""
     out: dict[str, float | None] = {}
     for key in SERVER_HISTOGRAMS:
         if key in before and key in after:
@@ -175,6 +181,10 @@ def server_means(before: dict, after: dict) -> dict[str, float | None]:
     for key in SERVER_COUNTERS:
         if key in before and key in after:
             out[f"server_{key}_tokens"] = after[key] - before[key]
+    if "loop_lag_on_time" in before and "loop_lag_on_time" in after and "loop_lag" in after:
+        probes = after["loop_lag"][1] - before["loop_lag"][1]
+        on_time = after["loop_lag_on_time"] - before["loop_lag_on_time"]
+        out["server_loop_lag_late_share"] = (probes - on_time) / probes if probes > 0 else None
     return out
 
 

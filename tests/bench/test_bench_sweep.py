@@ -619,6 +619,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
         # the client's (which adds the HTTP front and the network).
         server = r["server"]
         assert 0 < server["server_ttft_mean_ms"] <= server["client_ttft_mean_ms"]
+        assert 0 <= server["server_loop_lag_late_share"] <= 1
         assert 0 <= server["server_queue_mean_ms"] <= server["server_ttft_mean_ms"]
     assert data["sweep_engines"]["policy"]["send_alpha"] is True
     http = load_bench("http_load").HttpEngine("http://x", "m")
@@ -674,6 +675,19 @@ vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9
     assert http.server_means(totals, later) == {
         "server_prefix_cache_hits_tokens": 0.0,
         "server_prefix_cache_queries_tokens": 40.0,
+    }
+    lag = """verifypd_event_loop_lag_seconds_bucket{le="0.002",model="m"} 70.0
+verifypd_event_loop_lag_seconds_bucket{le="0.005",model="m"} 90.0
+verifypd_event_loop_lag_seconds_bucket{le="0.01",model="m"} 99.0
+verifypd_event_loop_lag_seconds_sum{model="m"} 0.2
+verifypd_event_loop_lag_seconds_count{model="m"} 100.0
+"""
+    first = {**http.histogram_totals(lag), **http.counter_totals(lag)}
+    assert first == {"loop_lag": (0.2, 100.0), "loop_lag_on_time": 90.0}
+    then = {"loop_lag": (0.5, 200.0), "loop_lag_on_time": 150.0}
+    assert http.server_means(first, then) == {
+        "server_loop_lag_mean_ms": pytest.approx(3.0),
+        "server_loop_lag_late_share": pytest.approx(0.4),  # 40 of 100 probes >= 5 ms late
     }
 
 
