@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,20 +121,24 @@ SERVER_COUNTERS = {
 }
 
 
+def _samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(name with labels, metric name, value) of each sample line of a Prometheus text page."""
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            yield name, name.split("{", 1)[0], float(value)
+
+
 def counter_totals(text: str) -> dict[str, float]:
     """Each ``SERVER_COUNTERS`` entry of a Prometheus text page, summed over its label sets;
     an entry the page lacks is left out."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        base = name.split("{", 1)[0]
+    for name, base, value in _samples(text):
         for key, names in SERVER_COUNTERS.items():
             if base in names:
-                totals[key] = totals.get(key, 0.0) + float(value)
+                totals[key] = totals.get(key, 0.0) + value
         if base == "verifypd_event_loop_lag_seconds_bucket" and f'le="{LATE_LOOP_S}"' in name:
-            totals["loop_lag_on_time"] = totals.get("loop_lag_on_time", 0.0) + float(value)
+            totals["loop_lag_on_time"] = totals.get("loop_lag_on_time", 0.0) + value
     return totals
 
 
@@ -142,16 +146,12 @@ def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of each ``SERVER_HISTOGRAMS`` entry in a Prometheus text page, summed over
     its label sets; an entry the page lacks is left out."""
     totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        base = name.split("{", 1)[0]
+    for _, base, value in _samples(text):
         for key, names in SERVER_HISTOGRAMS.items():
             for n in names:
                 for i, suffix in enumerate(("_sum", "_count")):
                     if base == n + suffix:
-                        totals.setdefault(key, [0.0, 0.0])[i] += float(value)
+                        totals.setdefault(key, [0.0, 0.0])[i] += value
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
