@@ -56,6 +56,7 @@ TOPICS = {
     "catch_up_cost": "profile",
     "sample_cost": "profile",
     "policy_sim": "profile",
+    "front_cost": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
     "grammar_mask": "api",
