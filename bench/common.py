@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,13 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server started next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def csv_list(text: str) -> list[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import aiohttp  # noqa: E402
-from common import add_common_args, csv_list, format_table, start_run  # noqa: E402
+from common import add_common_args, csv_list, format_table, free_port, start_run  # noqa: E402
 from http_load import server_means, server_totals, wait_ready  # noqa: E402
 
 SCRIPT = "front_cost"
@@ -58,12 +57,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (Linux ``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def stream(session: aiohttp.ClientSession, url: str, tokens: int) -> int:

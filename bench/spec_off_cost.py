@@ -20,7 +20,6 @@ import asyncio
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from common import (  # noqa: E402
     argv_or_sys,
     bar_panels,
     format_table,
+    free_port,
     metadata,
     resolve_device,
     results_dir,
@@ -137,12 +137,6 @@ def serve_command(args, server: str, port: int) -> list[str]:
     if server == "drafter":
         cmd += ["--draft-model", args.draft_model]
     return cmd + shlex.split(args.serve_args)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_server(args, server: str, index: int, out: Path, measured, warm) -> dict[str, Any]:
