@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
@@ -39,7 +39,7 @@ class AsyncEngine:
         # effective context (what the server defaults max_tokens to and reports) is the smaller.
         self.max_model_len = self.core.max_choice_len(1)
         self.vocab_size = self.core.model_config.vocab_size
-        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._sinks: dict[str, Callable[[RequestOutput], None]] = {}  # id -> where deltas go
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.executor = executor_for(self.core, self.policy, config.lane_streams)
@@ -87,7 +87,7 @@ class AsyncEngine:
             self._task = None
 
     async def stop(self) -> None:
-        for rid in list(self._queues):
+        for rid in list(self._sinks):
             self.abort(rid)
         if self._task is not None:
             self._task.cancel()
@@ -110,7 +110,7 @@ class AsyncEngine:
         await self.start()
         self.core.add_request(request_id, list(prompt_token_ids), params)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._queues[request_id] = queue
+        self._sinks[request_id] = queue.put_nowait
         self._wakeup.set()
         remaining = params.n
         try:
@@ -119,10 +119,33 @@ class AsyncEngine:
                 remaining -= out.finished
                 yield out
         finally:
-            self._queues.pop(request_id, None)
+            self._sinks.pop(request_id, None)
             if remaining:
                 self.core.abort_request(request_id)
                 self._report_depths()
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[RequestOutput], None],
+    ) -> None:
+        """``generate`` without an iterator: every delta of the request goes to ``sink`` until
+        its last choice finishes (the engine process's relay, ``serve.engine_process``). Raises
+        ``ParamError`` as ``generate`` does; ``abort`` ends it. Call after ``start``."""
+        self.core.add_request(request_id, list(prompt_token_ids), params)
+        remaining = params.n
+
+        def take(out: RequestOutput) -> None:
+            nonlocal remaining
+            remaining -= out.finished
+            if not remaining:
+                self._sinks.pop(request_id, None)
+            sink(out)
+
+        self._sinks[request_id] = take
+        self._wakeup.set()
 
     def max_choice_len(self, n: int) -> int:
         """The longest prompt + max_tokens each choice of an ``n``-choice request may have."""
@@ -168,7 +191,7 @@ class AsyncEngine:
         d = self.dispatcher
         queued = [e.seq for f in d.flights() for e in f.plan.seqs]
         queued += [e.seq for e in d.verify_queue]  # these steps still land and fold back in
-        for rid in list(self._queues):
+        for rid in list(self._sinks):
             seqs = [st.seq for st in self.core.requests.get(rid, [])]
             for out in self.core.abort_request(rid, "error"):
                 self._deliver(out)
@@ -191,9 +214,9 @@ class AsyncEngine:
                 await self._wakeup.wait()
 
     def _deliver(self, out: RequestOutput) -> None:
-        queue = self._queues.get(out.request_id)
-        if queue is not None:
-            queue.put_nowait(out)
+        sink = self._sinks.get(out.request_id)
+        if sink is not None:
+            sink(out)
 
     def _report_depths(self) -> None:
         self.observer.requests(self.num_running, self.num_waiting)

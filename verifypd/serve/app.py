@@ -291,7 +291,9 @@ async def _serve_until_signal(
         attach_engine(app, engine)
         logger.info("ready: %s loaded in %.1f s", state.model_name, time.monotonic() - started)
         print(ready_line(state.model_name, host, runner.addresses[0][1]), flush=True)
-        await signals.stopped.wait()
+        if await _engine_gone_first(signals.stopped, engine):
+            logger.error("the engine process exited; stopping the server")
+            return 1
         await drain(state, drain_timeout, signals.forced)
         return 0
     except ValueError as exc:  # a model or option the engine rejects: one line, no traceback
@@ -306,6 +308,19 @@ async def _serve_until_signal(
         if engine is not None:
             await engine.stop()
         signals.remove(loop)  # last: a late signal must not kill a clean shutdown
+
+
+async def _engine_gone_first(stopped: asyncio.Event, engine: EngineClient) -> bool:
+    """Wait for a stop signal or, for an engine in its own process (``closed``), for that
+    process to end; True when the engine went first."""
+    closed = getattr(engine, "closed", None)
+    waits = {asyncio.ensure_future(stopped.wait())}
+    if closed is not None:
+        waits.add(asyncio.ensure_future(closed.wait()))
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return not stopped.is_set()
 
 
 def ready_line(model: str, host: str, port: int) -> str:

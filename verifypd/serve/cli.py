@@ -18,8 +18,10 @@ from verifypd.config import (
 )
 from verifypd.serve.app import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_MAX_QUEUE, run_server
 from verifypd.serve.cors import CorsConfig, parse_list
+from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.limits import ServeLimits
 from verifypd.serve.model_source import ModelSource, hf_hub_cache, resolve_model
+from verifypd.types import Observer
 
 logger = logging.getLogger("verifypd.serve")
 
@@ -133,6 +135,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="most top log-probs a request may ask for (completions logprobs, chat top_logprobs)",
     )
     add("--lane-mode", choices=("three", "single"), default="three")
+    add("--engine-process", action="store_true",
+        help="run the engine in its own process: the HTTP front (parsing, tokenizing, streaming, "
+             "metrics) no longer shares the engine's event loop (docs/api.md)")  # fmt: skip
     add(
         "--drain-timeout",
         type=float,
@@ -316,4 +321,12 @@ def serve_main(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         cors=cors,
         limits=limits,
+        engine_factory=remote_engine if args.engine_process else None,
     )
+
+
+def remote_engine(config: EngineConfig, observer: Observer) -> EngineClient:
+    """``--engine-process``: the engine in a child process (``serve.engine_process``)."""
+    from verifypd.serve.engine_process import RemoteEngine
+
+    return RemoteEngine(config, observer)

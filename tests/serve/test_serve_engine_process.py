@@ -1,0 +1,180 @@
+"""``verifypd serve --engine-process``: the engine in a child process behind ``RemoteEngine``.
+
+Against the in-process engine on the same requests: the same tokens and text, streamed and not,
+greedy and seeded; the engine's ``ParamError`` crosses with its field; /metrics sees the engine's
+steps. Reliability: a client that leaves mid-stream frees its blocks in the child while another
+request finishes; a killed engine process fails the live stream with an error event and new
+requests with a 500; the real CLI drains and exits 0 on SIGTERM (its child gone too) and exits 1
+when its engine process dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import bounded, parse_sse, read_event, tiny_config, wait_until
+from server_utils import serve_engine, start_server_process, verifypd_serve_command
+
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.serve.engine_process import EngineProcessError, RemoteEngine
+from verifypd.types import ParamError, SamplingParams
+
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/completions", {"prompt": "The sky is", "max_tokens": 10, "temperature": 0, "n": 2}),
+    ("/v1/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 10, "temperature": 0.8,
+                         "seed": 3, "stream": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a color."}],
+                              "max_tokens": 10, "temperature": 0.8, "seed": 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10,
+                              "temperature": 0, "stream": True,
+                              "stream_options": {"include_usage": True}}),
+]  # fmt: skip
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads started them."""
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(c) for path in tasks for c in path.read_text().split()]
+
+
+def _answer(payload: Any) -> list[Any]:
+    """What must match between engines: each choice's text and finish reason, and the usage."""
+    if isinstance(payload, list):  # a stream: text per choice index, then the usage chunk
+        texts: dict[int, str] = {}
+        usage = None
+        for event in payload[:-1]:
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                delta = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                texts[choice["index"]] = texts.get(choice["index"], "") + delta
+        return [texts, usage, payload[-1]]
+    choices = [
+        (c["index"], c.get("text") or c["message"]["content"], c["finish_reason"])
+        for c in payload["choices"]
+    ]
+    return [choices, payload["usage"]]
+
+
+async def _answers(engine: Any) -> list[list[Any]]:
+    answers = []
+    async with serve_engine(engine) as h:
+        for path, body in REQUESTS:
+            resp = await h.client.post(path, json=body)
+            assert resp.status == 200, await resp.text()
+            text = await resp.text()
+            answers.append(_answer(parse_sse(text) if body.get("stream") else json.loads(text)))
+        metrics = await (await h.client.get("/metrics")).text()
+    return answers, metrics
+
+
+@bounded(240)
+async def test_the_engine_process_answers_as_the_engine_in_process() -> None:
+    local, _ = await _answers(AsyncEngine(tiny_config()))
+    remote, metrics = await _answers(RemoteEngine(tiny_config()))
+    assert remote == local
+    assert all(text for text in local[0][0])  # something was generated to compare
+    steps = [
+        line for line in metrics.splitlines()
+        if line.startswith("verifypd_lane_step_seconds_count") and 'lane="decode"' in line
+    ]  # fmt: skip
+    assert steps and float(steps[0].split()[-1]) > 0, steps  # observer calls replayed
+
+
+@bounded(120)
+async def test_an_engine_refusal_crosses_with_its_field() -> None:
+    engine = RemoteEngine(tiny_config())
+    await engine.start()
+    try:
+        with pytest.raises(ParamError) as err:
+            async for _ in engine.generate("r", [10**6], SamplingParams(max_tokens=2)):
+                pass
+        assert err.value.param == "prompt"
+        outs = [o async for o in engine.generate("r", [1, 2], SamplingParams(max_tokens=2))]
+        assert outs[-1].finished and outs[-1].num_output_tokens == 2
+        await engine.check_integrity()
+    finally:
+        await engine.stop()
+    assert engine._proc.returncode == 0
+
+
+@bounded(180)
+async def test_a_client_leaving_frees_its_blocks_in_the_engine_process() -> None:
+    engine = RemoteEngine(tiny_config())
+    long = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    async with serve_engine(engine) as h:
+        free = engine.kv_blocks_free
+        assert free > 0
+        leaving = await h.client.post("/v1/completions", json=long)
+        await read_event(leaving)
+        await read_event(leaving)
+        other = asyncio.ensure_future(
+            h.client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 8})
+        )
+        leaving.close()  # the client goes away mid-stream
+        resp = await other
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["usage"]["completion_tokens"] == 8
+        await h.wait_engine_idle(30)
+        await engine.check_integrity()
+        await wait_until(lambda: engine.kv_blocks_free >= free, 10)
+        metrics = await (await h.client.get("/metrics")).text()
+    assert _sample(metrics, "verifypd_requests_finished_total", 'reason="abort"') == 1
+    assert _sample(metrics, "verifypd_requests_finished_total", 'reason="length"') == 1
+
+
+def _sample(metrics: str, name: str, label: str) -> float:
+    (line,) = [m for m in metrics.splitlines() if m.startswith(name + "{") and label in m]
+    return float(line.split()[-1])
+
+
+@bounded(180)
+async def test_a_dead_engine_process_fails_live_and_new_requests() -> None:
+    engine = RemoteEngine(tiny_config())
+    long = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    async with serve_engine(engine) as h:
+        resp = await h.client.post("/v1/completions", json=long)
+        await read_event(resp)
+        os.kill(engine.pid, signal.SIGKILL)
+        events = parse_sse((await resp.read()).decode())
+        assert events[-1] == "[DONE]"
+        assert events[-2]["error"]["type"] == "server_error", events[-2]
+        await asyncio.wait_for(engine.closed.wait(), 10)
+        after = await h.client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        assert after.status == 500, await after.text()
+    with pytest.raises(EngineProcessError):
+        await engine.check_integrity()
+
+
+def test_a_model_the_engine_rejects_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown dummy preset 'nope'"):
+        RemoteEngine(tiny_config(model="dummy:nope"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc")
+def test_the_cli_drains_on_sigterm_and_exits_when_its_engine_dies() -> None:
+    args = ("--model", "dummy:tiny", "--device", "cpu", "--engine-process")
+    with start_server_process(verifypd_serve_command(*args), timeout=180) as server:
+        (child,) = _children(server.proc.pid)
+        assert server.stop(signal.SIGTERM) == 0
+        with pytest.raises(ProcessLookupError):
+            _wait_gone(child)
+    with start_server_process(verifypd_serve_command(*args), timeout=180) as server:
+        (child,) = _children(server.proc.pid)
+        os.kill(child, signal.SIGKILL)
+        assert server.proc.wait(30) == 1
+        assert any("engine process exited" in line for line in server.stderr), server.stderr
+
+
+def _wait_gone(pid: int) -> None:
+    """Raises ProcessLookupError once ``pid`` is gone (reaped); fails after 10 s."""
+    for _ in range(1000):
+        os.kill(pid, 0)
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still exists")
