@@ -261,18 +261,36 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
     http_rows = [dict(r, mode=f"http:{r['mode']}") for h in http for r in h["sweep"]]
     vllm_rows = [r for v in vllm for r in v["sweep"]]
     out["sweep"] = rows + http_rows + vllm_rows
-    http_policy = [dict(r, mode="policy") for h in http for r in h["sweep"]
-                   if r["mode"] in HTTP_POLICY]  # fmt: skip
     http_vllm = [r for h in http for r in h["sweep"] if r["mode"] in HTTP_VLLM]
     out["criteria"]["policy_ahead_of_vllm"] = ahead_of_vllm(rows, vllm_rows)
     # over HTTP against vLLM's server driven by the same client when that was run, else
     # against the in-process vLLM rows
     http_ref = http_vllm or vllm_rows
-    out["criteria"]["http_policy_ahead_of_vllm"] = {
-        **ahead_of_vllm(http_policy, http_ref),
-        "vllm_front": "http" if http_vllm else "in-process",
-    }
+    front = "http" if http_vllm else "in-process"
+    labels = http_policy_labels(http)
+    for label in labels:
+        mine = [dict(r, mode="policy") for h in http for r in h["sweep"] if r["mode"] == label]
+        judged = {**ahead_of_vllm(mine, http_ref), "vllm_front": front}
+        if label in HTTP_POLICY:
+            out["criteria"]["http_policy_ahead_of_vllm"] = judged
+        else:  # another server variant of the policy (e.g. policy-http-proc)
+            out["criteria"].setdefault("http_variants_ahead_of_vllm", {})[label] = judged
+    if not any(label in HTTP_POLICY for label in labels):
+        out["criteria"]["http_policy_ahead_of_vllm"] = {**ahead_of_vllm([], http_ref),
+                                                         "vllm_front": front}  # fmt: skip
     return out
+
+
+def http_policy_labels(http: list[dict[str, Any]]) -> list[str]:
+    """The HTTP rows' policy labels in order: ``policy`` / ``policy-http``, and variants of
+    our server run under ``policy-http-NAME`` (e.g. ``--engine-process``), each judged on its
+    own against vLLM."""
+    seen: dict[str, None] = {}
+    for h in http:
+        for r in h["sweep"]:
+            if r["mode"] in HTTP_POLICY or r["mode"].startswith("policy-http-"):
+                seen[r["mode"]] = None
+    return list(seen)
 
 
 def report_lines(merged: dict[str, Any]) -> list[str]:
@@ -281,6 +299,8 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     lines += vllm_lines(crit["policy_ahead_of_vllm"], "vLLM (in-process)")
     front = crit["http_policy_ahead_of_vllm"].get("vllm_front", "in-process")
     lines += vllm_lines(crit["http_policy_ahead_of_vllm"], f"vLLM (HTTP policy rows vs {front})")
+    for label, judged in crit.get("http_variants_ahead_of_vllm", {}).items():
+        lines += vllm_lines(judged, f"vLLM (HTTP {label} rows vs {front})")
     return lines
 
 

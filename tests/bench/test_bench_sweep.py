@@ -490,6 +490,14 @@ def test_http_policy_against_vllm_server_rows() -> None:
     assert crit["vllm_front"] == "http" and crit["verdict"] == "MISS"
     assert crit["checks"][0]["ttft_p99_ms"] == {"policy": 80.0, "vllm": 70.0}
     assert any("HTTP policy rows vs http" in line for line in report.report_lines(merged))
+    # A variant of our server (e.g. --engine-process) is judged on its own, beside it.
+    http[0]["sweep"].append(_row("policy-http-proc", 2, ttft=60.0, itl=19.0, tpot=9.0))
+    merged = report.merge(ours, vllm, http)
+    variant = merged["criteria"]["http_variants_ahead_of_vllm"]["policy-http-proc"]
+    assert variant["verdict"] == "PASS" and variant["checks"][0]["ttft_p99_ms"]["policy"] == 60.0
+    assert merged["criteria"]["http_policy_ahead_of_vllm"]["verdict"] == "MISS"
+    lines = report.report_lines(merged)
+    assert any("HTTP policy-http-proc rows vs http" in line for line in lines)
 
 
 def test_peer_sweep_replays_the_same_traces(
