@@ -180,6 +180,13 @@ async def test_a_dead_engine_process_fails_live_and_new_requests() -> None:
         await engine.check_integrity()
 
 
+@bounded(120)
+async def test_an_engine_never_started_exits_with_its_front() -> None:
+    engine = RemoteEngine(tiny_config())
+    await engine.stop()  # closes the front's end: the child sees it and exits
+    assert engine._proc.returncode == 0
+
+
 def test_a_model_the_engine_rejects_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="unknown dummy preset 'nope'"):
         RemoteEngine(tiny_config(model="dummy:nope"))

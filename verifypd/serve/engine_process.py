@@ -161,18 +161,27 @@ class RemoteEngine:
         if self._stopping:
             return
         self._stopping = True
-        if self._writer is not None and not self.closed.is_set():
-            self._send(("stop",))
-            try:
-                await asyncio.wait_for(self.closed.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
-        elif self._writer is None:
-            self._sock.close()
-        await asyncio.get_running_loop().run_in_executor(None, self._reap)
+        if self._writer is None:
+            self._sock.close()  # never started: the child sees the end and exits
+        else:
+            if not self.closed.is_set():
+                self._send(("stop",))
+                try:
+                    await asyncio.wait_for(self.closed.wait(), STOP_TIMEOUT_S)
+                except TimeoutError:
+                    logger.warning(
+                        "engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S
+                    )
+                    self._proc.kill()
+            self._writer.close()
+        await asyncio.get_running_loop().run_in_executor(None, self._wait_exit)
 
     def _reap(self) -> None:
+        """Start-up failed: close our end and wait for the child."""
         self._sock.close()
+        self._wait_exit()
+
+    def _wait_exit(self) -> None:
         try:
             self._proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
