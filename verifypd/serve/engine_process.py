@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import signal
 import socket
@@ -413,20 +414,22 @@ def _integrity_error(engine: AsyncEngine) -> str | None:
     return None
 
 
-def _exit_with_front(sock: socket.socket) -> None:
+def _exit_with_front(sock: socket.socket) -> threading.Event:
     """While the model loads: exit as soon as the front's end closes (it sends nothing until
-    the engine is ready, so the first thing a peek sees is either the end or a request)."""
+    the engine is ready, so the first thing a peek sees is either the end or a request). Set
+    the returned event once loaded: from then on the event loop sees the end and stops the
+    engine cleanly."""
+    loaded = threading.Event()
 
     def watch() -> None:
         try:
-            if not sock.recv(1, socket.MSG_PEEK):
-                import os
-
+            if not sock.recv(1, socket.MSG_PEEK) and not loaded.is_set():
                 os._exit(3)
         except OSError:
             pass
 
     threading.Thread(target=watch, name="verifypd-front-watch", daemon=True).start()
+    return loaded
 
 
 def main(argv: list[str]) -> int:
@@ -443,7 +446,7 @@ def main(argv: list[str]) -> int:
         level=level,
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
     )
-    _exit_with_front(sock)
+    loaded = _exit_with_front(sock)
     observer = RecordingObserver()
     try:
         from verifypd.serve.app import create_engine
@@ -461,6 +464,7 @@ def main(argv: list[str]) -> int:
         "limits": engine.core.limits,
         "stats": _stats(engine),
     }
+    loaded.set()
     send_blocking(sock, ("ready", info))
     try:
         import uvloop
