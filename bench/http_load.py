@@ -104,9 +104,12 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, An
 SERVER_HISTOGRAMS = {
     "ttft": ("verifypd_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
     "queue": ("verifypd_request_queue_seconds", "vllm:request_queue_time_seconds"),
-    # verifypd only: how late its event loop (the engine's and the HTTP front's) woke
+    # verifypd only: how late its event loop (the engine's and the HTTP front's) woke; with
+    # --engine-process that is the front's, and the engine process's is its own histogram
     "loop_lag": ("verifypd_event_loop_lag_seconds",),
+    "engine_loop_lag": ("verifypd_engine_loop_lag_seconds",),
 }
+LOOP_LAGS = ("loop_lag", "engine_loop_lag")  # their late shares go in each row too
 LATE_LOOP_S = "0.005"  # the loop-lag bucket bound: a probe past it held the loop >= 5 ms
 
 
@@ -137,8 +140,10 @@ def counter_totals(text: str) -> dict[str, float]:
         for key, names in SERVER_COUNTERS.items():
             if base in names:
                 totals[key] = totals.get(key, 0.0) + value
-        if base == "verifypd_event_loop_lag_seconds_bucket" and f'le="{LATE_LOOP_S}"' in name:
-            totals["loop_lag_on_time"] = totals.get("loop_lag_on_time", 0.0) + value
+        for key in LOOP_LAGS:
+            (metric,) = SERVER_HISTOGRAMS[key]
+            if base == f"{metric}_bucket" and f'le="{LATE_LOOP_S}"' in name:
+                totals[f"{key}_on_time"] = totals.get(f"{key}_on_time", 0.0) + value
     return totals
 
 
@@ -181,10 +186,12 @@ def server_means(before: dict, after: dict) -> dict[str, float | None]:
     for key in SERVER_COUNTERS:
         if key in before and key in after:
             out[f"server_{key}_tokens"] = after[key] - before[key]
-    if "loop_lag_on_time" in before and "loop_lag_on_time" in after and "loop_lag" in after:
-        probes = after["loop_lag"][1] - before["loop_lag"][1]
-        on_time = after["loop_lag_on_time"] - before["loop_lag_on_time"]
-        out["server_loop_lag_late_share"] = (probes - on_time) / probes if probes > 0 else None
+    for key in LOOP_LAGS:
+        on_time = f"{key}_on_time"
+        if on_time in before and on_time in after and key in after and key in before:
+            probes = after[key][1] - before[key][1]
+            late = probes - (after[on_time] - before[on_time])
+            out[f"server_{key}_late_share"] = late / probes if probes > 0 else None
     return out
 
 

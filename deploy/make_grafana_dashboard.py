@@ -141,7 +141,9 @@ def series() -> list[dict]:
               + [quantile("verifypd_gc_pause_seconds", 0.99, "generation",
                           "gc gen {{generation}} p99"),
                  quantile("verifypd_spec_policy_decide_seconds", 0.99, "",
-                          "speculation policy decision p99")], "s"),
+                          "speculation policy decision p99"),
+                 quantile("verifypd_engine_loop_lag_seconds", 0.99, "",
+                          "engine process loop lag p99 (--engine-process)")], "s"),
     ]  # fmt: skip
 
 

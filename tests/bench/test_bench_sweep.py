@@ -689,13 +689,20 @@ verifypd_event_loop_lag_seconds_bucket{le="0.005",model="m"} 90.0
 verifypd_event_loop_lag_seconds_bucket{le="0.01",model="m"} 99.0
 verifypd_event_loop_lag_seconds_sum{model="m"} 0.2
 verifypd_event_loop_lag_seconds_count{model="m"} 100.0
+verifypd_engine_loop_lag_seconds_bucket{le="0.005",model="m"} 48.0
+verifypd_engine_loop_lag_seconds_sum{model="m"} 0.1
+verifypd_engine_loop_lag_seconds_count{model="m"} 50.0
 """
     first = {**http.histogram_totals(lag), **http.counter_totals(lag)}
-    assert first == {"loop_lag": (0.2, 100.0), "loop_lag_on_time": 90.0}
-    then = {"loop_lag": (0.5, 200.0), "loop_lag_on_time": 150.0}
+    assert first == {"loop_lag": (0.2, 100.0), "loop_lag_on_time": 90.0,
+                     "engine_loop_lag": (0.1, 50.0), "engine_loop_lag_on_time": 48.0}  # fmt: skip
+    then = {"loop_lag": (0.5, 200.0), "loop_lag_on_time": 150.0,
+            "engine_loop_lag": (0.1, 50.0), "engine_loop_lag_on_time": 48.0}  # fmt: skip
     assert http.server_means(first, then) == {
         "server_loop_lag_mean_ms": pytest.approx(3.0),
         "server_loop_lag_late_share": pytest.approx(0.4),  # 40 of 100 probes >= 5 ms late
+        "server_engine_loop_lag_mean_ms": None,  # no probe between the two scrapes
+        "server_engine_loop_lag_late_share": None,
     }
 
 

@@ -113,6 +113,7 @@ async def test_the_engine_process_answers_as_the_engine_in_process() -> None:
         if line.startswith("verifypd_lane_step_seconds_count") and 'lane="decode"' in line
     ]  # fmt: skip
     assert steps and float(steps[0].split()[-1]) > 0, steps  # observer calls replayed
+    assert _sample(metrics, "verifypd_engine_loop_lag_seconds_count", "") > 0  # its own probe
 
 
 @bounded(120)
@@ -158,6 +159,7 @@ async def test_a_client_leaving_frees_its_blocks_in_the_engine_process() -> None
 
 
 def _sample(metrics: str, name: str, label: str) -> float:
+    """The one sample of ``name`` whose labels hold ``label``."""
     (line,) = [m for m in metrics.splitlines() if m.startswith(name + "{") and label in m]
     return float(line.split()[-1])
 

@@ -22,7 +22,7 @@ time_to_first_token_seconds inter_token_latency_seconds e2e_request_latency_seco
 request_queue_seconds num_requests_running num_requests_waiting kv_cache_usage_ratio
 kv_blocks_free prefix_cache_queries_total prefix_cache_hits_total preemptions_total
 decode_ahead_steps_total prompts_in_decode_total requests_finished_total prompt_tokens_total
-generation_tokens_total event_loop_lag_seconds gc_pause_seconds""".split()
+generation_tokens_total event_loop_lag_seconds gc_pause_seconds engine_loop_lag_seconds""".split()
 
 
 def test_exported_names_match_the_stable_contract() -> None:

@@ -19,10 +19,12 @@ The wire is a socketpair between the two (never a network socket): length-prefix
   ``("stopped",)``.
 
 The front replays the observer calls on its own ``PrometheusObserver``, so /metrics and the
-dashboard read as in one process. If the engine process dies, every live request fails, new ones
-get a 500 and ``closed`` is set (``verifypd serve`` then exits 1, for its supervisor to restart
-it). The child ignores SIGINT and SIGTERM (the front drains, then sends ``stop``) and exits when
-the front's end of the socket closes, even during the model load.
+dashboard read as in one process; the engine process's own loop lag is one of those calls
+(``verifypd_engine_loop_lag_seconds``; ``verifypd_event_loop_lag_seconds`` is the front's). If
+the engine process dies, every live request fails, new ones get a 500 and ``closed`` is set
+(``verifypd serve`` then exits 1, for its supervisor to restart it). The child ignores SIGINT
+and SIGTERM (the front drains, then sends ``stop``) and exits when the front's end of the socket
+closes, even during the model load.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from verifypd.serve.loop_health import probe_lag
 from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
 
 if TYPE_CHECKING:
@@ -378,6 +381,7 @@ async def serve_engine(
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     relay = Relay(engine, observer, writer)
     await engine.start()
+    probe = asyncio.create_task(probe_lag(observer.engine_loop_lag))
     try:
         while True:
             try:
@@ -398,6 +402,7 @@ async def serve_engine(
                 await writer.drain()
                 return
     finally:
+        probe.cancel()
         await engine.stop()
         writer.close()
 

@@ -102,6 +102,13 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         "generation",
         LAG_BUCKETS,
     ),
+    # With --engine-process: the same probe on the engine process's own loop.
+    "engine_loop_lag_seconds": (
+        Histogram,
+        "How much later than asked the engine process's event loop woke (--engine-process)",
+        None,
+        LAG_BUCKETS,
+    ),
 }
 # The goodput policy's reasons for speculating nobody (verifypd.controller.goodput.REASONS);
 # a speculating step is counted as speculate|catch_up|probe with _fused or _separate.
@@ -158,6 +165,9 @@ class PrometheusObserver(Observer):
 
     def loop_lag(self, seconds: float) -> None:
         self._m["event_loop_lag_seconds"].observe(seconds)
+
+    def engine_loop_lag(self, seconds: float) -> None:
+        self._m["engine_loop_lag_seconds"].observe(seconds)
 
     def gc_pause(self, generation: int, seconds: float) -> None:
         self._labeled("gc_pause_seconds", generation=str(generation)).observe(seconds)
