@@ -108,10 +108,8 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Yields deltas for every choice of the request; aborts it if the consumer leaves."""
         await self.start()
-        self.core.add_request(request_id, list(prompt_token_ids), params)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._sinks[request_id] = queue.put_nowait
-        self._wakeup.set()
+        self.submit(request_id, prompt_token_ids, params, queue.put_nowait)
         remaining = params.n
         try:
             while remaining:
@@ -119,8 +117,8 @@ class AsyncEngine:
                 remaining -= out.finished
                 yield out
         finally:
-            self._sinks.pop(request_id, None)
-            if remaining:
+            if remaining:  # the consumer left early
+                self._sinks.pop(request_id, None)
                 self.core.abort_request(request_id)
                 self._report_depths()
 
@@ -131,9 +129,10 @@ class AsyncEngine:
         params: SamplingParams,
         sink: Callable[[RequestOutput], None],
     ) -> None:
-        """``generate`` without an iterator: every delta of the request goes to ``sink`` until
-        its last choice finishes (the engine process's relay, ``serve.engine_process``). Raises
-        ``ParamError`` as ``generate`` does; ``abort`` ends it. Call after ``start``."""
+        """Admit a request whose deltas go to ``sink`` until its last choice finishes
+        (``generate`` hands them to its iterator; the engine process's relay,
+        ``serve.engine_process``, to its socket). Raises ``ParamError`` for input that can
+        never be served; ``abort`` ends it. Call after ``start``."""
         self.core.add_request(request_id, list(prompt_token_ids), params)
         remaining = params.n
 

@@ -317,7 +317,7 @@ async def _engine_gone_first(stopped: asyncio.Event, engine: EngineClient) -> bo
     waits = {asyncio.ensure_future(stopped.wait())}
     if closed is not None:
         waits.add(asyncio.ensure_future(closed.wait()))
-    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
     return not stopped.is_set()

@@ -101,7 +101,7 @@ class RemoteEngine:
 
     Construction blocks until the model is loaded (``verifypd serve`` builds engines in a
     loader thread); a model or option the engine rejects raises ``ValueError`` as the
-    in-process engine would. ``python`` is the child's interpreter (tests pass their own).
+    in-process engine would. ``python`` is the child's interpreter (default: this one).
     """
 
     def __init__(
