@@ -1,9 +1,10 @@
 """The server against the REAL engine: ``python -m verifypd serve --model default --device cpu``
 (SmolLM2-135M, fp32) in a subprocess, driven by the official ``openai`` client and raw aiohttp.
 
-One server per module serves the API tests (``--max-model-len 256``); three more start for
-the flags it cannot have: a queue of 2 then a graceful SIGTERM (one server, one test), a
-SIGTERM past a 2 s drain with one sequence at a time, and n-gram speculation. A start-up costs
+One server per module serves the API tests (``--max-model-len 256``); more start for the flags
+it cannot have: a queue of 2 then a graceful SIGTERM (one server, one test), a SIGTERM past a
+2 s drain with one sequence at a time, n-gram speculation, decode-ahead, prompts inside decode
+steps and the engine in its own process. A start-up costs
 a Python start and a model load, so tests share servers where their flags allow. Every test is
 bounded in time; the engine runs at some tens of tokens per second on 2 shared cores, so
 completions stay short.
@@ -293,6 +294,26 @@ async def test_disconnect_storm_with_decode_ahead_frees_every_block() -> None:
         await disconnect_storm(proc)
         async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
             assert (await metrics(session))["verifypd_decode_ahead_steps_total"] > 0
+        assert proc.stop(timeout=30) == 0
+
+
+@bounded(240)
+async def test_engine_process_serves_the_same_text_and_survives_the_storm(
+    server: ServerProcess,
+) -> None:
+    """``--engine-process`` on the real model (its Hugging Face tokenizer crosses to the front
+    once): the module server's greedy answer word for word, then the disconnect storm (aborts,
+    preemptions, prefix-cache reuse) leaves every block free, then SIGTERM exits 0."""
+    async with aiohttp.ClientSession(server.url, timeout=TIMEOUT) as session:
+        expected = await complete(session, story(99))
+    with smollm_server(*MAIN_ARGS, "--engine-process") as proc:
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            got = await complete(session, story(99))
+            assert got["choices"][0]["text"] == expected["choices"][0]["text"]
+            await wait_idle(session)
+        await disconnect_storm(proc)
+        async with aiohttp.ClientSession(proc.url, timeout=TIMEOUT) as session:
+            assert (await metrics(session))["verifypd_engine_loop_lag_seconds_count"] > 0
         assert proc.stop(timeout=30) == 0
 
 
