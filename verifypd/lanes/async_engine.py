@@ -131,7 +131,7 @@ class AsyncEngine:
     ) -> None:
         """Admit a request whose deltas go to ``sink`` until its last choice finishes
         (``generate`` hands them to its iterator; the engine process's relay,
-        ``serve.engine_process``, to its socket). Raises ``ParamError`` for input that can
+        ``serve.engine_worker``, to its socket). Raises ``ParamError`` for input that can
         never be served; ``abort`` ends it. Call after ``start``."""
         self.core.add_request(request_id, list(prompt_token_ids), params)
         remaining = params.n

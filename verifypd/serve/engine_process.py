@@ -5,95 +5,38 @@ In one process the front's work (parsing, tokenizing, one SSE write per streamed
 runs on the loop that also launches the engine's steps, so a busy front delays steps and a step's
 host work delays first tokens. Here the front process holds a ``RemoteEngine`` (an
 ``EngineClient``) and the engine runs in a child process, ``python -m
-verifypd.serve.engine_process FD``, on its own loop, as vLLM splits its API server from its
-engine core.
+verifypd.serve.engine_worker FD`` (``serve.engine_worker``), on its own loop, as vLLM splits its
+API server from its engine core. They talk over a socketpair (``serve.engine_wire``).
 
-The wire is a socketpair between the two (never a network socket): length-prefixed pickle frames.
-
-- front to engine: ``("config", EngineConfig, log_level)`` once, then ``("add", id, prompt,
-  params)``, ``("abort", id)``, ``("check",)`` and ``("stop",)``;
-- engine to front: ``("ready", info)`` or ``("failed", is_value_error, text)`` once, then one
-  ``("step", outputs, refused, calls, stats)`` frame per turn of the engine's loop that had
-  something to say (every delta, every admission refused with its ``ParamError``, every
-  ``Observer`` call, and the running/waiting/KV figures), ``("checked", error)`` and
-  ``("stopped",)``.
-
-The front replays the observer calls on its own ``PrometheusObserver``, so /metrics and the
-dashboard read as in one process; the engine process's own loop lag is one of those calls
+The front replays the engine's observer calls on its own ``PrometheusObserver``, so /metrics and
+the dashboard read as in one process; the engine process's own loop lag is one of those calls
 (``verifypd_engine_loop_lag_seconds``; ``verifypd_event_loop_lag_seconds`` is the front's). If
 the engine process dies, every live request fails, new ones get a 500 and ``closed`` is set
-(``verifypd serve`` then exits 1, for its supervisor to restart it). The child ignores SIGINT
-and SIGTERM (the front drains, then sends ``stop``) and exits when the front's end of the socket
-closes, even during the model load.
+(``verifypd serve`` then exits 1, for its supervisor to restart it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import pickle
-import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from verifypd.serve.loop_health import probe_lag
+from verifypd.serve.engine_wire import pack, read_frame, recv_blocking, send_blocking
 from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
 
 if TYPE_CHECKING:
     from verifypd.config import EngineConfig
-    from verifypd.lanes.async_engine import AsyncEngine
 
 logger = logging.getLogger("verifypd.serve")
-HEADER = struct.Struct("!I")
 STOP_TIMEOUT_S = 30.0  # how long ``stop`` waits for the engine process before killing it
 
 
 class EngineProcessError(RuntimeError):
     """The engine process is gone (or failed to start for a reason that is not the input's)."""
-
-
-# -- frames ------------------------------------------------------------------------------
-
-
-def pack(message: Any) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(body)) + body
-
-
-def send_blocking(sock: socket.socket, message: Any) -> None:
-    sock.sendall(pack(message))
-
-
-def recv_blocking(sock: socket.socket) -> Any:
-    """One frame; raises EOFError when the other end has closed."""
-    (size,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
-    return pickle.loads(_recv_exactly(sock, size))
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("the other end closed the socket")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """One frame; raises ``asyncio.IncompleteReadError`` when the other end has closed."""
-    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-    return pickle.loads(await reader.readexactly(size))
-
-
-# -- front -------------------------------------------------------------------------------
 
 
 class RemoteEngine:
@@ -124,7 +67,7 @@ class RemoteEngine:
         front, child = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
-                [python, "-m", "verifypd.serve.engine_process", str(child.fileno())],
+                [python, "-m", "verifypd.serve.engine_worker", str(child.fileno())],
                 pass_fds=[child.fileno()],
             )
         finally:
@@ -303,182 +246,3 @@ class RemoteEngine:
         self._checks.clear()
         self._stats = (0, 0, 0.0, 0)
         self.closed.set()
-
-
-# -- engine process ----------------------------------------------------------------------
-
-
-class RecordingObserver(Observer):
-    """Records every ``Observer`` call as (name, args) for the front to replay."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.notify: Callable[[], None] | None = None
-
-
-def _recorder(name: str) -> Callable[..., None]:
-    def record(self: RecordingObserver, *args: Any) -> None:
-        self.calls.append((name, args))
-        if self.notify is not None:
-            self.notify()
-
-    record.__name__ = name
-    return record
-
-
-for _name in [n for n in vars(Observer) if not n.startswith("_")]:
-    setattr(RecordingObserver, _name, _recorder(_name))
-
-
-class Relay:
-    """The engine process's side: what the engine produced in one turn of the loop, sent as
-    one ``step`` frame when the loop next gets to it."""
-
-    def __init__(self, engine: AsyncEngine, observer: RecordingObserver, writer: Any) -> None:
-        self.engine = engine
-        self.observer = observer
-        self.writer = writer
-        self.outputs: list[RequestOutput] = []
-        self.refused: list[tuple[str, bool, str | None, str]] = []  # id, input's fault, param, text
-        self._scheduled = False
-        observer.notify = self.touch
-
-    def touch(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def deliver(self, out: RequestOutput) -> None:
-        self.outputs.append(out)
-        self.touch()
-
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
-        try:
-            self.engine.submit(request_id, prompt, params, self.deliver)
-        except ParamError as err:
-            self.refused.append((request_id, True, err.param, str(err)))
-        except Exception as exc:  # this request fails (a 500), nobody else does
-            logger.exception("admitting %s failed", request_id)
-            self.refused.append((request_id, False, None, f"the engine could not admit it: {exc}"))
-        self.touch()
-
-    def flush(self) -> None:
-        self._scheduled = False
-        frame = ("step", self.outputs, self.refused, self.observer.calls, _stats(self.engine))
-        self.outputs, self.refused, self.observer.calls = [], [], []
-        self.writer.write(pack(frame))
-
-    def send(self, message: Any) -> None:
-        self.flush()  # what came before this reply arrives before it
-        self.writer.write(pack(message))
-
-
-async def serve_engine(
-    engine: AsyncEngine, observer: RecordingObserver, sock: socket.socket
-) -> None:
-    """Answer the front's frames until ``stop`` or until the front goes away."""
-    sock.setblocking(False)
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
-    relay = Relay(engine, observer, writer)
-    await engine.start()
-    probe = asyncio.create_task(probe_lag(observer.engine_loop_lag))
-    try:
-        while True:
-            try:
-                message = await read_frame(reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                logger.info("the front went away; stopping the engine")
-                return
-            kind = message[0]
-            if kind == "add":
-                relay.add(*message[1:])
-            elif kind == "abort":
-                engine.abort(message[1])
-            elif kind == "check":
-                relay.send(("checked", _integrity_error(engine)))
-            elif kind == "stop":
-                await engine.stop()
-                relay.send(("stopped",))
-                await writer.drain()
-                return
-    finally:
-        probe.cancel()
-        await engine.stop()
-        writer.close()
-
-
-def _stats(engine: AsyncEngine) -> tuple[int, int, float, int]:
-    return engine.num_running, engine.num_waiting, engine.kv_usage, engine.kv_blocks_free
-
-
-def _integrity_error(engine: AsyncEngine) -> str | None:
-    try:
-        engine.check_integrity()
-    except AssertionError as err:
-        return str(err) or "integrity check failed"
-    return None
-
-
-def _exit_with_front(sock: socket.socket) -> threading.Event:
-    """While the model loads: exit as soon as the front's end closes (it sends nothing until
-    the engine is ready, so the first thing a peek sees is either the end or a request). Set
-    the returned event once loaded: from then on the event loop sees the end and stops the
-    engine cleanly."""
-    loaded = threading.Event()
-
-    def watch() -> None:
-        try:
-            if not sock.recv(1, socket.MSG_PEEK) and not loaded.is_set():
-                os._exit(3)
-        except OSError:
-            pass
-
-    threading.Thread(target=watch, name="verifypd-front-watch", daemon=True).start()
-    return loaded
-
-
-def main(argv: list[str]) -> int:
-    """The engine process: ``python -m verifypd.serve.engine_process FD``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front drains, then sends "stop"
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sock = socket.socket(fileno=int(argv[1]))
-    try:
-        _, config, level = recv_blocking(sock)
-    except EOFError:
-        return 3
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
-    )
-    loaded = _exit_with_front(sock)
-    observer = RecordingObserver()
-    try:
-        from verifypd.serve.app import create_engine
-
-        engine = create_engine(config, observer)
-    except Exception as exc:
-        logger.debug("engine start-up failed", exc_info=True)
-        send_blocking(sock, ("failed", isinstance(exc, ValueError), str(exc)))
-        return 1
-    info = {
-        "model_name": engine.model_name,
-        "tokenizer": engine.tokenizer,
-        "max_model_len": engine.max_model_len,
-        "vocab_size": engine.vocab_size,
-        "limits": engine.core.limits,
-        "stats": _stats(engine),
-    }
-    loaded.set()
-    send_blocking(sock, ("ready", info))
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio as fallback
-        asyncio.run(serve_engine(engine, observer, sock))
-    else:
-        uvloop.run(serve_engine(engine, observer, sock))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
