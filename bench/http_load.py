@@ -195,6 +195,17 @@ def server_means(before: dict, after: dict) -> dict[str, float | None]:
     return out
 
 
+async def server_info(base_url: str) -> dict[str, Any] | None:
+    """``GET /server_info``: how the server runs (verifypd's every engine and server setting;
+    vLLM answers it only in its developer mode). None where it does not answer."""
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base_url.rstrip('/')}/server_info") as resp:
+                return await resp.json() if resp.status == 200 else None
+    except (aiohttp.ClientError, ValueError):
+        return None
+
+
 async def served_model(base_url: str) -> str:
     """The first model id of ``GET /v1/models``."""
     async with aiohttp.ClientSession() as session:

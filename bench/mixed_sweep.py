@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
-from http_load import HttpEngine, served_model, server_means, server_totals
+from http_load import HttpEngine, served_model, server_info, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from process_counters import ProcessCounters
@@ -332,6 +332,7 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
     run.report["sweep_engines"][args.mode_label] = {
         "http": args.http, "model": model, "send_alpha": args.http_alpha,
         "cache_salt_per_run": args.http_cache_salt,
+        "server_info": await server_info(args.http),  # the server's settings, where it says
     }  # fmt: skip
     async with HttpEngine(args.http, model, args.http_extra) as engine:
         for temp in plan.temperatures:

@@ -630,6 +630,9 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
         assert 0 <= server["server_loop_lag_late_share"] <= 1
         assert 0 <= server["server_queue_mean_ms"] <= server["server_ttft_mean_ms"]
     assert data["sweep_engines"]["policy"]["send_alpha"] is True
+    info = data["sweep_engines"]["policy"]["server_info"]  # the server's own settings, recorded
+    assert info["engine_client"] == "AsyncEngine" and info["engine_config"]["model"] == "dummy:tiny"
+    assert info["engine_config"]["cache"]["num_blocks"] == 256
     http = load_bench("http_load").HttpEngine("http://x", "m")
     sent = http.body([1, 2], SamplingParams(max_tokens=2, synthetic_acceptance=0.6))
     assert sent["synthetic_acceptance"] == 0.6

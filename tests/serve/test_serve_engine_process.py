@@ -97,6 +97,9 @@ async def _answers(engine: Any) -> list[list[Any]]:
                 continue
             answers.append(_answer(parse_sse(text) if body.get("stream") else json.loads(text)))
         metrics = await (await h.client.get("/metrics")).text()
+        info = await (await h.client.get("/server_info")).json()
+        assert info["engine_client"] == type(engine).__name__, info
+        assert info["engine_config"]["model"] == "dummy:tiny"
     return answers, metrics
 
 

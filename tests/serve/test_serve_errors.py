@@ -157,3 +157,7 @@ async def test_api_key() -> None:
         assert resp.status == 200
         assert (await h.client.get("/health")).status == 200  # health needs no key
         assert (await h.client.get("/metrics")).status == 200
+        # the server's settings are the operator's: behind the key
+        assert (await h.client.get("/server_info")).status == 401
+        info = await (await h.client.get("/server_info", headers=good)).json()
+        assert info["engine_client"] == "FakeEngine" and info["limits"]["max_n"] > 0

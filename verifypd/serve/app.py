@@ -1,8 +1,8 @@
 """The aiohttp application (``build_app``) and the process entry point (``run_server``).
 
 Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-POST /tokenize, POST /detokenize, GET /version, GET /metrics, GET /dashboard (+ /dashboard/data,
-/dashboard/history; GET / redirects there).
+POST /tokenize, POST /detokenize, GET /version, GET /server_info, GET /metrics, GET /dashboard
+(+ /dashboard/data, /dashboard/history; GET / redirects there).
 
 Run the app with ``handler_cancellation=True`` (``web.AppRunner``/``TestServer`` keyword):
 that is how a client disconnect reaches the handler and aborts its request.
@@ -11,7 +11,9 @@ that is how a client disconnect reaches the handler and aborts its request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
+import json
 import logging
 import os
 import time
@@ -103,6 +105,7 @@ def _add_routes(app: web.Application, state: ServerState) -> None:
     app.router.add_get("/", _to_dashboard)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/server_info", _server_info)
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     add_tokenize_routes(app)
@@ -118,7 +121,7 @@ def _auth_middleware(api_key: str) -> Any:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         is_bearer = scheme.lower() == "bearer"  # HTTP auth schemes are case-insensitive
         is_valid = hmac.compare_digest(given.strip().encode(), expected) and is_bearer
-        if request.path.startswith("/v1/") and not is_valid:
+        if (request.path.startswith("/v1/") or request.path == "/server_info") and not is_valid:
             raise unauthorized()
         return await handler(request)
 
@@ -150,6 +153,23 @@ async def _models(request: web.Request) -> web.Response:
         "max_model_len": state.engine.max_model_len,
     }
     return web.json_response({"object": "list", "data": [card]})
+
+
+async def _server_info(request: web.Request) -> web.Response:
+    """How this server runs (vLLM's route name; there it is a developer route): the engine's
+    every setting, the kind of engine client (``RemoteEngine`` under ``--engine-process``), the
+    queue and the request limits. Benchmarks record it beside their results. Behind the API key
+    when there is one."""
+    state = request.app[STATE_KEY]
+    state.check_accepting()
+    info = {
+        "model": state.model_name,
+        "engine_client": type(state.engine).__name__,
+        "engine_config": dataclasses.asdict(state.engine.config),
+        "max_queue": state.max_queue,
+        "limits": dataclasses.asdict(state.limits),
+    }
+    return web.json_response(info, dumps=lambda obj: json.dumps(obj, default=str))
 
 
 def _model_root(state: ServerState) -> str:
