@@ -26,7 +26,12 @@ from verifypd.serve.cors import CorsConfig, install_cors
 from verifypd.serve.dashboard import add_dashboard, refresh_engine_gauges
 from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.errors import Handler, error_middleware, unauthorized
-from verifypd.serve.lifecycle import ShutdownSignals, drain, run_in_daemon_thread
+from verifypd.serve.lifecycle import (
+    ShutdownSignals,
+    drain,
+    run_event_loop,
+    run_in_daemon_thread,
+)
 from verifypd.serve.limits import ServeLimits, body_size_middleware
 from verifypd.serve.loop_health import add_loop_health
 from verifypd.serve.metrics import PrometheusObserver
@@ -253,11 +258,7 @@ def run_server(
         config, host, port, max_queue, served_model_name, api_key, drain_timeout, engine_factory,
         limits, cors,
     )  # fmt: skip
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
-        return asyncio.run(server)
-    return uvloop.run(server)
+    return run_event_loop(server)
 
 
 async def _serve(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from verifypd.serve.engine_wire import pack, read_frame, recv_blocking, send_blocking
+from verifypd.serve.lifecycle import run_event_loop
 from verifypd.serve.loop_health import probe_lag
 from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
 
@@ -104,12 +105,7 @@ async def serve_engine(
     await engine.start()
     probe = asyncio.create_task(probe_lag(observer.engine_loop_lag))
     try:
-        while True:
-            try:
-                message = await read_frame(reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                logger.info("the front went away; stopping the engine")
-                return
+        while (message := await _next_frame(reader)) is not None and message[0] != "stop":
             kind = message[0]
             if kind == "add":
                 relay.add(*message[1:])
@@ -117,15 +113,22 @@ async def serve_engine(
                 engine.abort(message[1])
             elif kind == "check":
                 relay.send(("checked", _integrity_error(engine)))
-            elif kind == "stop":
-                await engine.stop()
-                relay.send(("stopped",))
-                await writer.drain()
-                return
     finally:
         probe.cancel()
-        await engine.stop()
-        writer.close()
+        await engine.stop()  # every live request ends with an "abort" delta
+    if message is not None:  # the front asked: it waits for the last deltas, then this
+        relay.send(("stopped",))
+        await writer.drain()
+    writer.close()
+
+
+async def _next_frame(reader: asyncio.StreamReader) -> Any:
+    """The front's next frame, or None once it has gone away."""
+    try:
+        return await read_frame(reader)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        logger.info("the front went away; stopping the engine")
+        return None
 
 
 def _stats(engine: AsyncEngine) -> tuple[int, int, float, int]:
@@ -192,12 +195,7 @@ def main(argv: list[str]) -> int:
     }
     loaded.set()
     send_blocking(sock, ("ready", info))
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio as fallback
-        asyncio.run(serve_engine(engine, observer, sock))
-    else:
-        uvloop.run(serve_engine(engine, observer, sock))
+    run_event_loop(serve_engine(engine, observer, sock))
     return 0
 
 

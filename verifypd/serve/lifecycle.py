@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from verifypd.serve.state import ServerState
@@ -14,6 +14,16 @@ from verifypd.serve.state import ServerState
 logger = logging.getLogger("verifypd.serve")
 T = TypeVar("T")
 ABORT_GRACE_S = 5.0  # after the drain deadline, how long aborted streams get to end cleanly
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop (asyncio's loop where uvloop is missing): the server's front and
+    the engine process both do."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep asyncio as fallback
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def run_in_daemon_thread(fn: Callable[[], T]) -> T:
