@@ -32,6 +32,7 @@ import numpy as np
 PROMPT_LANES = ("prefill", "mixed")
 BIG_STEP_TOKENS = 1024
 LONG_TICK_S = 0.005
+BACK_TO_BACK_S = 0.010  # a prompt step launched this soon after the last one's fold-back
 LOG_TICK_S = 0.002  # ticks at least this long are kept with their start (itl_anatomy.worst)
 # The client (loadgen, perf_counter) and the engine (Sequence.arrival_time, monotonic) share a
 # clock where both read the same one (CLOCK_MONOTONIC on Linux): then deliver splits.
@@ -169,6 +170,22 @@ def _overlap(step: FoldedStep, others: list[FoldedStep]) -> float:
     return covered / span
 
 
+def prompt_turnarounds(steps: list[FoldedStep]) -> tuple[list[float], float | None]:
+    """The gaps between a prompt step's fold-back and the next one's launch where that came
+    within ``BACK_TO_BACK_S`` (prompts queued behind one another), and the gaps' share of
+    the wall time from the first launch to the last fold-back of each such run of steps."""
+    ordered = sorted(steps, key=lambda s: s.start)
+    gaps: list[float] = []
+    runs: set[int] = set()  # indices of the steps in such runs
+    for i in range(1, len(ordered)):
+        gap = ordered[i].start - ordered[i - 1].end
+        if 0.0 <= gap <= BACK_TO_BACK_S:
+            gaps.append(gap)
+            runs.update((i - 1, i))
+    total = sum(ordered[i].end - ordered[i].start for i in runs) + sum(gaps)
+    return gaps, (sum(gaps) / total if total > 0 else None)
+
+
 def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, Any]:
     """Per request the parts of its TTFT (ms), summarized; see the module docstring."""
     done: dict[str, tuple[float, float, float]] = {}  # request_id -> (arrived, planned, end)
@@ -192,6 +209,7 @@ def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, A
         return _median([(s.end - s.start) * 1e6 / s.num_tokens for s in steps if s.num_tokens])
 
     big = [s for s in prompt_steps if s.num_tokens >= BIG_STEP_TOKENS]
+    turns = prompt_turnarounds(prompt_steps)
     ticks = np.asarray(log.ticks) * 1e3
     out: dict[str, Any] = {
         "num_requests": len(parts),
@@ -201,6 +219,10 @@ def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, A
         "num_big_prompt_steps": len(big),
         "prompt_step_shared_p50": _median(shared),
         "prompt_step_tokens_p50": _median([float(s.num_tokens) for s in prompt_steps]),
+        # back-to-back prompt steps (a backlog): the prompt lane idle from one's fold-back to
+        # the next one's launch, and that idle time's share of those runs' wall time
+        "prompt_turnaround_p50_ms": _median([t * 1e3 for t in turns[0]]),
+        "prompt_turnaround_share": turns[1],
         "tick_p99_ms": float(np.percentile(ticks, 99)) if ticks.size else None,
         "tick_max_ms": float(ticks.max()) if ticks.size else None,
         "num_long_ticks": int((ticks >= LONG_TICK_S * 1e3).sum()),

@@ -49,6 +49,11 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
     assert ana._overlap(log.steps[1], [later]) == 0.0
     assert ana._overlap(log.steps[1], [log.steps[0], later]) == pytest.approx(0.75)
     assert out["prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(30.0)  # 40 and 20 ms/1k
+    # The second prompt step was launched 10 ms after the first's fold-back: 10 of 90 ms idle.
+    assert out["prompt_turnaround_p50_ms"] == pytest.approx(10.0)
+    assert out["prompt_turnaround_share"] == pytest.approx(10 / 90)
+    apart = [log.steps[1], ana.FoldedStep("prefill", 0.2, 0.3, 100)]  # 150 ms later: no run
+    assert ana.prompt_turnarounds(apart) == ([], None)
 
 
 def test_tiny_sweep_with_anatomy(tmp_path: Path) -> None:
