@@ -58,6 +58,7 @@ TOPICS = {
     "sample_cost": "profile",
     "policy_sim": "profile",
     "front_cost": "profile",
+    "burst": "profile",
     "peer_vllm": "peer",
     "api_cost": "api",
     "grammar_mask": "api",

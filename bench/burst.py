@@ -1,0 +1,152 @@
+"""A burst of prompts beside running decodes (issue 14's TTFT tail at 14 req/s), through
+``AsyncEngine`` as the server runs it: how fast the lanes compute a burst with no decode rows,
+and beside ``--decode-rows`` requests decoding. Per run: the burst's span (submission to its
+last first token), that span per 1k prompt tokens, each prompt's TTFT, and the decode rows'
+tokens and longest gap during the burst. Runs alternate with and without decode rows.
+
+    python bench/burst.py --decode-rows 32 --prompts 1628 1846 152 2803 1750 1082
+    python bench/burst.py --engine-option prefill_slice_layers=0   # any EngineConfig field
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+import numpy as np  # noqa: E402
+from common import add_common_args, format_table, median, start_run  # noqa: E402
+
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from verifypd.lanes.async_engine import AsyncEngine  # noqa: E402
+from verifypd.types import SamplingParams  # noqa: E402
+
+# The 14 req/s trace's burst (SweepPlan.requests(14), req-35..43, long prompts) that makes
+# the TTFT p99 against vLLM (docs/performance.md).
+BURST = (1628, 1846, 152, 2803, 1750, 1082)
+FIRST = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(p)
+    p.add_argument("--model", default="dummy:qwen2.5-7b")
+    p.add_argument("--prompts", type=int, nargs="+", default=list(BURST), help="prompt tokens")
+    p.add_argument("--decode-rows", type=int, default=32, help="requests decoding beside it")
+    p.add_argument("--decode-context", type=int, default=256, help="their prompt tokens")
+    p.add_argument("--repeats", type=int, default=3, help="runs with and without decode rows")
+    p.add_argument("--num-kv-blocks", type=int, default=16384)
+    p.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an EngineConfig field (VALUE as JSON, else a string)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def engine_options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        field, sep, text = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-option wants FIELD=VALUE, got {pair!r}")
+        try:
+            out[field] = json.loads(text)
+        except json.JSONDecodeError:
+            out[field] = text
+    return out
+
+
+async def decoder(engine: AsyncEngine, rid: str, prompt: list[int], times: list[float]) -> None:
+    params = SamplingParams(max_tokens=3000, temperature=0.0, ignore_eos=True)
+    async for out in engine.generate(rid, prompt, params):
+        times.extend([time.perf_counter()] * len(out.new_token_ids))
+
+
+async def first_token(engine: AsyncEngine, rid: str, prompt: list[int]) -> float:
+    async for _ in engine.generate(rid, prompt, FIRST):
+        return time.perf_counter()
+    raise RuntimeError(f"{rid} ended without a token")
+
+
+async def one_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int, run: int) -> dict:
+    """Decoders first (each past its third token), then the burst at once; the decoders are
+    dropped (aborted) once every prompt has its first token."""
+    rng = np.random.default_rng([args.seed, run + 1, rows])  # the warm-up is run -1
+    vocab = engine.vocab_size
+
+    def prompt(n: int) -> list[int]:  # unique: no prefix-cache hits across runs
+        return rng.integers(100, vocab - 100, n).tolist()
+
+    times: list[list[float]] = [[] for _ in range(rows)]
+    decoders = [asyncio.create_task(decoder(engine, f"d{run}-{rows}-{i}",
+                                            prompt(args.decode_context), times[i]))
+                for i in range(rows)]  # fmt: skip
+    while any(len(t) < 3 for t in times):
+        await asyncio.sleep(0.005)
+    t0 = time.perf_counter()
+    firsts = await asyncio.gather(*(first_token(engine, f"b{run}-{rows}-{i}", prompt(n))
+                                    for i, n in enumerate(args.prompts)))  # fmt: skip
+    t1 = max(firsts)
+    for task in decoders:
+        task.cancel()
+    await asyncio.gather(*decoders, return_exceptions=True)
+    inside = [[x for x in t if t0 <= x <= t1] for t in times]
+    gaps = [b - a for t in times for a, b in zip(t, t[1:], strict=False) if t0 <= b <= t1]
+    tokens = sum(args.prompts)
+    return {
+        "decode_rows": rows,
+        "run": run,
+        "span_ms": (t1 - t0) * 1e3,
+        "ms_per_1k_prompt_tokens": (t1 - t0) * 1e6 / tokens,
+        "ttft_ms": [(f - t0) * 1e3 for f in firsts],
+        "decode_tokens_in_burst": sum(len(x) for x in inside),
+        "decode_gap_max_ms": max(gaps) * 1e3 if gaps else None,
+    }
+
+
+async def measure(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
+    engine = AsyncEngine(config)
+    await engine.start()
+    try:
+        await one_burst(engine, args, args.decode_rows, -1)  # warm-up, not kept
+        out = []
+        for run in range(args.repeats):
+            for rows in (0, args.decode_rows):
+                out.append(await one_burst(engine, args, rows, run))
+                print(f"run {run} rows {rows}: {out[-1]['span_ms']:.1f} ms", flush=True)
+        return out
+    finally:
+        await engine.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    run = start_run("burst", argv, parse_args, method="AsyncEngine, no speculation; a burst "
+                    "submitted at once beside decode rows that have each had 3 tokens")  # fmt: skip
+    args = run.args
+    options = engine_options(args.engine_option)
+    config = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+        scheduler=SchedulerConfig(max_model_len=args.max_model_len or None),
+        cache=CacheConfig(num_blocks=args.num_kv_blocks), **options,
+    )  # fmt: skip
+    runs = asyncio.run(measure(args, config))
+    summary = {}
+    keys = ("span_ms", "ms_per_1k_prompt_tokens", "decode_tokens_in_burst")
+    for rows in sorted({r["decode_rows"] for r in runs}):
+        mine = [r for r in runs if r["decode_rows"] == rows]
+        summary[str(rows)] = {k: median([r[k] for r in mine]) for k in keys}
+    run.report["results"] = {"engine_options": options, "runs": runs, "summary": summary}
+    table = format_table(
+        ["decode rows", "burst span ms", "ms / 1k prompt tokens", "decode tokens in it"],
+        [[rows, f"{s['span_ms']:.1f}", f"{s['ms_per_1k_prompt_tokens']:.2f}",
+          f"{s['decode_tokens_in_burst']:.0f}"] for rows, s in summary.items()],
+    )  # fmt: skip
+    run.finish(table)
+
+
+if __name__ == "__main__":
+    main()
