@@ -40,6 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, nargs="+", default=list(BURST), help="prompt tokens")
     p.add_argument("--decode-rows", type=int, default=32, help="requests decoding beside it")
     p.add_argument("--decode-context", type=int, default=256, help="their prompt tokens")
+    p.add_argument("--decode-tokens", type=int, default=3000, help="their max_tokens (a bound)")
     p.add_argument("--repeats", type=int, default=3, help="runs with and without decode rows")
     p.add_argument("--num-kv-blocks", type=int, default=16384)
     p.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
@@ -60,8 +61,10 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-async def decoder(engine: AsyncEngine, rid: str, prompt: list[int], times: list[float]) -> None:
-    params = SamplingParams(max_tokens=3000, temperature=0.0, ignore_eos=True)
+async def decoder(
+    engine: AsyncEngine, rid: str, prompt: list[int], max_tokens: int, times: list[float]
+) -> None:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async for out in engine.generate(rid, prompt, params):
         times.extend([time.perf_counter()] * len(out.new_token_ids))
 
@@ -83,9 +86,14 @@ async def one_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int, ru
 
     times: list[list[float]] = [[] for _ in range(rows)]
     decoders = [asyncio.create_task(decoder(engine, f"d{run}-{rows}-{i}",
-                                            prompt(args.decode_context), times[i]))
+                                            prompt(args.decode_context), args.decode_tokens,
+                                            times[i]))
                 for i in range(rows)]  # fmt: skip
     while any(len(t) < 3 for t in times):
+        for task in decoders:
+            if task.done():  # refused or failed: its error, not a wait for ever
+                task.result()
+                raise RuntimeError("a decode row ended before the burst")
         await asyncio.sleep(0.005)
     t0 = time.perf_counter()
     firsts = await asyncio.gather(*(first_token(engine, f"b{run}-{rows}-{i}", prompt(n))

@@ -330,3 +330,27 @@ def test_profile_decode_kernel_variants_parse_by_field_type() -> None:
         mod.kernel_config("prefetch=off")
     with pytest.raises(ValueError, match="weight_prefetch"):
         mod.kernel_config("weight_prefetch=l2")
+
+
+def test_burst(tmp_path: Path) -> None:
+    """bench/burst.py on CPU: runs with and without decode rows, the burst's first tokens all
+    within its span, decode tokens only where decode rows ran; an engine option reaches the
+    engine (a bad one is the engine's error)."""
+    bench = load_bench("burst")
+    argv = ["--device", "cpu", "--model", "dummy:tiny", "--prompts", "40", "20",
+            "--decode-rows", "2", "--decode-context", "8", "--decode-tokens", "400",
+            "--repeats", "1", "--num-kv-blocks", "256", "--engine-option", "prefill_slice_layers=0",
+            "--out", str(tmp_path)]  # fmt: skip
+    bench.main(argv)
+    data = read_json(tmp_path, "burst")
+    res = data["results"]
+    assert res["engine_options"] == {"prefill_slice_layers": 0}
+    assert [r["decode_rows"] for r in res["runs"]] == [0, 2]
+    for r in res["runs"]:
+        assert len(r["ttft_ms"]) == 2 and max(r["ttft_ms"]) == pytest.approx(r["span_ms"])
+        assert r["ms_per_1k_prompt_tokens"] == pytest.approx(r["span_ms"] * 1000 / 60)
+    assert res["runs"][0]["decode_tokens_in_burst"] == 0
+    assert res["runs"][1]["decode_tokens_in_burst"] > 0
+    with pytest.raises(ValueError, match="prefill_slice_layers"):
+        bench.main([*argv[:-4], "--engine-option", "prefill_slice_layers=-1",
+                    "--out", str(tmp_path)])  # fmt: skip
