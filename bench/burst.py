@@ -21,6 +21,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from common import add_common_args, format_table, median, start_run  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
@@ -43,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=3000, help="their max_tokens (a bound)")
     p.add_argument("--repeats", type=int, default=3, help="runs with and without decode rows")
     p.add_argument("--num-kv-blocks", type=int, default=16384)
+    p.add_argument("--profile", action="store_true",
+                   help="after the runs, one more burst each way under the torch profiler: "
+                        "GPU time by kernel name (the top 15)")  # fmt: skip
     p.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
                    help="an EngineConfig field (VALUE as JSON, else a string)")  # fmt: skip
     return p.parse_args(argv)
@@ -126,9 +130,33 @@ async def measure(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
             for rows in (0, args.decode_rows):
                 out.append(await one_burst(engine, args, rows, run))
                 print(f"run {run} rows {rows}: {out[-1]['span_ms']:.1f} ms", flush=True)
+        if args.profile:
+            for rows in (0, args.decode_rows):
+                out.append(await profiled_burst(engine, args, rows))
         return out
     finally:
         await engine.stop()
+
+
+async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int) -> dict:
+    """``one_burst`` under the torch profiler: the kernels' GPU time summed by name over the
+    whole run, decoders' ramp included (on CPU: none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        result = await one_burst(engine, args, rows, 1000)
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            span = (e.time_range.end - e.time_range.start) / 1e3
+            totals[e.name] = totals.get(e.name, 0.0) + span
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:15]
+    result["profiled"] = True
+    result["kernels_ms"] = [{"name": name[:120], "ms": ms} for name, ms in top]
+    result["kernels_total_ms"] = sum(totals.values())
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {}
     keys = ("span_ms", "ms_per_1k_prompt_tokens", "decode_tokens_in_burst")
     for rows in sorted({r["decode_rows"] for r in runs}):
-        mine = [r for r in runs if r["decode_rows"] == rows]
+        mine = [r for r in runs if r["decode_rows"] == rows and not r.get("profiled")]
         summary[str(rows)] = {k: median([r[k] for r in mine]) for k in keys}
     run.report["results"] = {"engine_options": options, "runs": runs, "summary": summary}
     table = format_table(
@@ -153,6 +181,12 @@ def main(argv: list[str] | None = None) -> None:
         [[rows, f"{s['span_ms']:.1f}", f"{s['ms_per_1k_prompt_tokens']:.2f}",
           f"{s['decode_tokens_in_burst']:.0f}"] for rows, s in summary.items()],
     )  # fmt: skip
+    for r in runs:
+        if r.get("profiled"):
+            print(f"\nprofiled, {r['decode_rows']} decode rows: span {r['span_ms']:.1f} ms, "
+                  f"kernels {r['kernels_total_ms']:.1f} ms")  # fmt: skip
+            for k in r["kernels_ms"]:
+                print(f"  {k['ms']:8.2f} ms  {k['name'][:90]}")
     run.finish(table)
 
 
