@@ -348,6 +348,12 @@ MODES = {
     # prompt steps pack FCFS up to the budget (SchedulerConfig.prefill_pack_backlog_s).
     "off-burst": Mode("three", False, sched_options=(("prefill_pack_backlog_s", 0.05),)),
     "policy-burst": _policy_with(sched=(("prefill_pack_backlog_s", 0.05),)),
+    # In such a backlog (50 / 20 ms) the decode rows ride in the prompt steps, one forward
+    # (EngineConfig.fuse_decode_backlog_s; lanes/backlog_fuse.py).
+    "off-fuse50": Mode("three", False, engine_options=(("fuse_decode_backlog_s", 0.05),)),
+    "policy-fuse50": _policy_with(engine=(("fuse_decode_backlog_s", 0.05),)),
+    "off-fuse20": Mode("three", False, engine_options=(("fuse_decode_backlog_s", 0.02),)),
+    "policy-fuse20": _policy_with(engine=(("fuse_decode_backlog_s", 0.02),)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.
     "off-split1k": Mode("three", False, engine_options=_SPLIT1K),

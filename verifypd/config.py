@@ -775,6 +775,13 @@ class EngineConfig:
     # within the run's noise (the slowest first token at 14 req/s, a 2.8k prompt in a burst of
     # six, took 198-200 ms in every mode) and 14 ms cost the policy ITL p99 6-27 %.
     decode_gap_beside_prefill_s: float = 0.0
+    # While the oldest queued prompt has waited longer than this (a burst of prompts), the
+    # decode rows ride inside the next prompt step (one forward, on the prefill lane's
+    # stream, as vLLM runs every step) instead of decode steps beside it: a decode step
+    # beside a prompt step takes the SMs for its own weight reads (prompt steps run at ~26
+    # ms per 1k tokens beside decode on an H200, ~20 alone), while rows inside one cost
+    # next to nothing. Their next token then waits for that whole step. None: never.
+    fuse_decode_backlog_s: float | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
@@ -876,6 +883,10 @@ class EngineConfig:
         gap = self.decode_gap_beside_prefill_s
         if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not 0.0 <= gap < 1.0:
             raise ValueError(f"decode_gap_beside_prefill_s must be in [0, 1) s, got {gap!r}")
+        fuse = self.fuse_decode_backlog_s
+        number = isinstance(fuse, (int, float)) and not isinstance(fuse, bool)
+        if fuse is not None and not (number and 0.0 <= fuse < 10.0):
+            raise ValueError(f"fuse_decode_backlog_s must be in [0, 10) s (or None), got {fuse!r}")
         sizes = self.prompt_in_decode_tokens
         ints = isinstance(sizes, tuple) and all(
             isinstance(n, int) and not isinstance(n, bool) and 16 <= n <= 4096 for n in sizes

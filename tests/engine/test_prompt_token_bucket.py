@@ -11,7 +11,7 @@ from helpers import tiny_config
 
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
-from verifypd.types import SamplingParams, ScheduledSeq, StepPlan
+from verifypd.types import SamplingParams, ScheduledSeq, SeqStatus, StepPlan
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
@@ -40,10 +40,18 @@ def test_prompt_steps_are_padded_to_the_bucket(n: int, rows: int) -> None:
     assert inputs.sample_rows == [n - 1]
 
 
-def test_other_steps_are_never_padded() -> None:
+def test_mixed_steps_with_a_prompt_chunk_are_padded_and_other_steps_never() -> None:
+    """A mixed step carrying a prompt chunk (the single lane; decode rows inside a prompt step
+    in a backlog, ``lanes.backlog_fuse``) is padded like a prompt step; one of decode rows
+    only, and drafting, never."""
     core = _core(64)
-    assert core.runner.prepare(_plan(core, "mixed", "a", 20)).input_ids.shape == (20,)
+    plan = _plan(core, "mixed", "a", 20)
+    plan.seqs[0].seq.status = SeqStatus.PREFILLING  # admitted: its prompt chunk
+    assert core.runner.prepare(plan).input_ids.shape == (64,)
     assert core.runner.prepare(_plan(core, "draft", "b", 20)).input_ids.shape == (20,)
+    plan = _plan(core, "mixed", "c", 20)
+    plan.seqs[0].seq.status = SeqStatus.DECODING  # as a decode row's: no prompt chunk
+    assert core.runner.prepare(plan).input_ids.shape == (20,)
 
 
 def test_padding_changes_no_token_and_no_kv() -> None:

@@ -14,7 +14,7 @@ from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.device_drafts import device_ids
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
 from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
-from verifypd.types import ScheduledSeq, StepPlan
+from verifypd.types import ScheduledSeq, SeqStatus, StepPlan
 
 # Prompt steps of at most this many tokens are never padded (their GEMMs are GEMV-sized; at
 # most 16 rows never reach cuBLAS): EngineConfig.prompt_token_bucket.
@@ -100,7 +100,7 @@ class StepInputBuilder:
             else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
                 sample_seqs.append(i)
                 sample_rows.append(first)
-        if plan.lane == "prefill" and (pad := self._prompt_padding(len(ids))):
+        if _pads(plan) and (pad := self._prompt_padding(len(ids))):
             ids += [0] * pad  # rows past query_start_loc[B]: no sequence's, never read
             pos += [0] * pad
             slots += [-1] * pad  # their KV is stored nowhere
@@ -348,3 +348,11 @@ def _aligned_concat(parts: list[np.ndarray], align_bytes: int = 16) -> tuple[np.
     for off, part in zip(offsets, parts, strict=True):
         out[off : off + part.size] = part
     return out, offsets
+
+
+def _pads(plan: StepPlan) -> bool:
+    """A step padded to the prompt bucket: a prompt step, or a mixed one carrying a prompt
+    chunk (single lane; decode rows inside a prompt step, ``lanes.backlog_fuse``)."""
+    if plan.lane == "prefill":
+        return True
+    return plan.lane == "mixed" and any(s.seq.status is SeqStatus.PREFILLING for s in plan.seqs)

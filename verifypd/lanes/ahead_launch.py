@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from verifypd.lanes.backlog_fuse import fusing
 from verifypd.lanes.lane_steps import InFlight
 from verifypd.types import NO_SPECULATION, RequestFailure, SeqStatus, StepPlan
 
@@ -23,6 +24,8 @@ async def launch_ahead(d: LaneDispatcher) -> bool:
     head, prompt = d.in_flight.get("decode"), d.in_flight.get("prefill")
     if d.decode_gap_beside_prefill_s > 0.0 and d._beside_long_prompt():
         return False  # decode steps are spaced out beside it
+    if fusing(d):
+        return False  # the rows ride in the next prompt step (``lanes.backlog_fuse``)
     if not d.ahead.may_ask(head, prompt, d.core):
         return False
     if d.policy.enabled and speculates_next(d, head):

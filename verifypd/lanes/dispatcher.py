@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.ahead_launch import launch_ahead
+from verifypd.lanes.backlog_fuse import decode_yields, fusing, plan_fused
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
@@ -74,6 +75,7 @@ class LaneDispatcher:
         background_lanes: frozenset[str] = frozenset(),
         decode_gap_beside_prefill_s: float = 0.0,
         prompt_in_decode_tokens: int = 0,
+        fuse_decode_backlog_s: float | None = None,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -106,6 +108,9 @@ class LaneDispatcher:
         # A prompt whose rest is at most this many tokens rides in the next plain decode step
         # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``lanes.prompt_rides``).
         self.rides = PromptRides(core, 0 if single_lane else prompt_in_decode_tokens)
+        # In a prompt backlog the decode rows ride in prompt steps (``lanes.backlog_fuse``;
+        # EngineConfig.fuse_decode_backlog_s; None: never).
+        self.fuse_decode_backlog_s = None if single_lane else fuse_decode_backlog_s
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -230,7 +235,7 @@ class LaneDispatcher:
         """A lane's next step as plain data: who runs, and each decode entry's draft length
         (the policy's ``SpecDecision``). Planning reserves KV slots and launches nothing."""
         if lane == "decode":
-            return self._plan_decode()
+            return None if decode_yields(self) else self._plan_decode()
         if lane == "verify":
             return self._plan_verify()
         if lane == "mixed":
@@ -239,6 +244,8 @@ class LaneDispatcher:
             if self._delivers_first(decision):
                 return None
             return self.sched.schedule_mixed(decision)
+        if fusing(self):
+            return plan_fused(self)
         if self._prompt_waits_for_decode():
             return None
         budget, sched = self.core.prefill_budget(), self.sched

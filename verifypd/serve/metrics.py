@@ -85,6 +85,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         None,
         None,
     ),
+    "decode_rows_fused": (
+        Counter,
+        "Decode rows computed inside prompt steps (EngineConfig.fuse_decode_backlog_s)",
+        None,
+        None,
+    ),
     "requests_finished": (Counter, "Requests finished, by reason", "reason", None),
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
@@ -249,6 +255,9 @@ class PrometheusObserver(Observer):
 
     def prompt_in_decode(self) -> None:
         self._m["prompts_in_decode"].inc()
+
+    def decode_fused(self, num_rows: int) -> None:
+        self._m["decode_rows_fused"].inc(num_rows)
 
     def drafter_prompt_tokens(self, num_tokens: int) -> None:
         self._m["spec_drafter_prompt_tokens"].inc(num_tokens)

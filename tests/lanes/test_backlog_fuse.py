@@ -1,0 +1,133 @@
+"""Decode rows inside prompt steps during a prompt backlog (``EngineConfig.fuse_decode_backlog_s``,
+``lanes/backlog_fuse.py``): while the oldest queued prompt has waited past the setting, the
+decode lane leaves its rows to the prefill lane, whose next step computes them with the prompt
+chunks in one forward. Checked on CPU against the unfused path, token for token."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+from helpers import (
+    assert_engine_clean,
+    collect,
+    hang_up_partway,
+    tiny_config,
+    tiny_draft_spec,
+)
+
+from verifypd.config import SchedulerConfig
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.serve.cli import add_serve_args, config_from_args
+from verifypd.types import Observer, SamplingParams, StepPlan
+
+# One prompt per prompt step (pack 0): requests sent together queue behind each other.
+ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)
+PROMPTS = [list(range(10, 50)), [7] * 30, [1, 2, 3, 4, 5] * 6, list(range(200, 236)), [9, 8, 7]]
+
+
+def _params(i: int) -> SamplingParams:
+    """Greedy and seeded sampling, different lengths."""
+    if i % 2:
+        return SamplingParams(max_tokens=10 + 3 * i, temperature=0.9, seed=5 + i, ignore_eos=True)
+    return SamplingParams(max_tokens=10 + 3 * i, temperature=0.0, ignore_eos=True)
+
+
+class FusedRows(Observer):
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def decode_fused(self, num_rows: int) -> None:
+        self.rows += num_rows
+
+
+async def _run(fuse: float | None, **overrides) -> tuple[list[list[int]], list[tuple], int]:
+    """The outputs, every launch as (lane, plan lane, decode rows, prompt chunks), and the
+    fused rows the observer counted."""
+    observer = FusedRows()
+    config = tiny_config(fuse_decode_backlog_s=fuse, scheduler=ONE_PROMPT_A_STEP, **overrides)
+    engine = AsyncEngine(config, observer=observer)
+    d = engine.dispatcher
+    launches: list[tuple] = []
+    inner = d._launch_fn
+
+    async def spy(lane: str, plan: StepPlan):
+        prompts = sum(1 for e in plan.seqs if e.seq.num_output_tokens == 0)
+        launches.append((lane, plan.lane, len(plan.seqs) - prompts, prompts))
+        return await inner(lane, plan)
+
+    d._launch_fn = spy
+    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    return out, launches, observer.rows
+
+
+async def test_a_backlog_fuses_decode_rows_into_prompt_steps_token_for_token():
+    plain, plain_launches, none_fused = await _run(None)
+    fused, launches, rows = await _run(0.0)
+    assert fused == plain
+    assert none_fused == 0 and all(plan_lane != "mixed" for _, plan_lane, *_ in plain_launches)
+    # While prompts queued, prompt steps on the prefill lane carried decode rows too.
+    mixed = [x for x in launches if x[1] == "mixed"]
+    assert mixed and all(lane == "prefill" for lane, *_ in mixed)
+    assert any(decodes and prompts for _, _, decodes, prompts in mixed)
+    assert rows == sum(decodes for _, _, decodes, _ in mixed)
+    # Once the queue drained the decode lane took its rows back.
+    last_mixed = max(i for i, x in enumerate(launches) if x[1] == "mixed")
+    assert any(lane == "decode" for lane, *_ in launches[last_mixed:])
+
+
+async def test_no_backlog_past_the_setting_fuses_nothing():
+    plain, _, _ = await _run(None)
+    out, launches, rows = await _run(9.0)  # no prompt waits 9 s here
+    assert out == plain and rows == 0
+    assert all(plan_lane != "mixed" for _, plan_lane, *_ in launches)
+
+
+async def test_fused_steps_keep_speculation_lossless():
+    """Drafted rounds on the decode and verify lanes between fused steps: greedy output is
+    plain greedy's (the fused rows decode plainly)."""
+    plain, _, _ = await _run(None)
+    drafting = tiny_draft_spec(max_draft_len=3, initial_draft_len=3)
+    spec, launches, rows = await _run(0.0, spec=drafting)
+    greedy = [i for i in range(len(PROMPTS)) if i % 2 == 0]
+    assert [spec[i] for i in greedy] == [plain[i] for i in greedy]
+    assert rows > 0 and any(lane == "verify" for lane, *_ in launches)
+
+
+async def test_hanging_up_during_a_backlog_leaks_nothing():
+    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.0, scheduler=ONE_PROMPT_A_STEP))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    try:
+        await hang_up_partway(engine, PROMPTS, params, every=2)
+        assert_engine_clean(engine)
+        # and it serves on
+        assert len(await collect(engine, "after", [5, 6, 7], params)) == 40
+    finally:
+        await engine.stop()
+    assert_engine_clean(engine)
+
+
+def test_the_setting_is_validated_and_on_the_cli():
+    assert tiny_config().fuse_decode_backlog_s is None
+    assert tiny_config(fuse_decode_backlog_s=0.05).fuse_decode_backlog_s == 0.05
+    for bad in (-0.01, 10.0, True, "0.05"):
+        with pytest.raises(ValueError, match="fuse_decode_backlog_s"):
+            tiny_config(fuse_decode_backlog_s=bad)
+    parser = add_serve_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.05"])
+    assert config_from_args(args).fuse_decode_backlog_s == 0.05
+    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "none"])
+    assert config_from_args(args).fuse_decode_backlog_s is None
+    default = config_from_args(parser.parse_args(["--model", "dummy:tiny"]))
+    assert default.fuse_decode_backlog_s is None
+
+
+def test_the_single_lane_never_fuses():
+    engine = AsyncEngine(tiny_config(lane_mode="single", fuse_decode_backlog_s=0.0))
+    assert engine.dispatcher.fuse_decode_backlog_s is None

@@ -1,0 +1,52 @@
+"""Decode rows inside prompt steps during a prompt backlog (``EngineConfig.fuse_decode_backlog_s``).
+
+Beside a prompt step a decode step takes SMs for its own weight reads, so a burst of prompts
+computes slower while decode runs on its stream. While the oldest queued prompt has waited
+longer than the setting, the decode lane leaves its rows to the prefill lane, whose next step
+computes them together with the prompt chunks in one forward (a ``"mixed"`` plan, plain: no
+drafts), as vLLM runs every step. A decode step already in flight lands first; its rows ride in
+the step after it. Speculation resumes with the decode lane once the backlog is gone.
+
+The dispatcher calls these as it would its own methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from verifypd.types import NO_SPECULATION, StepPlan
+
+if TYPE_CHECKING:
+    from verifypd.lanes.dispatcher import LaneDispatcher
+
+
+def fusing(d: LaneDispatcher) -> bool:
+    """A backlog: the oldest queued prompt has waited longer than the setting, and there is
+    room to admit it (with every row running, a fused step would carry no prompt)."""
+    limit = d.fuse_decode_backlog_s
+    if limit is None or d.sched.num_running >= d.sched.max_num_seqs:
+        return False
+    wait = d._prefill_wait()
+    return wait is not None and wait > limit
+
+
+def decode_yields(d: LaneDispatcher) -> bool:
+    """The decode lane leaves its rows to the next prompt step: a backlog, and no prompt step
+    in flight (beside one, rows not in it decode as usual)."""
+    return "prefill" not in d.in_flight and fusing(d)
+
+
+def plan_fused(d: LaneDispatcher) -> StepPlan | None:
+    """The prefill lane's step in a backlog: every decodable row, then the prompt chunks the
+    rest of the budget holds (the usual packing rule). None while a decode step is in flight
+    or launched ahead: its rows land first."""
+    if "decode" in d.in_flight or d.ahead.step is not None:
+        return None
+    sched = d.sched
+    decodes = sched.plan_decode(NO_SPECULATION)
+    budget = d.core.prefill_budget() - len(decodes)
+    prompts = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack(d.clock()))
+    seqs = decodes + prompts
+    if decodes:
+        d.core.observer.decode_fused(len(decodes))
+    return StepPlan("mixed", seqs) if seqs else None
