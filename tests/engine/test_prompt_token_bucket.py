@@ -90,3 +90,35 @@ def test_prompt_token_bucket_is_validated() -> None:
     assert tiny_config().prompt_token_bucket == 64
     with pytest.raises(ValueError, match="prompt_token_bucket"):
         tiny_config(prompt_token_bucket=-64)
+
+
+def test_decode_rows_then_prompt_chunks_get_their_attention_split() -> None:
+    """A mixed step of one-token decode rows, then prompt chunks (decode rows inside a prompt
+    step, ``lanes.backlog_fuse``) carries ``meta.split``: the rows for the split-K kernel, the
+    chunks (counted in the whole step's rows) for the prefill kernel. A prompt step, a decode
+    step, and a mixed step whose rows do not come first, or carry drafts, carry none."""
+    core = _core(0)
+    rows = []
+    for rid, n in (("d0", 5), ("d1", 9)):
+        (seq,) = core.add_request(rid, list(range(3, 3 + n)), GREEDY)
+        assert core.kv.allocate(seq.block_table, n + 1)
+        seq.num_computed_tokens, seq.status = n, SeqStatus.DECODING
+        seq.token_ids.append(7)  # its first output token, the next query
+        rows.append(ScheduledSeq(seq, 1))
+    chunks = []
+    for rid, n in (("p0", 12), ("p1", 7)):
+        plan = _plan(core, "prefill", rid, n)
+        plan.seqs[0].seq.status = SeqStatus.PREFILLING
+        chunks += plan.seqs
+    meta = core.runner.prepare(StepPlan("mixed", rows + chunks)).meta
+    split = meta.split
+    assert split is not None and split.num_decode_rows == 2
+    assert split.decode.query_start_loc.tolist() == [0, 1, 2]
+    assert split.decode.seq_lens.tolist() == [6, 10] and split.decode.max_seq_len == 10
+    assert split.prompt.query_start_loc.tolist() == [2, 14, 21]
+    assert split.prompt.seq_lens.tolist() == [12, 7] and split.prompt.num_seqs == 2
+    assert core.runner.prepare(StepPlan("mixed", chunks + rows)).meta.split is None
+    assert core.runner.prepare(StepPlan("mixed", rows)).meta.split is None
+    assert core.runner.prepare(StepPlan("prefill", chunks)).meta.split is None
+    rows[0].draft_token_ids = [4, 5]  # a verify row: not one token
+    assert core.runner.prepare(StepPlan("mixed", rows + chunks)).meta.split is None

@@ -9,7 +9,7 @@ import torch
 
 from verifypd.config import KernelConfig
 from verifypd.kernels import REFERENCE_OPS, get_ops, reference, triton_ops
-from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit, uniform_pieces
+from verifypd.kernels.metadata import AttentionMetadata, split_decode_rows, uniform_pieces
 
 OPS = [
     "store_kv", "paged_attention", "rms_norm", "rope", "silu_and_mul", "rope_store_kv",
@@ -93,36 +93,25 @@ def test_store_then_attend_matches_reference(target, paged_case, query_lens, seq
     torch.testing.assert_close(out.float(), ref.float(), rtol=target.rtol, atol=target.atol)
 
 
-def _split(meta: AttentionMetadata, num_decode_rows: int) -> AttentionSplit:
-    """``meta`` of decode rows then one chunk, as its two parts (the chunk's query starts
-    counting the whole step's rows)."""
-    n = num_decode_rows
-    decode = AttentionMetadata(
-        meta.slot_mapping[:n], meta.query_start_loc[: n + 1], meta.seq_lens[:n],
-        meta.block_tables[:n], 1, meta.max_seq_len,
-    )  # fmt: skip
-    prompt = AttentionMetadata(
-        meta.slot_mapping[n:], meta.query_start_loc[n : n + 2], meta.seq_lens[n : n + 1],
-        meta.block_tables[n : n + 1], meta.max_query_len, meta.max_seq_len,
-    )  # fmt: skip
-    return AttentionSplit(decode, prompt, n)
-
-
 @pytest.mark.parametrize("query_lens,seq_lens", [([1, 1, 1, 24], [3, 300, 41, 24]),
-                                                 ([1, 1, 40], [77, 9, 90])])  # fmt: skip
+                                                 ([1, 1, 40], [77, 9, 90]),
+                                                 ([1, 1, 24, 13], [300, 41, 24, 40])])  # fmt: skip
 def test_split_attention_matches_the_whole_steps_reference(target, paged_case, query_lens,
                                                             seq_lens):  # fmt: skip
-    """Decode rows then a prompt chunk (``AttentionMetadata.split``): the decode rows on the
-    split-K kernel, the chunk on the prefill kernel (reading the new keys from k_new), the
-    same output as the reference over the whole step; without the split's prompt part the
-    chunk's rows would be left unwritten."""
+    """Decode rows then prompt chunks (``AttentionMetadata.split``, ``split_decode_rows``):
+    the decode rows on the split-K kernel, the chunks on the prefill kernel (reading the new
+    keys from k_new; the last case's second chunk after a context of its own), the same output
+    as the reference over the whole step; without the split's prompt part the chunks' rows
+    would be left unwritten."""
     case = paged_case(target, query_lens, seq_lens, 8, 2, 32, block_size=8, seed=3)
     gen = torch.Generator().manual_seed(9)
     k = torch.randn(case.q.shape[0], 2, 32, generator=gen).to(case.q.dtype).to(case.q.device)
     v = torch.randn_like(k)
     triton_ops.store_kv(k, v, case.k_cache, case.v_cache, case.meta.slot_mapping)
     ref = reference.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2)
-    case.meta.split = _split(case.meta, len(query_lens) - 1)
+    n = query_lens.index(max(query_lens))  # the one-token rows come first
+    case.meta.split = split_decode_rows(case.meta, n, max(seq_lens[:n]))
+    assert case.meta.split.prompt.num_seqs == len(query_lens) - n
     ops = triton_ops.TritonOps()
     out = ops.paged_attention(case.q, case.k_cache, case.v_cache, case.meta, 0.2, k, v)
     torch.testing.assert_close(out.float(), ref.float(), rtol=target.rtol, atol=target.atol)

@@ -13,7 +13,7 @@ import torch
 from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.device_drafts import device_ids
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
-from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit
+from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit, split_decode_rows
 from verifypd.types import ScheduledSeq, SeqStatus, StepPlan
 
 # Prompt steps of at most this many tokens are never padded (their GEMMs are GEMV-sized; at
@@ -104,8 +104,11 @@ class StepInputBuilder:
             ids += [0] * pad  # rows past query_start_loc[B]: no sequence's, never read
             pos += [0] * pad
             slots += [-1] * pad  # their KV is stored nowhere
-        return self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
-                            sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+        inputs = self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
+                              sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+        if n := _decode_rows_first(plan):  # the rows on the decode kernel, the chunks apart
+            inputs.meta.split = split_decode_rows(inputs.meta, n, max(seq_lens[:n]))
+        return inputs
 
     def prompt_graph_width(self, plan: StepPlan) -> int:
         """q when ``plan`` is a prompt step the captured prompt graph holds: every chunk at
@@ -356,3 +359,24 @@ def _pads(plan: StepPlan) -> bool:
     if plan.lane == "prefill":
         return True
     return plan.lane == "mixed" and any(s.seq.status is SeqStatus.PREFILLING for s in plan.seqs)
+
+
+def _decode_rows_first(plan: StepPlan) -> int:
+    """n when ``plan`` is a mixed step of n one-token decode rows, then prompt chunks (decode
+    rows inside a prompt step, ``lanes.backlog_fuse``; the single lane without drafts); else
+    0. Their attention then runs as two kernels (``AttentionMetadata.split``): on the prefill
+    kernel the rows each took a program per query tile of the longest chunk, and on an H200
+    32 rows beside a 2k-token chunk made that kernel several times slower."""
+    if plan.lane != "mixed":
+        return 0
+    n = 0
+    for s in plan.seqs:
+        if s.seq.status is SeqStatus.PREFILLING:
+            break
+        if s.num_query_tokens != 1 or s.draft_token_ids or s.is_ahead:
+            return 0
+        n += 1
+    rest = plan.seqs[n:]
+    if not n or not rest or any(s.seq.status is not SeqStatus.PREFILLING for s in rest):
+        return 0
+    return n

@@ -56,7 +56,7 @@ class AttentionMetadata:
 @dataclass
 class AttentionSplit:
     """A step of ``num_decode_rows`` one-token rows (rows ``0 : num_decode_rows``, one
-    sequence each) followed by one sequence's chunk (the rest). ``decode`` describes the first
+    sequence each) followed by prompt chunks (the rest). ``decode`` describes the first
     part; ``prompt`` the chunk, its ``query_start_loc`` counting rows of the whole step
     ([num_decode_rows, num_decode_rows + chunk rows]): its kernel reads the whole step's rows
     and writes only the chunk's."""
@@ -64,6 +64,25 @@ class AttentionSplit:
     decode: AttentionMetadata
     prompt: AttentionMetadata
     num_decode_rows: int
+
+
+def split_decode_rows(
+    meta: AttentionMetadata, n: int, decode_max_seq_len: int | None = None
+) -> AttentionSplit:
+    """``meta`` of ``n`` one-token rows (rows ``0 : n``, one sequence each) then prompt chunks,
+    as its two parts: the rows for the split-K kernel, the chunks (their query starts counting
+    the whole step's rows) for the prefill kernel. ``decode_max_seq_len``: the rows' longest
+    context (default the step's)."""
+    longest = meta.max_seq_len if decode_max_seq_len is None else decode_max_seq_len
+    decode = AttentionMetadata(
+        meta.slot_mapping[:n], meta.query_start_loc[: n + 1], meta.seq_lens[:n],
+        meta.block_tables[:n], 1, longest,
+    )  # fmt: skip
+    prompt = AttentionMetadata(
+        meta.slot_mapping[n:], meta.query_start_loc[n:], meta.seq_lens[n:],
+        meta.block_tables[n:], meta.max_query_len, meta.max_seq_len,
+    )  # fmt: skip
+    return AttentionSplit(decode, prompt, n)
 
 
 def uniform_pieces(meta: AttentionMetadata, piece: int) -> AttentionMetadata:
