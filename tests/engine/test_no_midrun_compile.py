@@ -25,10 +25,14 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("controller", [False, True])
+@pytest.mark.parametrize("controller", [False, True, None])
 def test_no_triton_compile_after_start_up(controller):
-    spec = SpecConfig(method="draft", draft_model="dummy:tiny", max_draft_len=4,
-                      initial_draft_len=2, controller=controller)  # fmt: skip
+    """``controller`` None: no speculation, so the single lane's steps of decode rows and
+    prompt chunks split their attention (``split_decode_rows``), at every row count."""
+    spec = SpecConfig() if controller is None else SpecConfig(
+        method="draft", draft_model="dummy:tiny", max_draft_len=4, initial_draft_len=2,
+        controller=controller,
+    )  # fmt: skip
     core = EngineCore(EngineConfig(
         model="dummy:tiny", device="cuda", spec=spec, cuda_graphs=True,
         scheduler=SchedulerConfig(max_num_seqs=24, max_num_batched_tokens=512,

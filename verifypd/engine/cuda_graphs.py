@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from verifypd.kernels.metadata import AttentionMetadata, uniform_pieces
+from verifypd.kernels.metadata import AttentionMetadata, split_decode_rows, uniform_pieces
 from verifypd.kernels.triton_advance import advance
 from verifypd.kernels.triton_decode_attention import MAX_ROWS
 
@@ -224,4 +224,31 @@ def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> Non
         ids = torch.zeros(t, dtype=torch.int64, device=device)
         pos = torch.arange(t, device=device) % q
         model.compute_logits(model(ids, pos, kv, meta)[-1:])
+    split_shapes = [(b, q, ctx) for b in (1, 3, 16, 17) for q in (17, 64) for ctx in (4096, 1)]
+    for rows, q, ctx in split_shapes:  # decode rows, then a prompt chunk
+        _warm_split(model, kv, block_size, rows, q, min(max_len, ctx))
     torch.cuda.synchronize()
+
+
+def _warm_split(model, kv: torch.Tensor, block_size: int, rows: int, q: int, ctx: int) -> None:
+    """One eager step of ``rows`` decode rows, then a chunk of ``q`` tokens, its attention split
+    (``split_decode_rows``: decode rows inside a prompt step), the rows' context read as
+    ``ctx`` long (the split-K kernel's split count); as ``warm_up_eager``, nothing stored."""
+    device = kv.device
+    t = rows + q
+    i32 = {"dtype": torch.int32, "device": device}
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor([*range(rows + 1), t], **i32),
+        seq_lens=torch.tensor([1] * rows + [q], **i32),
+        block_tables=torch.zeros(rows + 1, -(-q // block_size), **i32),
+        max_query_len=q,
+        max_seq_len=q,
+        query_lens_cpu=[1] * rows + [q],
+        seq_lens_cpu=[1] * rows + [q],
+    )
+    meta.split = split_decode_rows(meta, rows, ctx)
+    ids = torch.zeros(t, dtype=torch.int64, device=device)
+    pos = torch.cat([torch.zeros(rows, dtype=torch.int64, device=device),
+                     torch.arange(q, device=device)])  # fmt: skip
+    model.compute_logits(model(ids, pos, kv, meta)[-1:])

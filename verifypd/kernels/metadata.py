@@ -72,15 +72,17 @@ def split_decode_rows(
     """``meta`` of ``n`` one-token rows (rows ``0 : n``, one sequence each) then prompt chunks,
     as its two parts: the rows for the split-K kernel, the chunks (their query starts counting
     the whole step's rows) for the prefill kernel. ``decode_max_seq_len``: the rows' longest
-    context (default the step's)."""
+    context (default the step's). The chunks' tensors are copies: a slice at row ``n`` starts
+    at an address Triton specializes on (16-byte aligned or not), and a kernel variant first
+    met under traffic compiles for a second or more (a stall every step waits for)."""
     longest = meta.max_seq_len if decode_max_seq_len is None else decode_max_seq_len
     decode = AttentionMetadata(
         meta.slot_mapping[:n], meta.query_start_loc[: n + 1], meta.seq_lens[:n],
         meta.block_tables[:n], 1, longest,
     )  # fmt: skip
     prompt = AttentionMetadata(
-        meta.slot_mapping[n:], meta.query_start_loc[n:], meta.seq_lens[n:],
-        meta.block_tables[n:], meta.max_query_len, meta.max_seq_len,
+        meta.slot_mapping[n:], meta.query_start_loc[n:].clone(), meta.seq_lens[n:].clone(),
+        meta.block_tables[n:].clone(), meta.max_query_len, meta.max_seq_len,
     )  # fmt: skip
     return AttentionSplit(decode, prompt, n)
 
