@@ -175,3 +175,18 @@ def greedy_accept(
     num_accepted = match.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
     final = target_ids.gather(1, num_accepted[:, None]).squeeze(1)
     return emit_accepted(draft_token_ids, num_accepted, final), num_accepted
+
+
+def warm_noise(device: torch.device, vocab_sizes: set[int]) -> None:
+    """Start-up (GPU, ``KernelConfig.fused_sampling_noise``): the noise kernels at every stream
+    the steps draw with and at each vocabulary, once. A kernel's stream is a compile-time
+    constant, so the first sampled draw, rejection test or residual draw of each compiled
+    under traffic (a stall of every lane)."""
+    if device.type != "cuda":
+        return
+    seeds = torch.zeros(2, dtype=torch.int64, device=device)
+    for vocab in sorted(vocab_sizes):
+        probs = torch.ones(2, vocab, dtype=torch.float32, device=device)
+        for stream in (0, FINAL_STREAM):  # a sampled token; a rejected draft's residual draw
+            noise_race(probs, seeds, seeds, stream)
+    uniform_noise(seeds, seeds, 1, ACCEPT_STREAM)  # the acceptance tests

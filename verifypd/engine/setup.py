@@ -25,6 +25,7 @@ from verifypd.engine.grammar import GrammarCompiler, GrammarTable
 from verifypd.engine.kv_sizing import KVSizing, draft_graph_headroom, kv_budget, size_kv
 from verifypd.engine.loader import LoadedModel, load_model
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
+from verifypd.engine.rejection import warm_noise
 from verifypd.engine.runner import ModelRunner
 from verifypd.engine.scheduler import Scheduler
 from verifypd.engine.speculative import DraftModelProposer, SpecDecoder
@@ -222,8 +223,11 @@ def capture_graphs(parts: EngineParts) -> None:
     logger.info("capturing CUDA graphs (batch sizes up to %d)", max_batch)
     drafter = parts.spec.drafter
     warm_up_eager(parts.loaded.model, parts.pool.kv, parts.block_size, max_len)
+    vocabs = {parts.loaded.model.cfg.vocab_size}
     if drafter is not None:
         warm_up_eager(drafter.runner.model, drafter.pool.kv, parts.block_size, max_len)
+        vocabs.add(drafter.runner.model.cfg.vocab_size)
+    warm_noise(parts.device, vocabs)
     parts.runner.capture_graphs(1, max_batch, max_len)
     if (q := parts.config.prompt_graph_tokens) and q < max_len:  # short prompt steps
         parts.runner.capture_graphs(q, PROMPT_GRAPH_BATCH, max_len, with_logits=False)
