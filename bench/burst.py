@@ -6,6 +6,7 @@ tokens and longest gap during the burst. Runs alternate with and without decode 
 
     python bench/burst.py --decode-rows 32 --prompts 1628 1846 152 2803 1750 1082
     python bench/burst.py --engine-option prefill_slice_layers=0   # any EngineConfig field
+    python bench/burst.py --compare A.json B.json ... --out PNG    # runs side by side
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from common import add_common_args, format_table, median, start_run  # noqa: E402
+from common import add_common_args, format_table, median, save_figure, start_run  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from verifypd.lanes.async_engine import AsyncEngine  # noqa: E402
@@ -159,7 +160,40 @@ async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: in
     return result
 
 
+def compare(paths: list[str], png: str) -> Path:
+    """One bar chart of several result files: each file's median burst span with and without
+    decode rows, labelled by its tag (the file name after the device) and commit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.6 * len(paths) + 2, 4))
+    for i, path in enumerate(paths):
+        data = json.loads(Path(path).read_text())
+        for j, (rows, s) in enumerate(
+            sorted(data["results"]["summary"].items(), key=lambda kv: int(kv[0]))
+        ):
+            bar = ax.bar(i + 0.4 * j - 0.2, s["span_ms"], 0.38, color=f"C{j}",
+                         label=f"{rows} decode rows" if i == 0 else None)  # fmt: skip
+            ax.bar_label(bar, fmt="%.0f", fontsize=7)
+    labels = [Path(p).stem.split("-", 3)[-1] for p in paths]
+    ax.set_xticks(range(len(paths)), labels, rotation=20, fontsize=7)
+    ax.set(ylabel="burst span, ms (submission to the last first token)",
+           title="a burst's prompts with and without decode rows beside them")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = save_figure(fig, Path(png), dpi=100)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--compare":
+        files, out = argv[1 : argv.index("--out")], argv[argv.index("--out") + 1]
+        print("wrote", compare(files, out))
+        return
     run = start_run("burst", argv, parse_args, method="AsyncEngine, no speculation; a burst "
                     "submitted at once beside decode rows that have each had 3 tokens")  # fmt: skip
     args = run.args

@@ -354,3 +354,15 @@ def test_burst(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="prefill_slice_layers"):
         bench.main([*argv[:-4], "--engine-option", "prefill_slice_layers=-1",
                     "--out", str(tmp_path)])  # fmt: skip
+
+
+def test_burst_compare_draws_each_file(tmp_path: Path) -> None:
+    bench = load_bench("burst")
+    data = {"results": {"summary": {"0": {"span_ms": 200.0}, "32": {"span_ms": 250.0}}}}
+    files = []
+    for tag in ("a", "b"):
+        path = tmp_path / f"burst-cpu-{tag}-abc1234.json"
+        path.write_text(json.dumps(data))
+        files.append(str(path))
+    bench.main(["--compare", *files, "--out", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").stat().st_size > 1000
