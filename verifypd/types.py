@@ -378,6 +378,9 @@ class StepPlan:
     # Decode-ahead: the previous decode step's packed result, still on the device, where this
     # step's ahead entries read their input token (``ScheduledSeq.ahead_index``).
     prev_ids: torch.Tensor | None = None
+    # A mixed step launched on the prefill lane: decode rows inside a prompt step in a backlog
+    # (``lanes.backlog_fuse``); not the single lane's step.
+    in_prompt_step: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -385,9 +388,11 @@ class StepPlan:
 
     @property
     def carries_prompt(self) -> bool:
-        """A decode step with a prompt chunk inside (``EngineConfig.prompt_in_decode_tokens``;
-        read before the step is folded back, while the chunk's sequence is prefilling)."""
-        return self.lane == "decode" and any(
+        """A decode step with a prompt chunk inside (``EngineConfig.prompt_in_decode_tokens``),
+        or decode rows inside a prompt step (``in_prompt_step``): its time is not a decode
+        step's (read before the step is folded back, while the chunk's sequence is
+        prefilling)."""
+        return (self.lane == "decode" or self.in_prompt_step) and any(
             s.seq.status is SeqStatus.PREFILLING for s in self.seqs
         )
 

@@ -20,7 +20,7 @@ from helpers import (
 from verifypd.config import SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.serve.cli import add_serve_args, config_from_args
-from verifypd.types import Observer, SamplingParams, StepPlan
+from verifypd.types import Observer, SamplingParams, ScheduledSeq, SeqStatus, StepPlan
 
 # One prompt per prompt step (pack 0): requests sent together queue behind each other.
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)
@@ -53,6 +53,7 @@ async def _run(fuse: float | None, **overrides) -> tuple[list[list[int]], list[t
     inner = d._launch_fn
 
     async def spy(lane: str, plan: StepPlan):
+        assert plan.in_prompt_step == (plan.lane == "mixed")  # three lanes: only fused steps
         prompts = sum(1 for e in plan.seqs if e.seq.num_output_tokens == 0)
         launches.append((lane, plan.lane, len(plan.seqs) - prompts, prompts))
         return await inner(lane, plan)
@@ -126,6 +127,17 @@ def test_the_setting_is_validated_and_on_the_cli():
     assert config_from_args(args).fuse_decode_backlog_s is None
     default = config_from_args(parser.parse_args(["--model", "dummy:tiny"]))
     assert default.fuse_decode_backlog_s is None
+
+
+def test_a_fused_step_is_not_a_decode_steps_time():
+    """The policy's latency guard and cost model skip a prompt step carrying decode rows, as a
+    decode step carrying a prompt; the single lane's mixed steps still feed them."""
+    engine = AsyncEngine(tiny_config())
+    (seq,) = engine.core.add_request("p", [1, 2, 3], SamplingParams(max_tokens=2))
+    seq.status = SeqStatus.PREFILLING
+    entry = [ScheduledSeq(seq, 3)]
+    assert StepPlan("mixed", entry, in_prompt_step=True).carries_prompt
+    assert not StepPlan("mixed", entry).carries_prompt
 
 
 def test_the_single_lane_never_fuses():

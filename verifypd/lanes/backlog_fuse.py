@@ -5,7 +5,9 @@ computes slower while decode runs on its stream. While the oldest queued prompt 
 longer than the setting, the decode lane leaves its rows to the prefill lane, whose next step
 computes them together with the prompt chunks in one forward (a ``"mixed"`` plan, plain: no
 drafts), as vLLM runs every step. A decode step already in flight lands first; its rows ride in
-the step after it. Speculation resumes with the decode lane once the backlog is gone.
+the step after it. Speculation resumes with the decode lane once the backlog is gone. Such a
+step's time is not a decode step's: the policy's latency guard and cost model skip it
+(``StepPlan.carries_prompt``).
 
 The dispatcher calls these as it would its own methods.
 """
@@ -49,4 +51,4 @@ def plan_fused(d: LaneDispatcher) -> StepPlan | None:
     seqs = decodes + prompts
     if decodes:
         d.core.observer.decode_fused(len(decodes))
-    return StepPlan("mixed", seqs) if seqs else None
+    return StepPlan("mixed", seqs, in_prompt_step=True) if seqs else None
