@@ -777,10 +777,12 @@ class EngineConfig:
     decode_gap_beside_prefill_s: float = 0.0
     # While the oldest queued prompt has waited longer than this (a burst of prompts), the
     # decode rows ride inside the next prompt step (one forward, on the prefill lane's
-    # stream, as vLLM runs every step) instead of decode steps beside it: a decode step
-    # beside a prompt step takes the SMs for its own weight reads (prompt steps run at ~26
-    # ms per 1k tokens beside decode on an H200, ~20 alone), while rows inside one cost
-    # next to nothing. Their next token then waits for that whole step. None: never.
+    # stream, as vLLM runs every step) instead of decode steps beside it; their next token
+    # then waits for that whole step (``lanes.backlog_fuse``). None: never. On an H200
+    # (bench/burst.py, 31edae2) six prompts took 221 ms alone, 253 beside 32 decoding rows,
+    # 238 with the rows inside; in the hetero sweep 0.05 took 10 % off the policy's TTFT p99
+    # at 14 req/s in two runs, ITL p99 within 5 % at 2-26 req/s (0.02: -17 %, ITL p99 +7-15 %
+    # at 14-26). Off until it has run against vLLM over HTTP.
     fuse_decode_backlog_s: float | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the

@@ -17,7 +17,7 @@ from helpers import (
     tiny_draft_spec,
 )
 
-from verifypd.config import SchedulerConfig
+from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.serve.cli import add_serve_args, config_from_args
 from verifypd.types import Observer, SamplingParams, ScheduledSeq, SeqStatus, StepPlan
@@ -138,6 +138,30 @@ def test_a_fused_step_is_not_a_decode_steps_time():
     entry = [ScheduledSeq(seq, 3)]
     assert StepPlan("mixed", entry, in_prompt_step=True).carries_prompt
     assert not StepPlan("mixed", entry).carries_prompt
+
+
+def test_no_fusing_without_room_for_the_queued_prompt():
+    """A backlog fuses only while the first queued prompt can be admitted (a row free, blocks
+    for its first chunk): without, a fused step would carry decode rows alone."""
+    from verifypd.lanes.backlog_fuse import fusing
+
+    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.01,
+                                     cache=CacheConfig(num_blocks=8, block_size=16)))  # fmt: skip
+    d, sched = engine.dispatcher, engine.core.scheduler
+    now = [100.0]
+    d.clock = lambda: now[0]
+    engine.core.add_request("q", list(range(3, 40)), SamplingParams(max_tokens=2))  # 3 blocks
+    sched.waiting[0].arrival_time = 100.0
+    assert not fusing(d)  # it has not waited past the setting
+    now[0] = 100.02
+    assert fusing(d)
+    allocator = sched.kv.allocator
+    held = allocator.allocate(6)  # two blocks left: too few for its prompt
+    assert not fusing(d)
+    allocator.release(allocator.decref(held))
+    assert fusing(d)
+    sched.max_num_seqs = 0  # no row free
+    assert not fusing(d)
 
 
 def test_the_single_lane_never_fuses():

@@ -24,12 +24,16 @@ if TYPE_CHECKING:
 
 def fusing(d: LaneDispatcher) -> bool:
     """A backlog: the oldest queued prompt has waited longer than the setting, and there is
-    room to admit it (with every row running, a fused step would carry no prompt)."""
-    limit = d.fuse_decode_backlog_s
-    if limit is None or d.sched.num_running >= d.sched.max_num_seqs:
+    room to admit the first in the queue (a row free, KV blocks for its first chunk): else a
+    fused step would carry decode rows alone, on the prefill lane's eager path."""
+    limit, sched = d.fuse_decode_backlog_s, d.sched
+    if limit is None or not sched.waiting or sched.num_running >= sched.max_num_seqs:
         return False
     wait = d._prefill_wait()
-    return wait is not None and wait > limit
+    if wait is None or wait <= limit:
+        return False
+    first = min(sched.waiting[0].num_tokens, sched.max_prefill_chunk)
+    return -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
 
 
 def decode_yields(d: LaneDispatcher) -> bool:
