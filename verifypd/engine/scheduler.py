@@ -273,12 +273,19 @@ class Scheduler:
         self.running.append(seq)
         return ScheduledSeq(seq, chunk)
 
-    def schedule_mixed(self, spec: SpecDecision = NO_SPECULATION) -> StepPlan | None:
+    def schedule_mixed(
+        self,
+        spec: SpecDecision = NO_SPECULATION,
+        token_budget: int | None = None,
+        pack: int | None = None,
+    ) -> StepPlan | None:
         """Single-lane step (the vLLM-style baseline): all decodes (with room for drafts),
-        then prefill chunks, in one batch."""
+        then prefill chunks, in one batch of ``token_budget`` tokens (None:
+        ``max_num_batched_tokens``), the chunks packed by ``pack`` (``plan_prefill``). Also
+        decode rows inside a prompt step (``lanes.backlog_fuse``)."""
         decodes = self.plan_decode(spec)
-        budget = self.max_num_batched_tokens - len(decodes)
-        prefills = self.plan_prefill(budget, self.max_num_seqs)
+        budget = self.max_num_batched_tokens if token_budget is None else token_budget
+        prefills = self.plan_prefill(budget - len(decodes), self.max_num_seqs, pack)
         seqs = decodes + prefills
         return StepPlan("mixed", seqs) if seqs else None
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from verifypd.types import NO_SPECULATION, StepPlan
+from verifypd.types import NO_SPECULATION, SeqStatus, StepPlan
 
 if TYPE_CHECKING:
     from verifypd.lanes.dispatcher import LaneDispatcher
@@ -49,10 +49,13 @@ def plan_fused(d: LaneDispatcher) -> StepPlan | None:
     if "decode" in d.in_flight or d.ahead.step is not None:
         return None
     sched = d.sched
-    decodes = sched.plan_decode(NO_SPECULATION)
-    budget = d.core.prefill_budget() - len(decodes)
-    prompts = sched.plan_prefill(budget, sched.max_num_seqs, sched.prefill_pack(d.clock()))
-    seqs = decodes + prompts
-    if decodes:
-        d.core.observer.decode_fused(len(decodes))
-    return StepPlan("mixed", seqs, in_prompt_step=True) if seqs else None
+    plan = sched.schedule_mixed(
+        NO_SPECULATION, d.core.prefill_budget(), sched.prefill_pack(d.clock())
+    )
+    if plan is None:
+        return None
+    plan.in_prompt_step = True
+    rows = sum(1 for e in plan.seqs if e.seq.status is not SeqStatus.PREFILLING)
+    if rows:
+        d.core.observer.decode_fused(rows)
+    return plan
