@@ -26,6 +26,10 @@ _BITS_UNIT = tl.constexpr(2.0**-23)
 _STREAM = 0xD6E8FEB86659FD93  # host side: a stream's offset is passed in
 _MASK64 = (1 << 64) - 1
 _RACE_BLOCK = 2048  # columns a program of the race takes
+# A step's seeds and positions are often rows of one uploaded int64 block (verify_step.py), so
+# their addresses are 16-byte aligned or not from step to step; Triton would compile a kernel
+# for each under traffic (a stall of every lane). They are scalar loads: no specializing.
+_ROW_SCALARS = ["seeds_ptr", "positions_ptr"]
 
 
 @triton.jit
@@ -55,7 +59,7 @@ def _uniforms(h, cols, BLOCK: tl.constexpr):
     return (bits.to(tl.float32) + 0.5) * _BITS_UNIT
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=_ROW_SCALARS)
 def _uniform_noise_kernel(
     seeds_ptr,  # [N] int64
     positions_ptr,  # [N] int64
@@ -71,7 +75,7 @@ def _uniform_noise_kernel(
     tl.store(out_ptr + row.to(tl.int64) * C + cols, u, mask=cols < C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=_ROW_SCALARS)
 def _noise_race_chunk_kernel(
     probs_ptr,  # [N, V], >= 0, any float dtype
     seeds_ptr,  # [N] int64
