@@ -17,6 +17,7 @@ import torch
 from verifypd.kernels.metadata import AttentionMetadata, split_decode_rows, uniform_pieces
 from verifypd.kernels.triton_advance import advance
 from verifypd.kernels.triton_decode_attention import MAX_ROWS
+from verifypd.kernels.triton_prefill_attention import LONG_QUERY
 
 # ``short_attention`` graphs cut the attention into pieces only for batches of at most this many
 # query tokens: on an H200 (the 0.5B drafter over 2,048-token contexts, bench/catch_up_cost.py,
@@ -224,10 +225,20 @@ def warm_up_eager(model, kv: torch.Tensor, block_size: int, max_len: int) -> Non
         ids = torch.zeros(t, dtype=torch.int64, device=device)
         pos = torch.arange(t, device=device) % q
         model.compute_logits(model(ids, pos, kv, meta)[-1:])
-    split_shapes = [(b, q, ctx) for b in (1, 3, 16, 17) for q in (17, 64) for ctx in (4096, 1)]
-    for rows, q, ctx in split_shapes:  # decode rows, then a prompt chunk
+    for rows, q, ctx in split_warm_shapes(max_len):  # decode rows, then a prompt chunk
         _warm_split(model, kv, block_size, rows, q, min(max_len, ctx))
     torch.cuda.synchronize()
+
+
+def split_warm_shapes(max_len: int) -> list[tuple[int, int, int]]:
+    """(decode rows, prompt tokens, context) of the split steps warmed at start-up: the decode
+    part's row counts (== 1, divisible by 16 or neither) over a long and a short context, then
+    the prompt part at every tile of the prefill kernel (``default_prefill_tiles``: a row tile
+    of q * G rounded up to 16-128 rows, three stages from ``LONG_QUERY`` tokens), whatever the
+    GQA group G. A prompt part of 9 tokens beside decode rows compiled under traffic before."""
+    shapes = [(b, q, ctx) for b in (1, 3, 16, 17) for q in (17, 64) for ctx in (4096, 1)]
+    prompt_lens = [1, 2, 3, 4, 5, 9, 33, 128] + ([LONG_QUERY] if max_len >= LONG_QUERY else [])
+    return shapes + [(1, q, 4096) for q in prompt_lens if q <= max_len]
 
 
 def _warm_split(model, kv: torch.Tensor, block_size: int, rows: int, q: int, ctx: int) -> None:
