@@ -354,6 +354,10 @@ MODES = {
     "policy-fuse50": _policy_with(engine=(("fuse_decode_backlog_s", 0.05),)),
     "off-fuse20": Mode("three", False, engine_options=(("fuse_decode_backlog_s", 0.02),)),
     "policy-fuse20": _policy_with(engine=(("fuse_decode_backlog_s", 0.02),)),
+    # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens)
+    "policy-fuse50-4k": _policy_with(
+        engine=(("fuse_decode_backlog_s", 0.05), ("fuse_decode_backlog_tokens", 4096))
+    ),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.
     "off-split1k": Mode("three", False, engine_options=_SPLIT1K),

@@ -782,8 +782,13 @@ class EngineConfig:
     # (bench/burst.py, 31edae2) six prompts took 221 ms alone, 253 beside 32 decoding rows,
     # 238 with the rows inside; in the hetero sweep 0.05 took 10 % off the policy's TTFT p99
     # at 14 req/s in two runs, ITL p99 within 5 % at 2-26 req/s (0.02: -17 %, ITL p99 +7-15 %
-    # at 14-26). Off until it has run against vLLM over HTTP.
+    # at 14-26). Over HTTP beside vLLM's server (60f94b1): -15-22 % at 14 req/s, but ITL or
+    # TPOT p99 up 6-25 % at 2 or 26 req/s in two of four runs: opt-in.
     fuse_decode_backlog_s: float | None = None
+    # ... and only while the queued prompts hold at least this many tokens (0: any backlog):
+    # a burst, not one long prompt whose wait a fused step shortens little while its decode
+    # rows each wait a whole prompt step for their token. Not yet measured on a GPU.
+    fuse_decode_backlog_tokens: int = 0
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
@@ -889,6 +894,9 @@ class EngineConfig:
         number = isinstance(fuse, (int, float)) and not isinstance(fuse, bool)
         if fuse is not None and not (number and 0.0 <= fuse < 10.0):
             raise ValueError(f"fuse_decode_backlog_s must be in [0, 10) s (or None), got {fuse!r}")
+        least = self.fuse_decode_backlog_tokens
+        if not isinstance(least, int) or isinstance(least, bool) or least < 0:
+            raise ValueError(f"fuse_decode_backlog_tokens must be an int >= 0, got {least!r}")
         sizes = self.prompt_in_decode_tokens
         ints = isinstance(sizes, tuple) and all(
             isinstance(n, int) and not isinstance(n, bool) and 16 <= n <= 4096 for n in sizes

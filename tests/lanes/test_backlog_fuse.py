@@ -167,3 +167,41 @@ def test_no_fusing_without_room_for_the_queued_prompt():
 def test_the_single_lane_never_fuses():
     engine = AsyncEngine(tiny_config(lane_mode="single", fuse_decode_backlog_s=0.0))
     assert engine.dispatcher.fuse_decode_backlog_s is None
+
+
+def test_a_token_floor_fuses_only_for_a_queue_that_holds_it():
+    """``fuse_decode_backlog_tokens``: a backlog fuses only while the queued prompts hold that
+    many tokens still to compute (a burst, not one long prompt)."""
+    from verifypd.lanes.backlog_fuse import fusing, queued_at_least
+
+    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.01, fuse_decode_backlog_tokens=60))
+    d, sched = engine.dispatcher, engine.core.scheduler
+    d.clock = lambda: 200.0
+    engine.core.add_request("a", list(range(3, 43)), SamplingParams(max_tokens=2))  # 40 tokens
+    sched.waiting[0].arrival_time = 100.0
+    assert not fusing(d)  # waited long enough, but 40 < 60 tokens queued
+    engine.core.add_request("b", list(range(3, 33)), SamplingParams(max_tokens=2))  # 30 more
+    assert fusing(d)
+    sched.waiting[0].num_computed_tokens = 16  # a prefix already computed: 24 + 30 left
+    assert not fusing(d)
+    assert queued_at_least(sched.waiting, 54) and not queued_at_least(sched.waiting, 55)
+    assert queued_at_least([], 0)
+
+
+async def test_a_token_floor_above_every_backlog_fuses_nothing():
+    plain, _, _ = await _run(None)
+    out, launches, rows = await _run(0.0, fuse_decode_backlog_tokens=10_000)
+    assert out == plain and rows == 0
+    assert all(plan_lane != "mixed" for _, plan_lane, *_ in launches)
+
+
+def test_the_token_floor_is_validated_and_on_the_cli():
+    assert tiny_config().fuse_decode_backlog_tokens == 0
+    for bad in (-1, 1.5, True, "4096"):
+        with pytest.raises(ValueError, match="fuse_decode_backlog_tokens"):
+            tiny_config(fuse_decode_backlog_tokens=bad)
+    parser = add_serve_args(argparse.ArgumentParser())
+    argv = ["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.05"]
+    args = parser.parse_args([*argv, "--fuse-decode-backlog-tokens", "4096"])
+    assert config_from_args(args).fuse_decode_backlog_tokens == 4096
+    assert config_from_args(parser.parse_args(argv)).fuse_decode_backlog_tokens == 0

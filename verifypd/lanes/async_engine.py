@@ -63,6 +63,7 @@ class AsyncEngine:
             decode_gap_beside_prefill_s=config.decode_gap_beside_prefill_s,
             prompt_in_decode_tokens=self.core.prompt_in_decode_tokens,
             fuse_decode_backlog_s=config.fuse_decode_backlog_s,
+            fuse_decode_backlog_tokens=config.fuse_decode_backlog_tokens,
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")

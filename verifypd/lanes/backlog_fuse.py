@@ -2,7 +2,8 @@
 
 Beside a prompt step a decode step takes SMs for its own weight reads, so a burst of prompts
 computes slower while decode runs on its stream. While the oldest queued prompt has waited
-longer than the setting, the decode lane leaves its rows to the prefill lane, whose next step
+longer than the setting (and, with ``fuse_decode_backlog_tokens``, the queue holds that many
+prompt tokens), the decode lane leaves its rows to the prefill lane, whose next step
 computes them together with the prompt chunks in one forward (a ``"mixed"`` plan, plain: no
 drafts), as vLLM runs every step. A decode step already in flight lands first; its rows ride in
 the step after it. Speculation resumes with the decode lane once the backlog is gone. Such a
@@ -14,26 +15,41 @@ The dispatcher calls these as it would its own methods.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from verifypd.types import NO_SPECULATION, SeqStatus, StepPlan
+from verifypd.types import NO_SPECULATION, SeqStatus, Sequence, StepPlan
 
 if TYPE_CHECKING:
     from verifypd.lanes.dispatcher import LaneDispatcher
 
 
 def fusing(d: LaneDispatcher) -> bool:
-    """A backlog: the oldest queued prompt has waited longer than the setting, and there is
-    room to admit the first in the queue (a row free, KV blocks for its first chunk): else a
-    fused step would carry decode rows alone, on the prefill lane's eager path."""
+    """A backlog: the oldest queued prompt has waited longer than the setting, the queue holds
+    at least ``fuse_decode_backlog_tokens`` prompt tokens, and there is room to admit the first
+    in the queue (a row free, KV blocks for its first chunk): else a fused step would carry
+    decode rows alone, on the prefill lane's eager path."""
     limit, sched = d.fuse_decode_backlog_s, d.sched
     if limit is None or not sched.waiting or sched.num_running >= sched.max_num_seqs:
         return False
     wait = d._prefill_wait()
     if wait is None or wait <= limit:
         return False
+    if not queued_at_least(sched.waiting, d.fuse_decode_backlog_tokens):
+        return False
     first = min(sched.waiting[0].num_tokens, sched.max_prefill_chunk)
     return -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
+
+
+def queued_at_least(waiting: Iterable[Sequence], tokens: int) -> bool:
+    """The queued sequences hold at least ``tokens`` tokens still to compute (stops counting
+    there: a long queue costs no more than the prompts it takes)."""
+    total = 0
+    for seq in waiting:
+        if total >= tokens:
+            break
+        total += seq.num_tokens - seq.num_computed_tokens
+    return total >= tokens
 
 
 def decode_yields(d: LaneDispatcher) -> bool:

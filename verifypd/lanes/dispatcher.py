@@ -76,6 +76,7 @@ class LaneDispatcher:
         decode_gap_beside_prefill_s: float = 0.0,
         prompt_in_decode_tokens: int = 0,
         fuse_decode_backlog_s: float | None = None,
+        fuse_decode_backlog_tokens: int = 0,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -109,8 +110,9 @@ class LaneDispatcher:
         # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``lanes.prompt_rides``).
         self.rides = PromptRides(core, 0 if single_lane else prompt_in_decode_tokens)
         # In a prompt backlog the decode rows ride in prompt steps (``lanes.backlog_fuse``;
-        # EngineConfig.fuse_decode_backlog_s; None: never).
+        # EngineConfig.fuse_decode_backlog_s and _tokens; None: never).
         self.fuse_decode_backlog_s = None if single_lane else fuse_decode_backlog_s
+        self.fuse_decode_backlog_tokens = fuse_decode_backlog_tokens
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()

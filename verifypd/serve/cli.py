@@ -120,6 +120,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "prompt steps (one forward, as vLLM's steps) until the queue drains: a burst's "
              "prompts compute faster, its decode tokens wait for whole prompt steps; "
              "default none: never")  # fmt: skip
+    add("--fuse-decode-backlog-tokens", type=int, default=None, metavar="N",
+        help="with --fuse-decode-backlog-s: only while the queued prompts hold at least N "
+             "tokens (a burst, not one long prompt); default 0: any backlog")  # fmt: skip
     add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
         help="a prompt whose rest is at most the largest size is computed inside the next plain "
              "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
@@ -278,6 +281,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["prompt_in_decode_tokens"] = args.prompt_in_decode_tokens
     if args.fuse_decode_backlog_s is not None:
         out["fuse_decode_backlog_s"] = args.fuse_decode_backlog_s
+    if args.fuse_decode_backlog_tokens is not None:
+        out["fuse_decode_backlog_tokens"] = args.fuse_decode_backlog_tokens
     return out
 
 
