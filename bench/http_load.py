@@ -121,7 +121,10 @@ SERVER_COUNTERS = {
         "verifypd_prefix_cache_queries_total",
         "vllm:prefix_cache_queries_total",
     ),
+    "kernel_compiles": ("verifypd_kernel_compiles_total",),  # under traffic: each a stall
 }
+# The unit a counter's increase is named with in a row's ``server`` (server_<key><unit>).
+COUNTER_UNITS = {"prefix_cache_hits": "_tokens", "prefix_cache_queries": "_tokens"}
 
 
 def _samples(text: str) -> Iterator[tuple[str, str, float]]:
@@ -185,7 +188,7 @@ def server_means(before: dict, after: dict) -> dict[str, float | None]:
             out[f"server_{key}_mean_ms"] = d_sum / d_count * 1e3 if d_count > 0 else None
     for key in SERVER_COUNTERS:
         if key in before and key in after:
-            out[f"server_{key}_tokens"] = after[key] - before[key]
+            out[f"server_{key}{COUNTER_UNITS.get(key, '')}"] = after[key] - before[key]
     for key in LOOP_LAGS:
         on_time = f"{key}_on_time"
         if on_time in before and on_time in after and key in after and key in before:

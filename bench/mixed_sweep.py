@@ -214,7 +214,7 @@ def engine_sweep(
             recorder.reset()
             if steps is not None:
                 steps.reset()
-            preemptions = core.scheduler.num_preemptions
+            preemptions, compiles = core.scheduler.num_preemptions, core.compiles.seen
             disp = llm.engine.dispatcher
             ahead = (disp.num_ahead_steps, disp.num_ahead_held, disp.deltas.num_ahead)
             snapshot = None
@@ -236,6 +236,8 @@ def engine_sweep(
                     **spec_columns(recorder),
                     engine_error=engine_error(llm.engine),
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
+                    # Triton compiles under this run's traffic (each a stall of every lane)
+                    num_kernel_compiles=core.compiles.seen - compiles,
                     num_ahead_steps=disp.num_ahead_steps - ahead[0],
                     num_ahead_held=disp.num_ahead_held - ahead[1],  # for a landing prompt
                     # deltas handed out ahead of a drafting launch (deliver_before_drafting)
@@ -320,7 +322,13 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
         keys = ("rate", "acceptance_profile", "temperature", "mode")
         report["policy_timeline"].append({**{k: row[k] for k in keys}, **columnar(samples)})
     what = f"sweep {row['mode']} {row['acceptance_profile']} T={row['temperature']} {row['rate']}/s"
-    progress(SCRIPT, what, row, ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps"))
+    # Triton compiles under the run's traffic (in-process, or the server's counter): shown
+    # only when there were some, each a stall of every lane.
+    compiles = row.get("num_kernel_compiles") or (row.get("server") or {}).get(
+        "server_kernel_compiles"
+    )
+    keys = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps", "kernel_compiles")
+    progress(SCRIPT, what, {**row, "kernel_compiles": compiles or None}, keys)
     run.save()
 
 

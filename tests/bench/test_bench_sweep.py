@@ -22,7 +22,7 @@ ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", 
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
             "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint",
             "num_preemptions", "num_ahead_steps", "num_ahead_held", "num_deltas_ahead",
-            "ttft_p99_ci_ms",
+            "num_kernel_compiles", "ttft_p99_ci_ms",
             "itl_p99_ci_ms", "tpot_p99_ci_ms"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
@@ -621,7 +621,9 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     assert len(rows) == 2 * 2 and {r["mode"] for r in rows} == {"policy"}
     for r in rows:
         assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions", "num_ahead_steps",
-                           "num_ahead_held", "num_deltas_ahead"} <= set(r)  # fmt: skip
+                           "num_ahead_held", "num_deltas_ahead",
+                           "num_kernel_compiles"} <= set(r)  # fmt: skip
+        assert r["server"]["server_kernel_compiles"] == 0.0  # the CPU never compiles
         assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
         # The server's own first-token mean, from its /metrics around the run, lies inside
         # the client's (which adds the HTTP front and the network).
@@ -679,13 +681,16 @@ verifypd_prefix_cache_queries_total{model="m"} 80.0
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16.0
 vllm:prefix_cache_hits_total{engine="1",model_name="m"} 16.0
 vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9
+verifypd_kernel_compiles_total{model="m"} 1.0
 """
     totals = http.counter_totals(counters)
-    assert totals == {"prefix_cache_hits": 64.0, "prefix_cache_queries": 80.0}
-    later = {"prefix_cache_hits": 64.0, "prefix_cache_queries": 120.0}
+    assert totals == {"prefix_cache_hits": 64.0, "prefix_cache_queries": 80.0,
+                      "kernel_compiles": 1.0}  # fmt: skip
+    later = {"prefix_cache_hits": 64.0, "prefix_cache_queries": 120.0, "kernel_compiles": 3.0}
     assert http.server_means(totals, later) == {
         "server_prefix_cache_hits_tokens": 0.0,
         "server_prefix_cache_queries_tokens": 40.0,
+        "server_kernel_compiles": 2.0,
     }
     lag = """verifypd_event_loop_lag_seconds_bucket{le="0.002",model="m"} 70.0
 verifypd_event_loop_lag_seconds_bucket{le="0.005",model="m"} 90.0

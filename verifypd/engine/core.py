@@ -19,6 +19,7 @@ from typing import Any
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig
 from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
+from verifypd.engine.compile_watch import CompileReporter
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.draft_follow import decode_follow_items, prompt_follow_items
 from verifypd.engine.logprobs import check_num_logprobs, fold_logprobs
@@ -84,6 +85,7 @@ class EngineCore:
             config.scheduler.max_request_kv_share,
             config.spec.max_draft_len if self.spec.enabled else 0,
         )
+        self.compiles = CompileReporter(self._observer, watch=self._is_cuda)  # from here on
 
     @property
     def observer(self) -> Observer:
@@ -367,6 +369,7 @@ class EngineCore:
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
         outputs = self.outputs.process(changed)
+        self.compiles.report()
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs

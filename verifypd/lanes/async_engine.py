@@ -100,6 +100,7 @@ class AsyncEngine:
             self._task = None
         self.dispatcher.cancel_launches()
         self.executor.close()
+        self.core.compiles.close()
         if self._frozen:  # frozen objects are never collected: give this engine's back
             self._frozen = False
             gc.unfreeze()

@@ -91,6 +91,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         None,
         None,
     ),
+    "kernel_compiles": (
+        Counter,
+        "Triton kernels compiled after start-up, each a stall of every lane (engine.compile_watch)",
+        None,
+        None,
+    ),
     "requests_finished": (Counter, "Requests finished, by reason", "reason", None),
     "prompt_tokens": (Counter, "Prompt tokens of finished requests", None, None),
     "generation_tokens": (Counter, "Generated tokens of finished requests", None, None),
@@ -258,6 +264,9 @@ class PrometheusObserver(Observer):
 
     def decode_fused(self, num_rows: int) -> None:
         self._m["decode_rows_fused"].inc(num_rows)
+
+    def kernel_compiled(self, name: str) -> None:
+        self._m["kernel_compiles"].inc()
 
     def drafter_prompt_tokens(self, num_tokens: int) -> None:
         self._m["spec_drafter_prompt_tokens"].inc(num_tokens)
