@@ -159,12 +159,16 @@ class StepRecorder(Observer):
         self.num_spec_calls = 0
         self.num_drafted = 0
         self.num_accepted = 0
+        self.num_rows_fused = 0  # decode rows inside prompt steps (fuse_decode_backlog_s)
         self.t0 = time.perf_counter()
         self.slowest: list[tuple[float, str, int, float]] = []  # (s, lane, tokens, t_end)
 
     def lane_step(self, lane: str, seconds: float, num_tokens: int) -> None:
         self.steps.setdefault(lane, []).append((seconds, num_tokens))
         keep_slowest(self.slowest, (seconds, lane, num_tokens, time.perf_counter() - self.t0))
+
+    def decode_fused(self, num_rows: int) -> None:
+        self.num_rows_fused += num_rows
 
     def spec_tokens(self, num_drafted: int, num_accepted: int) -> None:
         self.num_spec_calls += 1

@@ -122,6 +122,7 @@ SERVER_COUNTERS = {
         "vllm:prefix_cache_queries_total",
     ),
     "kernel_compiles": ("verifypd_kernel_compiles_total",),  # under traffic: each a stall
+    "decode_rows_fused": ("verifypd_decode_rows_fused_total",),  # --fuse-decode-backlog-s
 }
 # The unit a counter's increase is named with in a row's ``server`` (server_<key><unit>).
 COUNTER_UNITS = {"prefix_cache_hits": "_tokens", "prefix_cache_queries": "_tokens"}

@@ -238,6 +238,7 @@ def engine_sweep(
                     num_preemptions=core.scheduler.num_preemptions - preemptions,
                     # Triton compiles under this run's traffic (each a stall of every lane)
                     num_kernel_compiles=core.compiles.seen - compiles,
+                    num_decode_rows_fused=recorder.num_rows_fused,  # fuse_decode_backlog_s
                     num_ahead_steps=disp.num_ahead_steps - ahead[0],
                     num_ahead_held=disp.num_ahead_held - ahead[1],  # for a landing prompt
                     # deltas handed out ahead of a drafting launch (deliver_before_drafting)

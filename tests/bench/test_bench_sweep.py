@@ -22,7 +22,7 @@ ROW_KEYS = {"rate", "acceptance_profile", "temperature", "mode", "ttft_p99_ms", 
             "tpot_p99_ms", "goodput_rps", "ttft_p50_ms", "itl_p95_ms", "tpot_p50_ms",
             "output_tok_s", "num_drafted", "num_accepted", "trace_fingerprint",
             "num_preemptions", "num_ahead_steps", "num_ahead_held", "num_deltas_ahead",
-            "num_kernel_compiles", "ttft_p99_ci_ms",
+            "num_kernel_compiles", "num_decode_rows_fused", "ttft_p99_ci_ms",
             "itl_p99_ci_ms", "tpot_p99_ci_ms"}  # fmt: skip
 SWEEP_TINY = ["--sweep", "--device", "cpu", "--model", "dummy:tiny", "--draft-model",
               "dummy:tiny", "--num-requests", "4", "--rates", "20,40", "--profiles",
@@ -622,8 +622,9 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     for r in rows:
         assert ROW_KEYS - {"num_drafted", "num_accepted", "num_preemptions", "num_ahead_steps",
                            "num_ahead_held", "num_deltas_ahead",
-                           "num_kernel_compiles"} <= set(r)  # fmt: skip
+                           "num_kernel_compiles", "num_decode_rows_fused"} <= set(r)  # fmt: skip
         assert r["server"]["server_kernel_compiles"] == 0.0  # the CPU never compiles
+        assert r["server"]["server_decode_rows_fused"] == 0.0  # not set: never fused
         assert r["front"] == "http" and r["num_finished"] == r["num_requests"] > 0
         # The server's own first-token mean, from its /metrics around the run, lies inside
         # the client's (which adds the HTTP front and the network).

@@ -67,8 +67,7 @@ class CompileReporter:
     """An engine's watch, from the end of its start-up (on a GPU; elsewhere nothing compiles:
     the CPU runs Triton's interpreter or torch)."""
 
-    def __init__(self, observer: Observer, watch: bool) -> None:
-        self.observer = observer
+    def __init__(self, watch: bool) -> None:
         self.names: list[str] = []
         self.total = 0  # compiles reported so far (benchmarks take differences)
         self._unsubscribe = subscribe(self.names) if watch else (lambda: None)
@@ -78,8 +77,8 @@ class CompileReporter:
         """Compiles so far, reported or not yet."""
         return self.total + len(self.names)
 
-    def report(self) -> None:
-        """Each compile since the last call: a warning naming the kernel, and the observer."""
+    def report(self, observer: Observer) -> None:
+        """Each compile since the last call: a warning naming the kernel, and ``observer``."""
         if not self.names:
             return
         names = self.names[:]
@@ -91,7 +90,7 @@ class CompileReporter:
                 "batch shape the warm-up missed (please report it)",
                 name,
             )
-            self.observer.kernel_compiled(name)
+            observer.kernel_compiled(name)
 
     def close(self) -> None:
         self._unsubscribe()

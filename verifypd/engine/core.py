@@ -85,7 +85,7 @@ class EngineCore:
             config.scheduler.max_request_kv_share,
             config.spec.max_draft_len if self.spec.enabled else 0,
         )
-        self.compiles = CompileReporter(self._observer, watch=self._is_cuda)  # from here on
+        self.compiles = CompileReporter(watch=self._is_cuda)  # from here on
 
     @property
     def observer(self) -> Observer:
@@ -369,7 +369,7 @@ class EngineCore:
 
     def emit(self, changed: list[Sequence]) -> list[RequestOutput]:
         outputs = self.outputs.process(changed)
-        self.compiles.report()
+        self.compiles.report(self.observer)
         self.observer.kv_cache(self.kv.usage, self.kv.num_free_blocks)
         self.observer.requests(self.scheduler.num_running, self.scheduler.num_waiting)
         return outputs
