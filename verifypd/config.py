@@ -783,7 +783,7 @@ class EngineConfig:
     # 238 with the rows inside; in the hetero sweep 0.05 took 10 % off the policy's TTFT p99
     # at 14 req/s in two runs, ITL p99 within 5 % at 2-26 req/s (0.02: -17 %, ITL p99 +7-15 %
     # at 14-26). Over HTTP beside vLLM's server (60f94b1): -15-22 % at 14 req/s, but in one
-    # run of two each ITL p99 at 2 req/s or TPOT p99 at 26 rose ~20 %, and in-process (bc38d9a)
+    # run of two ITL p99 at 2 req/s and TPOT p99 at 26 rose ~20 %, and in-process (bc38d9a)
     # ITL p99 6 % at 14 and 26: opt-in.
     fuse_decode_backlog_s: float | None = None
     # ... and only while the queued prompts hold at least this many tokens (0: any backlog):
