@@ -64,6 +64,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return format_table(HEADERS, cells)
 
 
+def event_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What a row's p99s include besides the traffic: Triton compiles under it (each a stall of
+    every lane) and decode rows fused into prompt steps (``fuse_decode_backlog_s``), in-process
+    or from the server's counters; rows with neither say nothing."""
+    lines = []
+    for r in rows:
+        server = r.get("server") or {}
+        compiles = r.get("num_kernel_compiles") or server.get("server_kernel_compiles")
+        fused = r.get("num_decode_rows_fused") or server.get("server_decode_rows_fused")
+        cell = f"{r['mode']} {r['acceptance_profile']} T={r['temperature']} {r['rate']}/s"
+        if compiles:
+            lines.append(f"STALL {cell}: {compiles:g} Triton compiles under traffic")
+        if fused:
+            lines.append(f"fused {cell}: {fused:g} decode rows inside prompt steps")
+    return lines
+
+
 # ----------------------------------------------------------------------------- vLLM
 def ahead_of_vllm(rows: list[dict[str, Any]], vllm_rows: list[dict[str, Any]],
                   policy: str = "policy") -> dict[str, Any]:  # fmt: skip
@@ -347,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         timeline = merged["policy_timeline"] if len(args.ours) > 1 else []
         plot_all(out.with_suffix(".png"), merged["sweep"] + merged.get("ab_sweep", []), timeline)
     print(table(merged["sweep"]))
-    print("\n".join(report_lines(merged)))
+    print("\n".join(event_lines(merged["sweep"]) + report_lines(merged)))
     if "repeat_spread" in merged:
         print("\n".join(spread_lines(merged["repeat_spread"])))
         print("\n".join(replicated_lines(merged["repeat_misses"])))

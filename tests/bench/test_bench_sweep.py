@@ -741,3 +741,19 @@ def test_a_columnar_timeline_reads_back_as_its_snapshots():
                       "values": [[0.0, 3, None], [0.25, 5, "no_gain"]]}  # fmt: skip
     assert report.timeline_samples({"rate": 2.0, **stored}) == samples
     assert report.timeline_samples({"rate": 2.0, "samples": samples}) == samples  # the old form
+
+
+def test_the_report_names_compiles_and_fused_rows():
+    report = load_bench("sweep_report")
+    cell = {"mode": "policy", "acceptance_profile": "hetero", "temperature": 0.0, "rate": 14.0}
+    rows = [
+        {**cell, "num_kernel_compiles": 2, "num_decode_rows_fused": 0},
+        {**cell, "mode": "http:policy-http",
+         "server": {"server_kernel_compiles": 0.0, "server_decode_rows_fused": 96.0}},
+        {**cell, "mode": "off", "num_kernel_compiles": 0},
+        {**cell, "mode": "http:vllm-http", "server": {}},
+    ]  # fmt: skip
+    assert report.event_lines(rows) == [
+        "STALL policy hetero T=0.0 14.0/s: 2 Triton compiles under traffic",
+        "fused http:policy-http hetero T=0.0 14.0/s: 96 decode rows inside prompt steps",
+    ]
