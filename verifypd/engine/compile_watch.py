@@ -4,11 +4,11 @@ Start-up compiles every kernel variant a step can take (``cuda_graphs.warm_up_ea
 graph captures); one that Triton still compiles under traffic stalls every lane for 0.5-2 s,
 a TTFT and ITL spike that a benchmark would show as noise. Triton calls
 ``knobs.runtime.jit_cache_hook`` before each compile (never on a cache hit), so watching costs
-the hot path nothing. The hook
-is process-wide: each watcher subscribes a list the hook appends the kernel's name to (safe
-from any thread), the engine reports them from its loop (``CompileReporter.report``: a warning
-and the observer's ``kernel_compiled``, ``verifypd_kernel_compiles_total``), and a hook set
-before the first subscriber is still called after ours.
+the hot path nothing. The hook is process-wide: each watcher subscribes a list the hook
+appends the kernel's name to (safe from any thread), the engine reports them from its loop
+(``CompileReporter.report``: a warning and the observer's ``kernel_compiled``,
+``verifypd_kernel_compiles_total``), and a hook set before the first subscriber is still
+called after ours.
 """
 
 from __future__ import annotations
