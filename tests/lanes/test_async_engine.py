@@ -260,3 +260,34 @@ async def test_cpu_steps_run_in_the_worker_thread_off_the_loop():
     await _run_all(engine, GREEDY)
     assert threads and threading.main_thread().name not in threads
     assert len(threads) == 1
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(), tiny_draft_spec()], ids=["plain", "draft"])
+async def test_cpu_prompt_beside_a_decoding_request_does_not_wait_for_it(spec):
+    """On CPU a step runs to its end before the next is chosen, so strict lane priority left a
+    prompt arriving beside a decoding request waiting for the TTFT budget (0.5 s by default),
+    and its later chunks until that request ended: with a budget of a minute here, b's first
+    token comes after a few of a's steps, not after a's 300 tokens."""
+    engine = _engine("three", spec, scheduler=SchedulerConfig(
+        ttft_budget_s=60.0, max_prefill_chunk=16, max_num_batched_tokens=16))  # fmt: skip
+    await engine.start()
+    a_tokens: list[int] = []
+
+    async def a() -> None:
+        params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+        async for out in engine.generate("a", [5, 6, 7], params):
+            a_tokens.extend(out.new_token_ids)
+
+    try:
+        task = asyncio.create_task(a())
+        while len(a_tokens) < 3:
+            await asyncio.sleep(0.001)
+        before = len(a_tokens)
+        first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        async for _ in engine.generate("b", list(range(10, 74)), first):  # 4 chunks of 16
+            break
+        assert len(a_tokens) - before <= 4 * 5 + 5, (before, len(a_tokens))  # a's steps meanwhile
+        await asyncio.wait_for(task, 60)
+    finally:
+        await engine.stop()
+    engine.core.check_integrity()

@@ -37,6 +37,14 @@ def test_due_verify_goes_before_decode():
     assert choose_lane(ALL - {"verify"}, work, None, 0.5, verify_due=True) == "decode"
 
 
+def test_due_prefill_after_another_lanes_step():
+    work = {"decode": True, "verify": True, "prefill": True}
+    assert choose_lane(ALL, work, None, 0.5, prefill_due=True) == "prefill"
+    assert choose_lane(ALL, work, None, 0.5, verify_due=True, prefill_due=True) == "verify"
+    assert choose_lane(ALL - {"prefill"}, work, None, 0.5, prefill_due=True) == "decode"
+    assert choose_lane(ALL, {"decode": True}, None, 0.5, prefill_due=True) == "decode"
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -87,6 +95,24 @@ async def test_decode_first_then_prefill_only_when_starved():
     first_prefill = log.index("prefill")
     assert 0 < first_prefill <= 6  # 0.5 s budget / 0.1 s per step, +1 for the strict >
     assert core.scheduler.waiting == []
+
+
+async def test_steps_that_land_take_turns_with_prompts():
+    """Where a launch returns once its step has run (CPU), a prompt does not wait for the TTFT
+    budget behind decode steps, and neither do its later chunks (which the budget, counting
+    only waiting prompts, never covered): one decode step, one prompt chunk, in turn."""
+    core, d, clock = _dispatcher(budget=60.0)
+    d.steps_land = True
+    _add(core, "a", 4, clock)
+    await _ticks(d, 3)
+    _add(core, "b", 40, clock)  # 5 chunks of 8 tokens
+    start = len(d.launch_log)
+    await _ticks(d, 12)
+    log = d.launch_log[start:]
+    assert log[:10] == ["prefill", "decode"] * 5, log  # a decode step ran last
+    assert not core.scheduler.waiting and not core.scheduler.num_prefilling
+    b = next(s for s in core.scheduler.running if s.request_id == "b")
+    assert b.output_token_ids  # its first token is out
 
 
 async def test_single_lane_mode_fuses_everything():

@@ -77,6 +77,7 @@ class LaneDispatcher:
         prompt_in_decode_tokens: int = 0,
         fuse_decode_backlog_s: float | None = None,
         fuse_decode_backlog_tokens: int = 0,
+        steps_land: bool = False,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
         self.lanes = SINGLE_LANE if single_lane else LANES
@@ -87,6 +88,8 @@ class LaneDispatcher:
         self._deliver = deliver
         self.failures = StepFailures(core, deliver)
         self.ttft_budget_s = ttft_budget_s
+        # A launch returns once its step has run (CPU): no lane runs beside another.
+        self.steps_land = steps_land
         self.clock = clock
         self.verify_queue: list[ScheduledSeq] = []
         self.in_flight: dict[str, InFlight] = {}
@@ -178,8 +181,10 @@ class LaneDispatcher:
                 self.ttft_budget_s,
                 self.lanes,
                 # Where steps land before the next choice (CPU), decode is always idle and
-                # strict priority would starve the drafted cohort behind plain decodes.
+                # strict priority would starve the drafted cohort behind plain decodes, and a
+                # prompt (for ttft_budget_s) behind both: they take turns.
                 verify_due=bool(self.verify_queue) and self._last_lane == "decode",
+                prefill_due=self.steps_land and self._last_lane in ("decode", "verify"),
             )
             if lane is None:
                 return progressed

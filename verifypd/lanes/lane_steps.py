@@ -19,14 +19,18 @@ def choose_lane(
     ttft_budget_s: float,
     lanes: tuple[str, ...] = LANES,
     verify_due: bool = False,
+    prefill_due: bool = False,
 ) -> str | None:
     """Policy: the highest-priority idle lane with work; a starved prefill first, then a
-    verify that has already waited for one decode step (``verify_due``)."""
+    verify that has already waited for one decode step (``verify_due``), then a prompt that
+    has waited for one step of another lane (``prefill_due``)."""
     starved = prefill_wait_s is not None and prefill_wait_s > ttft_budget_s
     if starved and "prefill" in idle and has_work.get("prefill"):
         return "prefill"
     if verify_due and "verify" in idle and has_work.get("verify"):
         return "verify"
+    if prefill_due and "prefill" in idle and has_work.get("prefill"):
+        return "prefill"
     for lane in lanes:
         if lane in idle and has_work.get(lane):
             return lane

@@ -54,6 +54,7 @@ class SyncDriver:
             single_lane=single_lane,
             policy=self.policy,
             prompt_in_decode_tokens=core.prompt_in_decode_tokens,
+            steps_land=True,  # each step is waited for before the next tick
         )
 
     async def _launch(self, lane: str, plan: StepPlan) -> PendingStep:
