@@ -6,7 +6,12 @@ tokens and longest gap during the burst. Runs alternate with and without decode 
 
     python bench/burst.py --decode-rows 32 --prompts 1628 1846 152 2803 1750 1082
     python bench/burst.py --engine-option prefill_slice_layers=0   # any EngineConfig field
+    python bench/burst.py --http http://127.0.0.1:8000 --vocab 32000  # through a server
     python bench/burst.py --compare A.json B.json ... --out PNG    # runs side by side
+
+``--http`` sends the same requests to a running OpenAI server (streaming ``/v1/completions``
+with token-id prompts, ``bench/http_load.py``): the burst as its clients see it, the server's
+front and event loop included, to set beside the in-process runs on the same machine.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import add_common_args, format_table, median, save_figure, start_run  # noqa: E402
+from http_load import HttpEngine, served_model, server_info  # noqa: E402
 
-from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from verifypd.config import PRESETS, CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from verifypd.lanes.async_engine import AsyncEngine  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
@@ -50,7 +56,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "GPU time by kernel name (the top 15)")  # fmt: skip
     p.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
                    help="an EngineConfig field (VALUE as JSON, else a string)")  # fmt: skip
-    return p.parse_args(argv)
+    p.add_argument("--http", default=None, metavar="URL",
+                   help="drive the OpenAI server at URL instead of an in-process engine (the "
+                        "server's own settings apply)")  # fmt: skip
+    p.add_argument("--vocab", type=int, default=None,
+                   help="prompt ids lie below it (default: the engine's vocabulary; over HTTP, "
+                        "the served dummy preset's)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.http and (args.profile or args.engine_option):
+        p.error("--http: --profile and --engine-option apply to an in-process engine only")
+    return args
 
 
 def engine_options(pairs: list[str]) -> dict[str, Any]:
@@ -66,25 +81,34 @@ def engine_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+Engine = AsyncEngine | HttpEngine  # generate(request_id, prompt_ids, params): deltas
+
+
 async def decoder(
-    engine: AsyncEngine, rid: str, prompt: list[int], max_tokens: int, times: list[float]
+    engine: Engine, rid: str, prompt: list[int], max_tokens: int, times: list[float]
 ) -> None:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     async for out in engine.generate(rid, prompt, params):
         times.extend([time.perf_counter()] * len(out.new_token_ids))
 
 
-async def first_token(engine: AsyncEngine, rid: str, prompt: list[int]) -> float:
-    async for _ in engine.generate(rid, prompt, FIRST):
-        return time.perf_counter()
-    raise RuntimeError(f"{rid} ended without a token")
+async def first_token(engine: Engine, rid: str, prompt: list[int]) -> float:
+    """When the request's first token arrived; its stream is read to its end (over HTTP a
+    stream left open holds its connection)."""
+    first = None
+    async for out in engine.generate(rid, prompt, FIRST):
+        if first is None and out.new_token_ids:
+            first = time.perf_counter()
+    if first is None:
+        raise RuntimeError(f"{rid} ended without a token")
+    return first
 
 
-async def one_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int, run: int) -> dict:
+async def one_burst(engine: Engine, args: argparse.Namespace, rows: int, run: int) -> dict:
     """Decoders first (each past its third token), then the burst at once; the decoders are
-    dropped (aborted) once every prompt has its first token."""
+    dropped (aborted; over HTTP, disconnected) once every prompt has its first token."""
     rng = np.random.default_rng([args.seed, run + 1, rows])  # the warm-up is run -1
-    vocab = engine.vocab_size
+    vocab = args.vocab
 
     def prompt(n: int) -> list[int]:  # unique: no prefix-cache hits across runs
         return rng.integers(100, vocab - 100, n).tolist()
@@ -124,19 +148,41 @@ async def one_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int, ru
 async def measure(args: argparse.Namespace, config: EngineConfig) -> list[dict]:
     engine = AsyncEngine(config)
     await engine.start()
+    args.vocab = args.vocab or engine.vocab_size
     try:
-        await one_burst(engine, args, args.decode_rows, -1)  # warm-up, not kept
-        out = []
-        for run in range(args.repeats):
-            for rows in (0, args.decode_rows):
-                out.append(await one_burst(engine, args, rows, run))
-                print(f"run {run} rows {rows}: {out[-1]['span_ms']:.1f} ms", flush=True)
+        out = await bursts(engine, args)
         if args.profile:
             for rows in (0, args.decode_rows):
                 out.append(await profiled_burst(engine, args, rows))
         return out
     finally:
         await engine.stop()
+
+
+async def measure_http(args: argparse.Namespace) -> tuple[list[dict], dict | None]:
+    """The runs against the server at ``args.http``, and its settings (``/server_info``)."""
+    info = await server_info(args.http)
+    if args.vocab is None:
+        name = str(((info or {}).get("engine_config") or {}).get("model", ""))
+        preset = PRESETS.get(name.removeprefix("dummy:")) if name.startswith("dummy:") else None
+        if preset is None:
+            raise SystemExit(f"--http: the server's model {name or '?'} is not a dummy preset: "
+                             "pass --vocab")  # fmt: skip
+        args.vocab = preset.vocab_size
+    model = await served_model(args.http)
+    async with HttpEngine(args.http, model, {"return_token_ids": True}) as engine:
+        return await bursts(engine, args), info
+
+
+async def bursts(engine: Engine, args: argparse.Namespace) -> list[dict]:
+    """A warm-up burst (not kept), then ``args.repeats`` runs without and with decode rows."""
+    await one_burst(engine, args, args.decode_rows, -1)
+    out = []
+    for run in range(args.repeats):
+        for rows in (0, args.decode_rows):
+            out.append(await one_burst(engine, args, rows, run))
+            print(f"run {run} rows {rows}: {out[-1]['span_ms']:.1f} ms", flush=True)
+    return out
 
 
 async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: int) -> dict:
@@ -194,22 +240,29 @@ def main(argv: list[str] | None = None) -> None:
         files, out = argv[1 : argv.index("--out")], argv[argv.index("--out") + 1]
         print("wrote", compare(files, out))
         return
-    run = start_run("burst", argv, parse_args, method="AsyncEngine, no speculation; a burst "
-                    "submitted at once beside decode rows that have each had 3 tokens")  # fmt: skip
+    run = start_run("burst", argv, parse_args, method="AsyncEngine (or, with --http, an OpenAI "
+                    "server), no speculation unless the server has it; a burst submitted at once "
+                    "beside decode rows that have each had 3 tokens")  # fmt: skip
     args = run.args
     options = engine_options(args.engine_option)
-    config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
-        scheduler=SchedulerConfig(max_model_len=args.max_model_len or None),
-        cache=CacheConfig(num_blocks=args.num_kv_blocks), **options,
-    )  # fmt: skip
-    runs = asyncio.run(measure(args, config))
+    if args.http:
+        runs, info = asyncio.run(measure_http(args))
+        run.report["results"] = {"http": args.http, "server_info": info}
+    else:
+        config = EngineConfig(
+            model=args.model, device=args.device, dtype=args.dtype, seed=args.seed,
+            scheduler=SchedulerConfig(max_model_len=args.max_model_len or None),
+            cache=CacheConfig(num_blocks=args.num_kv_blocks), **options,
+        )  # fmt: skip
+        runs = asyncio.run(measure(args, config))
+        run.report["results"] = {}
     summary = {}
     keys = ("span_ms", "ms_per_1k_prompt_tokens", "decode_tokens_in_burst")
     for rows in sorted({r["decode_rows"] for r in runs}):
         mine = [r for r in runs if r["decode_rows"] == rows and not r.get("profiled")]
         summary[str(rows)] = {k: median([r[k] for r in mine]) for k in keys}
-    run.report["results"] = {"engine_options": options, "runs": runs, "summary": summary}
+    run.report["results"].update(engine_options=options, vocab=args.vocab, runs=runs,
+                                 summary=summary)  # fmt: skip
     table = format_table(
         ["decode rows", "burst span ms", "ms / 1k prompt tokens", "decode tokens in it"],
         [[rows, f"{s['span_ms']:.1f}", f"{s['ms_per_1k_prompt_tokens']:.2f}",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import load_bench
+from helpers import load_bench, start_server_process, verifypd_serve_command
 
 META_KEYS = {"device", "versions", "git_commit", "date_utc", "command", "params", "ceilings"}
 
@@ -354,6 +355,35 @@ def test_burst(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="prefill_slice_layers"):
         bench.main([*argv[:-4], "--engine-option", "prefill_slice_layers=-1",
                     "--out", str(tmp_path)])  # fmt: skip
+
+
+def test_burst_over_http(tmp_path: Path) -> None:
+    """bench/burst.py --http against a real ``verifypd serve``: the same runs through the
+    server's front (its settings recorded, the vocabulary read from its dummy preset), and the
+    decode rows' disconnects leave nothing running on it."""
+    cmd = verifypd_serve_command("--model", "dummy:tiny", "--device", "cpu",
+                                 "--num-kv-blocks", "256", "--max-model-len", "256")  # fmt: skip
+    bench = load_bench("burst")
+    with start_server_process(cmd, timeout=120) as server:
+        argv = ["--http", server.url, "--prompts", "40", "20", "--decode-rows", "2",
+                "--decode-context", "8", "--decode-tokens", "200", "--repeats", "1",
+                "--out", str(tmp_path)]  # fmt: skip
+        bench.main(argv)
+        with pytest.raises(SystemExit):  # an in-process option, refused over HTTP
+            bench.main([*argv, "--engine-option", "prefill_slice_layers=0"])
+        metrics = urllib.request.urlopen(f"{server.url}/metrics", timeout=10).read().decode()
+        server.stop()
+    res = read_json(tmp_path, "burst")["results"]
+    assert res["http"] == server.url and res["vocab"] == 512
+    assert res["server_info"]["engine_config"]["model"] == "dummy:tiny"
+    assert [r["decode_rows"] for r in res["runs"]] == [0, 2]
+    for r in res["runs"]:
+        assert len(r["ttft_ms"]) == 2 and max(r["ttft_ms"]) == pytest.approx(r["span_ms"])
+    assert res["runs"][0]["decode_tokens_in_burst"] == 0
+    assert res["runs"][1]["decode_tokens_in_burst"] > 0
+    running = [line for line in metrics.splitlines()
+               if line.startswith("verifypd_num_requests_running")]  # fmt: skip
+    assert running and float(running[0].split()[-1]) == 0.0
 
 
 def test_burst_compare_draws_each_file(tmp_path: Path) -> None:
