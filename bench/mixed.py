@@ -142,6 +142,11 @@ MODES_POLICY = Mode("three", True, True, policy="goodput")
 _NOSTALE = _policy_with(spec=(("probe_when_stale", False),))
 
 
+def _fuse(seconds: float | None, tokens: int) -> tuple[tuple[str, Any], ...]:
+    """EngineConfig's backlog fusing: after ``seconds`` (None: never), from ``tokens`` queued."""
+    return (("fuse_decode_backlog_s", seconds), ("fuse_decode_backlog_tokens", tokens))
+
+
 def _fed_beside(stream: str, *extra: tuple[str, Any]) -> Mode:
     """The policy with the drafter fed behind plain decode steps at up to 8 rows, on the feed
     stream ``stream`` (SpecConfig.follow_decode_stream), and ``extra`` spec settings."""
@@ -348,16 +353,17 @@ MODES = {
     # prompt steps pack FCFS up to the budget (SchedulerConfig.prefill_pack_backlog_s).
     "off-burst": Mode("three", False, sched_options=(("prefill_pack_backlog_s", 0.05),)),
     "policy-burst": _policy_with(sched=(("prefill_pack_backlog_s", 0.05),)),
-    # In such a backlog (50 / 20 ms) the decode rows ride in the prompt steps, one forward
-    # (EngineConfig.fuse_decode_backlog_s; lanes/backlog_fuse.py).
-    "off-fuse50": Mode("three", False, engine_options=(("fuse_decode_backlog_s", 0.05),)),
-    "policy-fuse50": _policy_with(engine=(("fuse_decode_backlog_s", 0.05),)),
-    "off-fuse20": Mode("three", False, engine_options=(("fuse_decode_backlog_s", 0.02),)),
-    "policy-fuse20": _policy_with(engine=(("fuse_decode_backlog_s", 0.02),)),
-    # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens)
-    "policy-fuse50-4k": _policy_with(
-        engine=(("fuse_decode_backlog_s", 0.05), ("fuse_decode_backlog_tokens", 4096))
-    ),
+    # In any such backlog (50 / 20 ms) the decode rows ride in the prompt steps, one forward
+    # (EngineConfig.fuse_decode_backlog_s; lanes/backlog_fuse.py); no token floor.
+    "off-fuse50": Mode("three", False, engine_options=_fuse(0.05, 0)),
+    "policy-fuse50": _policy_with(engine=_fuse(0.05, 0)),
+    "off-fuse20": Mode("three", False, engine_options=_fuse(0.02, 0)),
+    "policy-fuse20": _policy_with(engine=_fuse(0.02, 0)),
+    # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens):
+    # the default since 4eb6609, so `policy` itself; and both modes never fusing, as before.
+    "policy-fuse50-4k": _policy_with(engine=_fuse(0.05, 4096)),
+    "off-nofuse": Mode("three", False, engine_options=_fuse(None, 0)),
+    "policy-nofuse": _policy_with(engine=_fuse(None, 0)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.
     "off-split1k": Mode("three", False, engine_options=_SPLIT1K),

@@ -780,16 +780,18 @@ class EngineConfig:
     # stream, as vLLM runs every step) instead of decode steps beside it; their next token
     # then waits for that whole step (``lanes.backlog_fuse``). None: never. On an H200
     # (bench/burst.py, 31edae2) six prompts took 221 ms alone, 253 beside 32 decoding rows,
-    # 238 with the rows inside; in the hetero sweep 0.05 took 10 % off the policy's TTFT p99
-    # at 14 req/s in two runs, ITL p99 within 5 % at 2-26 req/s (0.02: -17 %, ITL p99 +7-15 %
-    # at 14-26). Over HTTP beside vLLM's server (60f94b1): -15-22 % at 14 req/s, but in one
-    # run of two ITL p99 at 2 req/s and TPOT p99 at 26 rose ~20 %, and in-process (bc38d9a)
-    # ITL p99 6 % at 14 and 26: opt-in.
-    fuse_decode_backlog_s: float | None = None
+    # 238 with the rows inside. Alone (any backlog) 0.05 took 4-22 % off the policy's TTFT p99
+    # at 14 req/s, but cost ITL p99 6 % in-process (bc38d9a) and, in one HTTP run of two
+    # (60f94b1), ~20 % on ITL p99 at 2 req/s and TPOT p99 at 26: with the token floor below
+    # (4eb6609, docs/performance.md) it fuses only in bursts, and is the default.
+    fuse_decode_backlog_s: float | None = 0.05
     # ... and only while the queued prompts hold at least this many tokens (0: any backlog):
     # a burst, not one long prompt whose wait a fused step shortens little while its decode
-    # rows each wait a whole prompt step for their token. Not yet measured on a GPU.
-    fuse_decode_backlog_tokens: int = 0
+    # rows each wait a whole prompt step for their token. With 4,096 (4eb6609, H200, hetero
+    # 2-26 req/s): in-process TTFT p99 at 14 req/s -3 % and ITL p99 no worse at any rate
+    # than without fusing; over HTTP (--engine-process, two runs) TTFT p99 at 14 req/s 106-107
+    # against 117-127 ms unfused and vLLM's 114.
+    fuse_decode_backlog_tokens: int = 4096
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work

@@ -46,6 +46,7 @@ async def _run(fuse: float | None, **overrides) -> tuple[list[list[int]], list[t
     """The outputs, every launch as (lane, plan lane, decode rows, prompt chunks), and the
     fused rows the observer counted."""
     observer = FusedRows()
+    overrides = {"fuse_decode_backlog_tokens": 0, **overrides}  # the tiny prompts fuse
     config = tiny_config(fuse_decode_backlog_s=fuse, scheduler=ONE_PROMPT_A_STEP, **overrides)
     engine = AsyncEngine(config, observer=observer)
     d = engine.dispatcher
@@ -115,18 +116,18 @@ async def test_hanging_up_during_a_backlog_leaks_nothing():
 
 
 def test_the_setting_is_validated_and_on_the_cli():
-    assert tiny_config().fuse_decode_backlog_s is None
-    assert tiny_config(fuse_decode_backlog_s=0.05).fuse_decode_backlog_s == 0.05
+    assert tiny_config().fuse_decode_backlog_s == 0.05  # the default since 4eb6609
+    assert tiny_config(fuse_decode_backlog_s=None).fuse_decode_backlog_s is None
     for bad in (-0.01, 10.0, True, "0.05"):
         with pytest.raises(ValueError, match="fuse_decode_backlog_s"):
             tiny_config(fuse_decode_backlog_s=bad)
     parser = add_serve_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.05"])
-    assert config_from_args(args).fuse_decode_backlog_s == 0.05
+    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.02"])
+    assert config_from_args(args).fuse_decode_backlog_s == 0.02
     args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "none"])
-    assert config_from_args(args).fuse_decode_backlog_s is None
+    assert config_from_args(args).fuse_decode_backlog_s is None  # "none" turns it off
     default = config_from_args(parser.parse_args(["--model", "dummy:tiny"]))
-    assert default.fuse_decode_backlog_s is None
+    assert default.fuse_decode_backlog_s == 0.05
 
 
 def test_a_fused_step_is_not_a_decode_steps_time():
@@ -145,7 +146,7 @@ def test_no_fusing_without_room_for_the_queued_prompt():
     for its first chunk): without, a fused step would carry decode rows alone."""
     from verifypd.lanes.backlog_fuse import fusing
 
-    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.01,
+    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.01, fuse_decode_backlog_tokens=0,
                                      cache=CacheConfig(num_blocks=8, block_size=16)))  # fmt: skip
     d, sched = engine.dispatcher, engine.core.scheduler
     now = [100.0]
@@ -196,7 +197,7 @@ async def test_a_token_floor_above_every_backlog_fuses_nothing():
 
 
 def test_the_token_floor_is_validated_and_on_the_cli():
-    assert tiny_config().fuse_decode_backlog_tokens == 0
+    assert tiny_config().fuse_decode_backlog_tokens == 4096
     for bad in (-1, 1.5, True, "4096"):
         with pytest.raises(ValueError, match="fuse_decode_backlog_tokens"):
             tiny_config(fuse_decode_backlog_tokens=bad)
@@ -204,4 +205,6 @@ def test_the_token_floor_is_validated_and_on_the_cli():
     argv = ["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.05"]
     args = parser.parse_args([*argv, "--fuse-decode-backlog-tokens", "4096"])
     assert config_from_args(args).fuse_decode_backlog_tokens == 4096
-    assert config_from_args(parser.parse_args(argv)).fuse_decode_backlog_tokens == 0
+    assert config_from_args(parser.parse_args(argv)).fuse_decode_backlog_tokens == 4096
+    args = parser.parse_args([*argv, "--fuse-decode-backlog-tokens", "0"])  # any backlog
+    assert config_from_args(args).fuse_decode_backlog_tokens == 0

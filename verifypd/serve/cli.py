@@ -115,14 +115,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--prefill-sm-carveout-in-backlog", action="store_true",
         help="keep the carve-out while other prompts wait behind the prompt step too (by "
              "default a prompt step with prompts queued behind it takes every SM)")  # fmt: skip
-    add("--fuse-decode-backlog-s", type=float_or_none, default=None, metavar="S|none",
+    add("--fuse-decode-backlog-s", type=float_or_none, default=argparse.SUPPRESS,
+        metavar="S|none",
         help="once the oldest queued prompt has waited S seconds, decode rows ride inside the "
              "prompt steps (one forward, as vLLM's steps) until the queue drains: a burst's "
              "prompts compute faster, its decode tokens wait for whole prompt steps; "
-             "default none: never")  # fmt: skip
+             "default 0.05; none: never")  # fmt: skip
     add("--fuse-decode-backlog-tokens", type=int, default=None, metavar="N",
         help="with --fuse-decode-backlog-s: only while the queued prompts hold at least N "
-             "tokens (a burst, not one long prompt); default 0: any backlog")  # fmt: skip
+             "tokens (a burst, not one long prompt); default 4096; 0: any backlog")  # fmt: skip
     add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
         help="a prompt whose rest is at most the largest size is computed inside the next plain "
              "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
@@ -279,7 +280,7 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["prefill_sm_carveout_in_backlog"] = True
     if args.prompt_in_decode_tokens is not None:
         out["prompt_in_decode_tokens"] = args.prompt_in_decode_tokens
-    if args.fuse_decode_backlog_s is not None:
+    if hasattr(args, "fuse_decode_backlog_s"):  # given, "none" included
         out["fuse_decode_backlog_s"] = args.fuse_decode_backlog_s
     if args.fuse_decode_backlog_tokens is not None:
         out["fuse_decode_backlog_tokens"] = args.fuse_decode_backlog_tokens
