@@ -20,9 +20,11 @@ The dispatcher launches a lane's step on that lane's stream and does not wait fo
 lanes overlap, and stream priorities let decode kernels jump ahead of queued verify and prefill
 work. A lane has at most one step in flight, and a sequence is in at most one step. Priority is
 strict with bounded starvation: a waiting prefill whose oldest request has waited past the TTFT
-budget goes first once. A launch that pauses part-way (``background_lanes``: an eager prompt
-step enqueued a few layers at a time) runs as a task of its own: its lane is busy from the
-start, and the other lanes launch and land while it is being enqueued.
+budget goes first once (where steps land before the next choice, ``steps_land``, a prompt goes
+after each decode or verify step instead). A launch that pauses part-way
+(``background_lanes``: an eager prompt step enqueued a few layers at a time) runs as a task of
+its own: its lane is busy from the start, and the other lanes launch and land while it is
+being enqueued.
 """
 
 from __future__ import annotations
@@ -180,9 +182,8 @@ class LaneDispatcher:
                 self._prefill_wait(),
                 self.ttft_budget_s,
                 self.lanes,
-                # Where steps land before the next choice (CPU), decode is always idle and
-                # strict priority would starve the drafted cohort behind plain decodes, and a
-                # prompt (for ttft_budget_s) behind both: they take turns.
+                # Where steps land before the next choice (CPU), decode is always idle: strict
+                # priority would starve drafted rows and prompts behind plain decodes.
                 verify_due=bool(self.verify_queue) and self._last_lane == "decode",
                 prefill_due=self.steps_land and self._last_lane in ("decode", "verify"),
             )
