@@ -22,7 +22,7 @@ from http_load import HttpEngine, served_model, server_info, server_means, serve
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from process_counters import ProcessCounters
-from result_files import SidecarRun
+from result_files import SidecarRun, row_count
 from sweep import SweepPlan, burn_in, run_trace, summary_row
 from sweep_criteria import (
     criteria,
@@ -325,9 +325,7 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
     what = f"sweep {row['mode']} {row['acceptance_profile']} T={row['temperature']} {row['rate']}/s"
     # Triton compiles under the run's traffic (in-process, or the server's counter): shown
     # only when there were some, each a stall of every lane.
-    compiles = row.get("num_kernel_compiles") or (row.get("server") or {}).get(
-        "server_kernel_compiles"
-    )
+    compiles = row_count(row, "kernel_compiles")
     keys = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps", "kernel_compiles")
     progress(SCRIPT, what, {**row, "kernel_compiles": compiles or None}, keys)
     run.save()

@@ -32,6 +32,12 @@ def slim_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in ROW_DETAIL}
 
 
+def row_count(row: dict[str, Any], name: str) -> Any:
+    """A sweep row's count of ``name`` (``kernel_compiles``, ``decode_rows_fused``): the
+    engine's in-process (``num_<name>``), else the server's over HTTP (``server_<name>``)."""
+    return row.get(f"num_{name}") or (row.get("server") or {}).get(f"server_{name}")
+
+
 def split_details(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(main, details): ``report`` without its rows' ``ROW_DETAIL`` keys and its non-empty
     ``policy_timeline``, and what was taken out ({} when there is nothing to take)."""

@@ -32,7 +32,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from common import format_table, save_figure, write_json  # noqa: E402
 from intervals import clear_miss  # noqa: E402
-from result_files import load_result, slim_row  # noqa: E402
+from result_files import load_result, row_count, slim_row  # noqa: E402
 from sweep_ab import ab_compare, ab_lines  # noqa: E402
 from sweep_criteria import (  # noqa: E402
     criteria,
@@ -70,9 +70,7 @@ def event_lines(rows: list[dict[str, Any]]) -> list[str]:
     or from the server's counters; rows with neither say nothing."""
     lines = []
     for r in rows:
-        server = r.get("server") or {}
-        compiles = r.get("num_kernel_compiles") or server.get("server_kernel_compiles")
-        fused = r.get("num_decode_rows_fused") or server.get("server_decode_rows_fused")
+        compiles, fused = row_count(r, "kernel_compiles"), row_count(r, "decode_rows_fused")
         cell = f"{r['mode']} {r['acceptance_profile']} T={r['temperature']} {r['rate']}/s"
         if compiles:
             lines.append(f"STALL {cell}: {compiles:g} Triton compiles under traffic")
