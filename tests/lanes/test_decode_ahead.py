@@ -485,7 +485,7 @@ async def test_decode_steps_are_spaced_beside_a_long_prompt_step(prompt_tokens):
         holding = d.in_flight.get("prefill") is held
         # the launch time the pacing rule reads (the dispatcher's clock, taken just before the
         # launch: a clock read here, later by a varying few µs, made gaps of 0.19997 s)
-        (beside if holding else free).append(d._last_decode_launch)
+        (beside if holding else free).append(d.pacing.last_launch)
         if prompt_tokens >= 1024:  # none ahead beside the long one
             assert plan.prev_ids is None or not holding
 

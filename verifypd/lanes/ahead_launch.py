@@ -22,7 +22,7 @@ async def launch_ahead(d: LaneDispatcher) -> bool:
     planned ahead of the host (``Scheduler.plan_ahead``), then every decodable sequence not in
     flight. False when there is nothing to launch ahead."""
     head, prompt = d.in_flight.get("decode"), d.in_flight.get("prefill")
-    if d.decode_gap_beside_prefill_s > 0.0 and d._beside_long_prompt():
+    if d.pacing.holds_ahead(d.in_flight):
         return False  # decode steps are spaced out beside it
     if fusing(d):
         return False  # the rows ride in the next prompt step (``lanes.backlog_fuse``)
@@ -42,7 +42,7 @@ async def launch_ahead(d: LaneDispatcher) -> bool:
     d.core.observer.decode_ahead()
     flight = InFlight(plan, None, d.clock(), prompt is not None)
     d.ahead.launched(flight)
-    d._last_decode_launch = flight.start
+    d.pacing.last_launch = flight.start
     try:
         flight.pending = await d._launch_fn("decode", plan)
     except RequestFailure as failure:  # some requests' own inputs: the rest wait

@@ -38,6 +38,7 @@ from verifypd.engine.core import EngineCore
 from verifypd.lanes.ahead_launch import launch_ahead
 from verifypd.lanes.backlog_fuse import decode_yields, fusing, plan_fused
 from verifypd.lanes.decode_ahead import DecodeAhead
+from verifypd.lanes.decode_pacing import DecodePacing
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
 from verifypd.lanes.prompt_rides import PromptRides
@@ -52,8 +53,6 @@ from verifypd.types import (
     SpecDecision,
     StepPlan,
 )
-
-PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode (decode_gap_beside_prefill_s)
 
 
 class LaneDispatcher:
@@ -106,11 +105,8 @@ class LaneDispatcher:
             ahead_waits_for_prompts,
             getattr(self.policy, "second_token_plain", False),
         )
-        # While a long prompt step is in flight, a decode step is launched no sooner than this
-        # after the last one (EngineConfig.decode_gap_beside_prefill_s; 0 = back to back), and
-        # none ahead: the prompt step has the GPU in between.
-        self.decode_gap_beside_prefill_s = decode_gap_beside_prefill_s
-        self._last_decode_launch = float("-inf")
+        # Decode steps spaced beside a long prompt step (``lanes.decode_pacing``).
+        self.pacing = DecodePacing(decode_gap_beside_prefill_s)
         # A prompt whose rest is at most this many tokens rides in the next plain decode step
         # (EngineConfig.prompt_in_decode_tokens, its largest; 0 = never; ``lanes.prompt_rides``).
         self.rides = PromptRides(core, 0 if single_lane else prompt_in_decode_tokens)
@@ -172,7 +168,7 @@ class LaneDispatcher:
 
     async def _launch_next(self, progressed: bool) -> bool:
         idle = {lane for lane in self.lanes if lane not in self.in_flight}
-        if self._decode_paced():
+        if self.pacing.paced(self.in_flight, self.clock()):
             idle.discard("decode")
         tried: set[str] = set()
         while True:
@@ -195,19 +191,6 @@ class LaneDispatcher:
             if plan is not None and await self._launch(lane, plan):
                 return True
             tried.add(lane)
-
-    def _beside_long_prompt(self) -> bool:
-        """A prompt step of at least ``PACED_PROMPT_TOKENS`` tokens is in flight."""
-        f = self.in_flight.get("prefill")
-        return f is not None and sum(e.num_new_tokens for e in f.plan.seqs) >= PACED_PROMPT_TOKENS
-
-    def _decode_paced(self) -> bool:
-        """The decode lane waits: a long prompt step is in flight and the last decode step was
-        launched less than ``decode_gap_beside_prefill_s`` ago."""
-        gap = self.decode_gap_beside_prefill_s
-        if gap <= 0.0 or not self._beside_long_prompt():
-            return False
-        return self.clock() - self._last_decode_launch < gap
 
     def collect(self) -> bool:
         done = [lane for lane, f in self.in_flight.items() if f.pending and f.pending.done()]
@@ -369,7 +352,7 @@ class LaneDispatcher:
         self._mark_contention(lane)
         flight = self.in_flight[lane] = InFlight(plan, None, start, "prefill" in self.in_flight)
         if lane == "decode":
-            self._last_decode_launch = start
+            self.pacing.last_launch = start
         if lane in self.background_lanes:
             task = asyncio.create_task(self._finish_launch(lane, plan, flight))
             self._launches.add(task)
