@@ -7,6 +7,8 @@ prompt step has the GPU in between. A gap of 0 (the default) launches them back 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from verifypd.lanes.lane_steps import InFlight
 
 PACED_PROMPT_TOKENS = 1024  # a prompt step this long paces decode
@@ -26,7 +28,7 @@ class DecodePacing:
             return False
         return sum(e.num_new_tokens for e in f.plan.seqs) >= PACED_PROMPT_TOKENS
 
-    def paced(self, in_flight: dict[str, InFlight], now: float) -> bool:
+    def paced(self, in_flight: dict[str, InFlight], clock: Callable[[], float]) -> bool:
         """The decode lane waits: beside a long prompt step, the last decode step was launched
-        less than the gap ago."""
-        return self.holds_ahead(in_flight) and now - self.last_launch < self.gap_s
+        less than the gap ago (the clock is read only then)."""
+        return self.holds_ahead(in_flight) and clock() - self.last_launch < self.gap_s

@@ -168,7 +168,7 @@ class LaneDispatcher:
 
     async def _launch_next(self, progressed: bool) -> bool:
         idle = {lane for lane in self.lanes if lane not in self.in_flight}
-        if self.pacing.paced(self.in_flight, self.clock()):
+        if self.pacing.paced(self.in_flight, self.clock):
             idle.discard("decode")
         tried: set[str] = set()
         while True:
