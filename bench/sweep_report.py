@@ -9,7 +9,8 @@ the same traces over HTTP (mixed.py --sweep --http) and through vLLM (peer_vllm.
 Several OURS files of one plan (one mode per run, to fit a device time limit) are joined.
 
 The merged JSON holds every row, the criteria of bench/sweep_criteria.py over the in-process
-rows, and "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file.
+rows, and "policy ahead of vLLM on TTFT, ITL and TPOT p99 at every rate" against each vLLM file
+(each ``policy-NAME`` mode, and each ``policy-http-NAME`` server label, judged on its own too).
 With ``--repeat`` (another run of the same plan, e.g. the same commit in another call) it also
 holds ``repeat_spread``: how far the two runs differ per metric, the noise the criteria's 5 %
 sits in, and ``repeat_misses``: which of the policy's within-5 % misses the repeat misses too.
@@ -278,6 +279,11 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
     out["sweep"] = rows + http_rows + vllm_rows
     http_vllm = [r for h in http for r in h["sweep"] if r["mode"] in HTTP_VLLM]
     out["criteria"]["policy_ahead_of_vllm"] = ahead_of_vllm(rows, vllm_rows)
+    for mode in policy_variants(rows) if vllm_rows else []:  # e.g. policy-burst, on its own
+        mine = [dict(r, mode="policy") for r in rows if r["mode"] == mode]
+        out["criteria"].setdefault("variants_ahead_of_vllm", {})[mode] = ahead_of_vllm(
+            mine, vllm_rows
+        )
     # over HTTP against vLLM's server driven by the same client when that was run, else
     # against the in-process vLLM rows
     http_ref = http_vllm or vllm_rows
@@ -296,6 +302,11 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
     return out
 
 
+def policy_variants(rows: list[dict[str, Any]]) -> list[str]:
+    """The in-process modes that are variants of the policy (``policy-NAME``), in order."""
+    return list(dict.fromkeys(r["mode"] for r in rows if r["mode"].startswith("policy-")))
+
+
 def http_policy_labels(http: list[dict[str, Any]]) -> list[str]:
     """The HTTP rows' policy labels in order: ``policy`` / ``policy-http``, and variants of
     our server run under ``policy-http-NAME`` (e.g. ``--engine-process``), each judged on its
@@ -312,6 +323,8 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     crit = dict(merged["criteria"])
     lines = criteria_lines({k: v for k, v in crit.items() if "vllm" not in k})
     lines += vllm_lines(crit["policy_ahead_of_vllm"], "vLLM (in-process)")
+    for mode, judged in crit.get("variants_ahead_of_vllm", {}).items():
+        lines += vllm_lines(judged, f"vLLM (in-process, {mode} rows)")
     front = crit["http_policy_ahead_of_vllm"].get("vllm_front", "in-process")
     lines += vllm_lines(crit["http_policy_ahead_of_vllm"], f"vLLM (HTTP policy rows vs {front})")
     for label, judged in crit.get("http_variants_ahead_of_vllm", {}).items():

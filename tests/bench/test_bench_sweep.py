@@ -500,6 +500,24 @@ def test_http_policy_against_vllm_server_rows() -> None:
     assert any("HTTP policy-http-proc rows vs http" in line for line in lines)
 
 
+def test_in_process_policy_variants_against_vllm() -> None:
+    """Each in-process ``policy-NAME`` mode (e.g. the backlog lift, ``policy-burst``) is judged
+    against vLLM on its own, beside the policy; without vLLM rows, none is."""
+    report = load_bench("sweep_report")
+    ours = {"sweep": [_row("off", 14), _row("policy", 14, ttft=121.0, itl=22.0, tpot=8.0),
+                      _row("policy-burst", 14, ttft=94.0, itl=25.0, tpot=8.0)]}  # fmt: skip
+    vllm = [{"sweep": [_row("vllm", 14, ttft=100.0, itl=32.0, tpot=9.0)]}]
+    merged = report.merge(ours, vllm, [])
+    assert merged["criteria"]["policy_ahead_of_vllm"]["verdict"] == "MISS"  # TTFT 121 > 100
+    variant = merged["criteria"]["variants_ahead_of_vllm"]["policy-burst"]
+    assert variant["verdict"] == "PASS" and variant["checks"][0]["ttft_p99_ms"]["policy"] == 94.0
+    assert list(merged["criteria"]["variants_ahead_of_vllm"]) == ["policy-burst"]
+    lines = report.report_lines(merged)
+    assert any(line.startswith("PASS policy ahead of vLLM (in-process, policy-burst rows)")
+               for line in lines)  # fmt: skip
+    assert "variants_ahead_of_vllm" not in report.merge(ours, [], [])["criteria"]
+
+
 def test_peer_sweep_replays_the_same_traces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
