@@ -31,8 +31,9 @@ import torch  # noqa: E402
 from common import add_common_args, format_table, median, save_figure, start_run  # noqa: E402
 from http_load import HttpEngine, served_model, server_info  # noqa: E402
 
-from verifypd.config import PRESETS, CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
 from verifypd.lanes.async_engine import AsyncEngine  # noqa: E402
+from verifypd.model_config import dummy_preset  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 # The 14 req/s trace's burst (SweepPlan.requests(14), req-35..43, long prompts) that makes
@@ -164,7 +165,7 @@ async def measure_http(args: argparse.Namespace) -> tuple[list[dict], dict | Non
     info = await server_info(args.http)
     if args.vocab is None:
         name = str(((info or {}).get("engine_config") or {}).get("model", ""))
-        preset = PRESETS.get(name.removeprefix("dummy:")) if name.startswith("dummy:") else None
+        preset = dummy_preset(name)
         if preset is None:
             raise SystemExit(f"--http: the server's model {name or '?'} is not a dummy preset: "
                              "pass --vocab")  # fmt: skip

@@ -17,7 +17,6 @@ import torch
 from common import json_default, median, timed
 
 from verifypd.config import (
-    PRESETS,
     CacheConfig,
     EngineConfig,
     KernelConfig,
@@ -26,6 +25,7 @@ from verifypd.config import (
     SpecConfig,
     env_overrides,
 )
+from verifypd.model_config import dummy_preset
 from verifypd.types import Observer, SamplingParams
 
 
@@ -97,7 +97,7 @@ def _cap_model_len(model: str, max_model_len: int | None) -> int | None:
     """0/None: the model's own length; never more than a dummy preset's max positions."""
     if not max_model_len:
         return None
-    preset = PRESETS.get(model.removeprefix("dummy:")) if model.startswith("dummy:") else None
+    preset = dummy_preset(model)
     return min(max_model_len, preset.max_position_embeddings) if preset else max_model_len
 
 

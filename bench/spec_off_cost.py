@@ -45,7 +45,7 @@ from common import (  # noqa: E402
 from http_load import HttpEngine, served_model, wait_ready  # noqa: E402
 from loadgen import Request, Trace, consume, latency_stats, load_stats  # noqa: E402
 
-from verifypd.config import PRESETS  # noqa: E402
+from verifypd.model_config import dummy_preset  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 SCRIPT = "spec_off_cost"
@@ -100,7 +100,7 @@ def workload(args, count: int, salt: int = 0) -> list[Request]:
 
 
 def vocab_of(model: str, fallback: int) -> int:
-    preset = PRESETS.get(model.removeprefix("dummy:")) if model.startswith("dummy:") else None
+    preset = dummy_preset(model)
     return preset.vocab_size if preset is not None else fallback
 
 

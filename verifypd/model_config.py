@@ -138,3 +138,10 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=1, eos_token_ids=(2,),
     ),
 }  # fmt: skip
+
+DUMMY_PREFIX = "dummy:"  # a model spec "dummy:PRESET": random weights of a preset's shape
+
+
+def dummy_preset(spec: str) -> ModelConfig | None:
+    """The preset a ``dummy:PRESET`` model spec names (None for any other spec or name)."""
+    return PRESETS.get(spec.removeprefix(DUMMY_PREFIX)) if spec.startswith(DUMMY_PREFIX) else None

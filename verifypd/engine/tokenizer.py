@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from verifypd.config import PRESETS, ModelConfig
+from verifypd.model_config import DUMMY_PREFIX
 
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-DUMMY_PREFIX = "dummy:"
 # Dummy presets that share the vocabulary of the embedded model reuse its real tokenizer.
 _EMBEDDED_VOCAB_PRESETS = ("smollm2-135m",)
 
