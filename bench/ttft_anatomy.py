@@ -18,7 +18,9 @@ verify lane had a step in flight too (the GPU shared), and its time per 1k promp
 steps, and those of at least 1024 tokens). The host side: the wall time of each dispatcher
 tick (the loop holds no other task while a tick runs its synchronous planning, drafting,
 launching and folding). Rows report medians over all requests and over the slowest 5 % by
-TTFT (the p99's company).
+TTFT (the p99's company). ``window`` lists what happened around the slowest first tokens:
+every arrival, prompt step and first token from the earliest of their arrivals to the last of
+their first tokens, with the decode and verify lanes' busy share of that span.
 """
 
 from __future__ import annotations
@@ -234,4 +236,39 @@ def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, A
         for i, key in enumerate(keys):
             values = [p[i] * 1e3 for p in group if p[i] is not None]
             out[f"{name}_{key}_p50_ms"] = _median(values)
+    out["window"] = window(log, traces) if SAME_CLOCK else None
     return out
+
+
+def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
+    """The span from the earliest arrival of the ``k`` slowest first tokens to the last of them,
+    in ms from its start: each request arriving in it (id, prompt tokens, TTFT), each prompt
+    step folded back in it (lane, tokens, the prompts it ended), and the decode and verify
+    lanes' busy share of it. Needs the client's and the engine's clocks to be one."""
+    timed = sorted((t for t in traces if t.ttft_s is not None), key=lambda t: -t.ttft_s)[:k]
+    if not timed:
+        return None
+    t0 = min(t.arrival for t in timed)
+    t1 = max(t.deltas[0][0] for t in timed)
+    span = FoldedStep("window", t0, t1, 0)
+    arrivals = [
+        f"{(t.arrival - t0) * 1e3:+.1f} arrive {t.request_id} {t.prompt_len} tok"
+        f" (TTFT {t.ttft_s * 1e3:.1f} ms)"
+        for t in sorted(traces, key=lambda t: t.arrival)
+        if t0 <= t.arrival <= t1 and t.ttft_s is not None
+    ]
+    steps = [
+        f"{(s.start - t0) * 1e3:+.1f}..{(s.end - t0) * 1e3:+.1f} {s.lane} {s.num_tokens} tok"
+        + (f" ends {','.join(rid for rid, _, _ in s.prompts_done)}" if s.prompts_done else "")
+        for s in sorted(log.steps, key=lambda s: s.start)
+        if s.lane in PROMPT_LANES and s.end > t0 and s.start < t1
+    ]
+    decode = [s for s in log.steps if s.lane in ("decode", "verify")]
+    return {
+        "slowest": [t.request_id for t in timed],
+        "span_ms": (t1 - t0) * 1e3,
+        "decode_busy_share": _overlap(span, decode),
+        "prompt_busy_share": _overlap(span, [s for s in log.steps if s.lane in PROMPT_LANES]),
+        "arrivals": arrivals,
+        "prompt_steps": steps,
+    }

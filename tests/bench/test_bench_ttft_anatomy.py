@@ -40,6 +40,15 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
         assert out["slowest_submit_p50_ms"] == pytest.approx(5.0)
         assert out["slowest_emit_p50_ms"] == pytest.approx(5.0)
         assert out["all_emit_p50_ms"] == pytest.approx(5.0)
+        # The window: a's arrival (0) to b's first token (105 ms), slowest first.
+        win = out["window"]
+        assert win["slowest"] == ["b", "a"] and win["span_ms"] == pytest.approx(105.0)
+        assert win["decode_busy_share"] == pytest.approx(60 / 105)
+        assert win["prompt_busy_share"] == pytest.approx(80 / 105)
+        assert win["arrivals"][1] == "+15.0 arrive b 8 tok (TTFT 90.0 ms)"
+        assert win["prompt_steps"] == ["+10.0..+50.0 prefill 1000 tok ends a",
+                                       "+60.0..+100.0 prefill 2000 tok ends b"]  # fmt: skip
+        assert ana.window(log, []) is None
     assert out["num_long_ticks"] == 1 and out["tick_max_ms"] == pytest.approx(6.0)
     assert out["big_prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(20.0)  # b's step only
     assert out["all_queue_p50_ms"] == pytest.approx(25.0)  # median of 10 and 40
