@@ -362,8 +362,9 @@ MODES = {
     # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens):
     # the default since 4eb6609, so `policy` itself; and both modes never fusing, as before.
     "policy-fuse50-4k": _policy_with(engine=_fuse(0.05, 4096)),
-    # ... from 4,096 queued tokens after a shorter wait (20 ms), or none at all.
+    # ... from 4,096 queued tokens after a shorter wait (20 ms), or none at all; from 2,048.
     "policy-fuse20-4k": _policy_with(engine=_fuse(0.02, 4096)),
+    "policy-fuse20-2k": _policy_with(engine=_fuse(0.02, 2048)),
     "policy-fuse0-4k": _policy_with(engine=_fuse(0.0, 4096)),
     "off-nofuse": Mode("three", False, engine_options=_fuse(None, 0)),
     "policy-nofuse": _policy_with(engine=_fuse(None, 0)),

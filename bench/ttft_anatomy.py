@@ -86,16 +86,16 @@ class StepLog:
         def fold(flight, seconds):
             plan = flight.plan
             roles = self._roles(plan)  # before the fold moves the rows on
+            # rows still in their prompt (any lane: a short prompt computes inside a decode step)
+            prompting = [e.seq for e in plan.seqs if e.seq.num_output_tokens == 0]
             inner(flight, seconds)
             step = FoldedStep(plan.lane, flight.start, dispatcher.clock(), plan.num_tokens)
             step.rows = roles
-            if plan.lane in PROMPT_LANES:
-                for e in plan.seqs:
-                    seq = e.seq
-                    if seq.num_output_tokens > 0 and seq.seq_id not in self._seen:
-                        self._seen.add(seq.seq_id)
-                        arrived, planned = seq.arrival_time, seq.first_scheduled_time
-                        step.prompts_done.append((seq.request_id, arrived, planned or arrived))
+            for seq in prompting:
+                if seq.num_output_tokens > 0 and seq.seq_id not in self._seen:
+                    self._seen.add(seq.seq_id)
+                    arrived, planned = seq.arrival_time, seq.first_scheduled_time
+                    step.prompts_done.append((seq.request_id, arrived, planned or arrived))
             self.steps.append(step)
 
         dispatcher._fold = fold

@@ -75,3 +75,34 @@ def test_tiny_sweep_with_anatomy(tmp_path: Path) -> None:
     assert parts["tick_max_ms"] > 0 and parts["num_long_ticks"] >= 0
     assert parts["all_prefill_p50_ms"] > 0
     assert parts["slowest_ttft_p50_ms"] == pytest.approx(row["ttft_p99_ms"], rel=0.5)
+
+
+def test_steplog_marks_prompts_ended_in_any_lane() -> None:
+    """A short prompt computed inside a decode step ends there; decode rows riding in a later
+    mixed step (tokens already out) are not prompts that step ended."""
+    from types import SimpleNamespace as NS
+
+    ana = load_bench("ttft_anatomy")
+
+    def seq(rid: str, out: int):
+        return NS(request_id=rid, seq_id=rid, num_output_tokens=out, arrival_time=0.0,
+                  first_scheduled_time=0.001)  # fmt: skip
+
+    def entry(s, new: int = 1):
+        return NS(seq=s, draft_token_ids=None, num_new_tokens=new, draft_len=0)
+
+    fresh, running = seq("short", 0), seq("old", 5)
+    clock = iter([0.010, 0.020])
+
+    def fold(flight, seconds):  # the engine hands each row a token
+        for e in flight.plan.seqs:
+            e.seq.num_output_tokens += 1
+
+    disp = NS(_fold=fold, _launch=None, tick=None, clock=lambda: next(clock))
+    log = ana.StepLog().attach(disp)
+    decode = NS(lane="decode", num_tokens=9, seqs=[entry(fresh, 8), entry(running)])
+    disp._fold(NS(plan=decode, start=0.005), 0.0)
+    mixed = NS(lane="mixed", num_tokens=2, seqs=[entry(fresh), entry(running)])
+    disp._fold(NS(plan=mixed, start=0.012), 0.0)
+    assert [rid for rid, _, _ in log.steps[0].prompts_done] == ["short"]
+    assert log.steps[1].prompts_done == []
