@@ -360,9 +360,9 @@ MODES = {
     "off-fuse20": Mode("three", False, engine_options=_fuse(0.02, 0)),
     "policy-fuse20": _policy_with(engine=_fuse(0.02, 0)),
     # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens):
-    # the default since 4eb6609, so `policy` itself; and both modes never fusing, as before.
+    # after 50 ms, the default from 4eb6609 to 2026-11-29; after 20 ms, the default since, so
+    # `policy` itself; at once; from 2,048 tokens; and both modes never fusing, as before.
     "policy-fuse50-4k": _policy_with(engine=_fuse(0.05, 4096)),
-    # ... from 4,096 queued tokens after a shorter wait (20 ms), or none at all; from 2,048.
     "policy-fuse20-4k": _policy_with(engine=_fuse(0.02, 4096)),
     "policy-fuse20-2k": _policy_with(engine=_fuse(0.02, 2048)),
     "policy-fuse0-4k": _policy_with(engine=_fuse(0.0, 4096)),

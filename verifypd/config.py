@@ -310,8 +310,10 @@ class EngineConfig:
     # 238 with the rows inside. Alone (any backlog) 0.05 took 4-22 % off the policy's TTFT p99
     # at 14 req/s, but cost ITL p99 6 % in-process (bc38d9a) and, in one HTTP run of two
     # (60f94b1), ~20 % on ITL p99 at 2 req/s and TPOT p99 at 26: with the token floor below
-    # (4eb6609, docs/performance.md) it fuses only in bursts, and is the default.
-    fuse_decode_backlog_s: float | None = 0.05
+    # (4eb6609, docs/performance.md) it fuses only in bursts, and is the default. 0.02 with
+    # the floor (46bd48d, d53a4d3: two H200 runs) fuses the step before a burst's long prompt
+    # too: TTFT p99 at 14 req/s -16 / -11 % against 0.05, ITL p99 +3-6 % at 26 at most.
+    fuse_decode_backlog_s: float | None = 0.02
     # ... and only while the queued prompts hold at least this many tokens (0: any backlog):
     # a burst, not one long prompt whose wait a fused step shortens little while its decode
     # rows each wait a whole prompt step for their token. With 4,096 (4eb6609, H200, hetero

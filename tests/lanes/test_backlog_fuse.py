@@ -116,18 +116,18 @@ async def test_hanging_up_during_a_backlog_leaks_nothing():
 
 
 def test_the_setting_is_validated_and_on_the_cli():
-    assert tiny_config().fuse_decode_backlog_s == 0.05  # the default since 4eb6609
+    assert tiny_config().fuse_decode_backlog_s == 0.02  # the default since 2026-11-29
     assert tiny_config(fuse_decode_backlog_s=None).fuse_decode_backlog_s is None
     for bad in (-0.01, 10.0, True, "0.05"):
         with pytest.raises(ValueError, match="fuse_decode_backlog_s"):
             tiny_config(fuse_decode_backlog_s=bad)
     parser = add_serve_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.02"])
-    assert config_from_args(args).fuse_decode_backlog_s == 0.02
+    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "0.05"])
+    assert config_from_args(args).fuse_decode_backlog_s == 0.05
     args = parser.parse_args(["--model", "dummy:tiny", "--fuse-decode-backlog-s", "none"])
     assert config_from_args(args).fuse_decode_backlog_s is None  # "none" turns it off
     default = config_from_args(parser.parse_args(["--model", "dummy:tiny"]))
-    assert default.fuse_decode_backlog_s == 0.05
+    assert default.fuse_decode_backlog_s == 0.02
 
 
 def test_a_fused_step_is_not_a_decode_steps_time():

@@ -120,7 +120,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="once the oldest queued prompt has waited S seconds, decode rows ride inside the "
              "prompt steps (one forward, as vLLM's steps) until the queue drains: a burst's "
              "prompts compute faster, its decode tokens wait for whole prompt steps; "
-             "default 0.05; none: never")  # fmt: skip
+             "default 0.02; none: never")  # fmt: skip
     add("--fuse-decode-backlog-tokens", type=int, default=None, metavar="N",
         help="with --fuse-decode-backlog-s: only while the queued prompts hold at least N "
              "tokens (a burst, not one long prompt); default 4096; 0: any backlog")  # fmt: skip
