@@ -332,6 +332,16 @@ def report_lines(merged: dict[str, Any]) -> list[str]:
     return lines
 
 
+def relabel(result: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``result`` with its rows' modes renamed by ``names`` (each renamed row keeps the run's
+    own label as ``mode_label``)."""
+    if not names:
+        return result
+    rows = [dict(r, mode=names[r["mode"]], mode_label=r["mode"]) if r["mode"] in names else r
+            for r in result["sweep"]]  # fmt: skip
+    return {**result, "sweep": rows}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
@@ -340,9 +350,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeat", nargs="*", default=[], help="another run of the same plan")
     p.add_argument("--ab", nargs="*", default=[], help="the same plan run by other code")
     p.add_argument("--out", default=None, help="output JSON (default: OURS-merged.json)")
+    p.add_argument("--label", nargs="*", default=[], metavar="OLD=NEW",
+                   help="read the --http rows labelled OLD (a run's --mode-label) as NEW, e.g. "
+                        "ours-ep=policy-http-proc")  # fmt: skip
     args = p.parse_args(argv)
+    try:
+        names = dict(item.split("=", 1) for item in args.label)
+    except ValueError:
+        p.error(f"--label: expected OLD=NEW, got {args.label}")
     ours = join_ours([load_result(f) for f in args.ours])
-    merged = merge(ours, [load_result(f) for f in args.vllm], [load_result(f) for f in args.http])
+    http = [relabel(load_result(f), names) for f in args.http]
+    merged = merge(ours, [load_result(f) for f in args.vllm], http)
     if args.repeat:
         again = join_ours([load_result(f) for f in args.repeat])
         if again.get("sweep_config") != ours.get("sweep_config"):

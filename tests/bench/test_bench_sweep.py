@@ -341,6 +341,20 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     report.main([str(paths[1]), "--http", str(paths[3]), "--out", str(tmp_path / "one.json")])
     assert (tmp_path / "one-hetero-t0.0.png").is_file()
     assert not (tmp_path / "one-policy.png").exists()
+    # a server run under another --mode-label, read as a policy variant by --label
+    http["sweep"][0]["mode"] = "ours-ep"
+    paths[3].write_text(json.dumps(http))
+    args = [str(paths[1]), "--vllm", str(paths[2]), "--http", str(paths[3])]
+    unread = report.main([*args, "--out", str(tmp_path / "unread.json")])
+    assert "http_variants_ahead_of_vllm" not in unread["criteria"]
+    read = report.main([*args, "--label", "ours-ep=policy-http-proc", "--out",
+                        str(tmp_path / "read.json")])  # fmt: skip
+    assert read["criteria"]["http_variants_ahead_of_vllm"]["policy-http-proc"]["verdict"] == "PASS"
+    assert {r.get("mode_label") for r in read["sweep"] if r["mode"].startswith("http:")} == {
+        "ours-ep"
+    }
+    with pytest.raises(SystemExit):
+        report.main([*args, "--label", "ours-ep"])
     assert (tmp_path / "merged-policy.png").is_file()  # two runs' timelines joined
     none = report.ahead_of_vllm(ours["sweep"], [])
     assert none["verdict"] == "N/A"
