@@ -70,7 +70,9 @@ class SchedulerConfig:
     prefill_pack_tokens: int | None = 512
     # While the oldest queued prompt has waited longer than this (a burst: prompts queue
     # behind one another), the limit above is lifted and prompt steps pack FCFS up to the
-    # budget: fewer, fuller prompt steps drain the queue sooner. None: never lifted.
+    # budget: fewer, fuller prompt steps drain the queue sooner. None: never lifted. Off: a
+    # packed prompt waits for the others in its step, so a burst's slowest first token comes
+    # later even where TTFT p99 falls (1e38db6, H200: 168.6 against 131.3 ms at 14 req/s).
     prefill_pack_backlog_s: float | None = None
     # The most of the KV pool one request may need (n choices at full length): beyond it,
     # the request is refused up front, so that one request cannot starve the rest.
