@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from verifypd.sampling_params import INT64_MAX, INT64_MIN
 from verifypd.serve.errors import APIError, invalid_request
 from verifypd.serve.structured import StructuredFields, structured_output
 from verifypd.serve.tools import ToolChoice, ToolDef, ToolPlan, tool_plan
@@ -21,7 +22,6 @@ from verifypd.types import ParamError, SamplingParams, StructuredOutput
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat top_logprobs
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 TokenId = Annotated[int, Field(ge=0)]
 StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)]
