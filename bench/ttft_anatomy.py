@@ -18,9 +18,10 @@ verify lane had a step in flight too (the GPU shared), and its time per 1k promp
 steps, and those of at least 1024 tokens). The host side: the wall time of each dispatcher
 tick (the loop holds no other task while a tick runs its synchronous planning, drafting,
 launching and folding). Rows report medians over all requests and over the slowest 5 % by
-TTFT (the p99's company). ``window`` lists what happened around the slowest first tokens:
-every arrival, prompt step and first token from the earliest of their arrivals to the last of
-their first tokens, with the decode and verify lanes' busy share of that span.
+TTFT (the p99's company). ``window`` lists what happened around the slowest first token and
+those of the next slowest whose waits overlap it (one burst): every arrival and prompt step
+from the earliest of their arrivals to the last of their first tokens, with the decode and
+verify lanes' busy share of that span.
 """
 
 from __future__ import annotations
@@ -241,15 +242,26 @@ def anatomy(log: StepLog, traces: list, slow_share: float = 0.05) -> dict[str, A
 
 
 def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
-    """The span from the earliest arrival of the ``k`` slowest first tokens to the last of them,
-    in ms from its start: each request arriving in it (id, prompt tokens, TTFT), each prompt
-    step folded back in it (lane, tokens, the prompts it ended), and the decode and verify
-    lanes' busy share of it. Needs the client's and the engine's clocks to be one."""
-    timed = sorted((t for t in traces if t.ttft_s is not None), key=lambda t: -t.ttft_s)[:k]
-    if not timed:
+    """The slowest first token's wait (arrival to first token), widened by each other of the
+    ``k`` slowest whose wait overlaps it (one burst; a slow first token elsewhere in the run is
+    only named, in ``elsewhere``), in ms from its start: each request arriving in it (id,
+    prompt tokens, TTFT), each prompt step folded back in it (lane, tokens, the prompts it
+    ended), and the decode and verify lanes' busy share of it. Needs the client's and the
+    engine's clocks to be one."""
+    ranked = sorted((t for t in traces if t.ttft_s is not None), key=lambda t: -t.ttft_s)[:k]
+    if not ranked:
         return None
-    t0 = min(t.arrival for t in timed)
-    t1 = max(t.deltas[0][0] for t in timed)
+    timed, rest = ranked[:1], ranked[1:]
+    t0, t1 = timed[0].arrival, timed[0].deltas[0][0]
+    grown = True
+    while grown:  # widen until no other slow wait overlaps the span
+        grown = False
+        for t in list(rest):
+            if t.arrival <= t1 and t.deltas[0][0] >= t0:
+                timed.append(t)
+                rest.remove(t)
+                t0, t1 = min(t0, t.arrival), max(t1, t.deltas[0][0])
+                grown = True
     span = FoldedStep("window", t0, t1, 0)
     arrivals = [
         f"{(t.arrival - t0) * 1e3:+.1f} arrive {t.request_id} {t.prompt_len} tok"
@@ -266,6 +278,7 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
     decode = [s for s in log.steps if s.lane in ("decode", "verify")]
     return {
         "slowest": [t.request_id for t in timed],
+        "elsewhere": [t.request_id for t in rest],
         "span_ms": (t1 - t0) * 1e3,
         "decode_busy_share": _overlap(span, decode),
         "prompt_busy_share": _overlap(span, [s for s in log.steps if s.lane in PROMPT_LANES]),

@@ -49,6 +49,12 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
         assert win["prompt_steps"] == ["+10.0..+50.0 prefill 1000 tok ends a",
                                        "+60.0..+100.0 prefill 2000 tok ends b"]  # fmt: skip
         assert ana.window(log, []) is None
+        assert win["elsewhere"] == []
+        # a slow first token a second later is another burst: named, not spanned
+        late = _trace(loadgen, "c", 1.0, 1.2)
+        apart = ana.window(log, [*traces, late])
+        assert apart["slowest"] == ["c"] and apart["elsewhere"] == ["b", "a"]
+        assert apart["span_ms"] == pytest.approx(200.0) and apart["prompt_steps"] == []
     assert out["num_long_ticks"] == 1 and out["tick_max_ms"] == pytest.approx(6.0)
     assert out["big_prompt_step_ms_per_1k_tokens_p50"] == pytest.approx(20.0)  # b's step only
     assert out["all_queue_p50_ms"] == pytest.approx(25.0)  # median of 10 and 40
