@@ -10,10 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The environment overrides, the model shapes and the speculation knobs live in modules of
+# their own; every config is imported from here.
 from verifypd.env_config import env_overrides, spec_env_overrides  # noqa: F401
-
-# The model shapes and the speculation knobs live in modules of their own; every config is
-# imported from here.
 from verifypd.model_config import ARCHITECTURES, PRESETS, ModelConfig  # noqa: F401
 from verifypd.spec_config import SpecConfig, SpecMethod  # noqa: F401
 
