@@ -93,7 +93,37 @@ def anatomy(log: StepLog, traces: list, tail_q: float = 99.0) -> dict[str, Any] 
         vals = [r[i] * 1e3 for r in picked if r[i] == r[i]]  # NaN: no step matched
         out[f"tail_{key}_p50_ms"] = float(np.median(vals)) if vals else None
     out["worst"] = worst(log, rows)
+    out["tpot_tail"] = tpot_tail(rows, traces)
     return out
+
+
+def tpot_tail(rows: list[tuple], traces: list, k: int = 5) -> list[dict[str, Any]]:
+    """The ``k`` slowest requests by TPOT, each gap with the step that ended it: [ms from the
+    request's arrival to the gap's end, gap ms, tokens, role, shared, the step's lane, its
+    tokens, its ms]. Set beside the same requests' deltas in a peer's run of the trace
+    (``bench/tpot_pairs.py``), it says which of our steps the lost time went to."""
+    by_req: dict[str, list[tuple]] = {}
+    for r in rows:
+        by_req.setdefault(r[8], []).append(r)
+    slow = sorted((t for t in traces if t.tpot_s is not None), key=lambda t: -t.tpot_s)[:k]
+    return [
+        {
+            "request_id": t.request_id,
+            "tpot_ms": _ms(t.tpot_s),
+            "gaps": [_gap_row(r, t.arrival) for r in by_req.get(t.request_id, [])],
+        }
+        for t in slow
+    ]
+
+
+def _ms(s: float) -> float | None:
+    return round(s * 1e3, 3) if s == s else None  # NaN: no step matched
+
+
+def _gap_row(r: tuple, arrival: float) -> list:
+    gap, n, role, shared, dur, _, _, end, _, step = r
+    lane, tokens = (step.lane, step.num_tokens) if step is not None else (None, None)
+    return [_ms(end - arrival), _ms(gap), n, role, bool(shared), lane, tokens, _ms(dur)]
 
 
 def worst(log: StepLog, rows: list[tuple], k: int = 12) -> list[dict[str, Any]]:

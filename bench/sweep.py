@@ -251,7 +251,7 @@ def summary_row(
         "span_s": load["span_s"],
         "trace_fingerprint": result["fingerprint"],
         "mean_alpha": float(np.mean(result["alphas"])) if result["alphas"] else None,
-        "slowest": slowest_requests(traces, result.get("alpha_of", {})),
+        "slowest": slowest_requests(traces, result.get("alpha_of", {}), result["t_start"]),
         "tpot_by_alpha": tpot_by_alpha(traces, result.get("alpha_of", {})),
         **extra,
     }
@@ -280,17 +280,25 @@ def tpot_by_alpha(traces: list, alpha_of: dict[str, float]) -> dict[str, dict[st
 SLOWEST_SHARE = 0.05  # the p99's company: the slowest 5 % of requests (at least 3)
 
 
-def slowest_requests(traces: list, alpha_of: dict[str, float]) -> dict[str, list[dict[str, Any]]]:
+def slowest_requests(
+    traces: list, alpha_of: dict[str, float], t_start: float | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Per metric (TTFT, TPOT), the slowest requests, slowest first: who they were (kind,
     prompt and output length, the profile's α for them) and their TTFT, TPOT and longest gap
     between deltas. What a p99 is made of (is the policy's TPOT tail its low-α requests, or
-    long prompts' neighbours?)."""
+    long prompts' neighbours?). The TPOT ones also carry every delta (``deltas_ms``: ms since
+    the request's arrival, tokens) and, given the run's start, ``arrival_ms`` from it: two
+    engines' runs of one trace compared token by token (``bench/tpot_pairs.py``)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for metric in ("ttft", "tpot"):
         timed = [t for t in traces if getattr(t, f"{metric}_s") is not None]
         timed.sort(key=lambda t: getattr(t, f"{metric}_s"), reverse=True)
-        n = max(3, math.ceil(SLOWEST_SHARE * len(timed)))
-        out[metric] = [_request_summary(t.row(), alpha_of.get(t.request_id)) for t in timed[:n]]
+        timed = timed[: max(3, math.ceil(SLOWEST_SHARE * len(timed)))]
+        out[metric] = [_request_summary(t.row(), alpha_of.get(t.request_id)) for t in timed]
+    for entry, t in zip(out["tpot"], timed, strict=True):
+        entry["deltas_ms"] = [[round((d - t.arrival) * 1e3, 3), k] for d, k in t.deltas]
+        if t_start is not None:
+            entry["arrival_ms"] = round((t.arrival - t_start) * 1e3, 3)
     return out
 
 

@@ -78,6 +78,19 @@ def test_tokens_take_the_role_of_the_step_that_delivered_them() -> None:
     assert plain["tick_max_ms"] == pytest.approx(4.0) and rider["tick_max_ms"] == 0.0
     assert plain["events"][-1] == "+20.0 fold decode 2 (5.0 ms)"
     assert len(out["worst"]) == 7  # every sample, fewer than k
+    assert out["tpot_tail"] == []  # neither request finished: no TPOT
+    for t in traces:
+        t.finish_time, t.finish_reason = t.deltas[-1][0], "length"
+    tail = itl.anatomy(log, traces, tail_q=80.0)["tpot_tail"]
+    # b (50 ms over 3 gaps) before a (50 ms over 5 tokens); each gap with the step that ended it
+    assert [r["request_id"] for r in tail] == ["b", "a"]
+    assert tail[0]["tpot_ms"] == pytest.approx(50 / 3, abs=1e-3)
+    assert tail[0]["gaps"] == [
+        [10.0, 10.0, 1, "plain", False, "decode", 2, 10.0],
+        [30.0, 20.0, 1, "rider", True, "decode", 2, 20.0],
+        [50.0, 20.0, 1, "plain", True, "decode", 2, 5.0],
+    ]
+    assert tail[1]["gaps"][2][:6] == [45.0, 15.0, 1, "catch_up", True, "verify"]
 
 
 def test_a_delta_no_step_explains_is_unmatched() -> None:

@@ -427,13 +427,17 @@ def test_slowest_requests_are_the_p99s_company() -> None:
         traces.append(t)
     traces[0].finish_time = None  # unfinished: no TPOT
     alpha_of = {f"req-{i}": 0.2 if i % 2 else 0.9 for i in range(40)}
-    slow = sweep.slowest_requests(traces, alpha_of)
+    slow = sweep.slowest_requests(traces, alpha_of, t_start=-0.5)
     assert [x["request_id"] for x in slow["ttft"]] == ["req-39", "req-38", "req-37"]
     assert [x["request_id"] for x in slow["tpot"]] == ["req-1", "req-2", "req-3"]
     first = slow["tpot"][0]
     assert first["alpha"] == 0.2 and first["prompt_len"] == 11 and first["num_output"] == 4
     assert first["tpot_ms"] == pytest.approx(49 / 3, abs=1e-3)  # kept to the microsecond
     assert first["max_gap_ms"] == pytest.approx(49)
+    # every delta of the TPOT ones, ms from the arrival, and the arrival from the run's start
+    assert first["deltas_ms"] == [[20.0, 1], [69.0, 3]]
+    assert first["arrival_ms"] == pytest.approx(500.0)
+    assert "deltas_ms" not in slow["ttft"][0]
     many = sweep.slowest_requests(traces * 3, alpha_of)  # 120 requests: 5 % is 6
     assert len(many["ttft"]) == 6
 
