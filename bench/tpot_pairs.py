@@ -7,8 +7,11 @@ two runs up token by token: token ``j``'s lag is the time ours delivered it minu
 peer did (both from the request's arrival). Over each of our gaps the lag grows by our gap minus
 the peer's time for the same tokens, and the growth is credited to the kind of step that ended
 our gap (from the ITL anatomy's ``tpot_tail``: its lane, and whether a prompt step ran beside
-it) and to the gap's size. So "ours is 7 % behind on TPOT p99" reads as "the time went to
-decode steps beside prompt steps" or "to the steady steps between bursts".
+it) and to the gap's size. That says where the lag moved, not why: a gap picked for being long on
+our side grows the lag almost by construction (the peer's burst came at another moment), and a
+steady one shrinks it. The fair comparison is each engine's own time in gaps of each size over
+the same requests (``gaps_by_size``: steady < 10 ms a token, slowed < 25, stall beyond), which
+says whether ours loses on the bursts or on the steps between them.
 
     python bench/tpot_pairs.py OURS.json PEER.json --rate 20 [--mode policy] [--out X.json]
 
@@ -142,15 +145,22 @@ def compare(ours_row: dict[str, Any], peer_row: dict[str, Any]) -> dict[str, Any
               and "deltas_ms" in theirs[rid]]  # fmt: skip
     pairs = [pair(mine[r], theirs[r], tails.get(r), peer_row.get("engine_steps")) for r in common]
     total: dict[str, dict[str, float]] = {"kind": {}, "size": {}}
+    sizes: dict[str, dict[str, dict[str, float]]] = {"ours": {}, "peer": {}}
     for p in pairs:
         for key in ("kind", "size"):
             for k, v in p[f"lag_by_{key}_ms"].items():
                 total[key][k] = total[key].get(k, 0.0) + v
+        for side, classes in p["gaps_by_size"].items():
+            for name, c in classes.items():
+                acc = sizes[side].setdefault(name, {"gaps": 0, "ms": 0.0})
+                acc["gaps"] += c["gaps"]
+                acc["ms"] = round(acc["ms"] + c["ms"], 3)
     return {
         "rate": ours_row["rate"], "mode": ours_row["mode"], "peer_mode": peer_row["mode"],
         "tpot_p99_ms": ours_row["tpot_p99_ms"], "peer_tpot_p99_ms": peer_row["tpot_p99_ms"],
         "num_paired": len(pairs),
         "lag_by_kind_ms": _rounded(total["kind"]), "lag_by_size_ms": _rounded(total["size"]),
+        "gaps_by_size": sizes,
         "pairs": pairs,
     }  # fmt: skip
 
@@ -169,7 +179,17 @@ def lines(out: dict[str, Any]) -> list[str]:
         format_table(head, cells) if cells else "(no request in both slowest-TPOT lists)",
         "lag by our step kind (ms, summed): " + _signed(out["lag_by_kind_ms"]),
         "lag by our gap size: " + _signed(out["lag_by_size_ms"]),
+        "gaps by size, ours / peer (count, ms): "
+        + ", ".join(
+            f"{name} {_count(out, 'ours', name)} / {_count(out, 'peer', name)}"
+            for name in (n for _, n in SIZE_BOUNDS_MS)
+        ),
     ]
+
+
+def _count(out: dict[str, Any], side: str, name: str) -> str:
+    c = out["gaps_by_size"][side].get(name, {"gaps": 0, "ms": 0.0})
+    return f"{c['gaps']}, {c['ms']:.0f}"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -47,6 +47,10 @@ def test_lag_goes_to_the_step_that_ended_each_gap(tmp_path) -> None:
     assert p["lag_by_kind_ms"] == {"decode": 0.0, "decode+prompt": -10.0, "verify": -4.0}
     assert p["lag_by_size_ms"] == {"steady": -4.0, "stall": -10.0}  # 0 + (-4); the 30 ms gap
     assert p["gaps_by_size"]["peer"]["stall"] == {"gaps": 1, "ms": 40.0}
+    # each engine's own time per gap size, summed over the paired requests
+    assert rate["gaps_by_size"]["ours"] == {"steady": {"gaps": 2, "ms": 11.0},
+                                            "stall": {"gaps": 1, "ms": 30.0}}  # fmt: skip
+    assert rate["gaps_by_size"]["peer"]["steady"] == {"gaps": 3, "ms": 15.0}
     # the largest growth first: the plain step (0), then the round (-4); with the peer's steps
     first = p["largest"][0]
     assert first["at_ms"] == 25.0 and first["step"]["lane"] == "decode"
