@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ours, peer = load_result(args.ours), load_result(args.peer)
     pick = lambda rep, rate, mode: _row(rep, rate, mode, args.profile, args.temperature)  # noqa: E731
     result = {
+        "command": " ".join(["python", "bench/tpot_pairs.py", *(argv or sys.argv[1:])]),
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "ours": args.ours, "peer": args.peer, "device": ours.get("device"),
         "git_commit": ours.get("git_commit"), "peer_git_commit": peer.get("git_commit"),
         "rates": [compare(pick(ours, r, args.mode), pick(peer, r, args.peer_mode))
