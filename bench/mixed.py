@@ -366,6 +366,9 @@ MODES = {
     "policy-fuse20-4k": _policy_with(engine=_fuse(0.02, 4096)),
     "policy-fuse20-2k": _policy_with(engine=_fuse(0.02, 2048)),
     "policy-fuse0-4k": _policy_with(engine=_fuse(0.0, 4096)),
+    # ... and, once fused, held fused while any prompt token queues (fuse_decode_hold_tokens).
+    "off-fusehold": Mode("three", False, engine_options=(("fuse_decode_hold_tokens", 1),)),
+    "policy-fusehold": _policy_with(engine=(("fuse_decode_hold_tokens", 1),)),
     "off-nofuse": Mode("three", False, engine_options=_fuse(None, 0)),
     "policy-nofuse": _policy_with(engine=_fuse(None, 0)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):

@@ -245,6 +245,11 @@ class EngineConfig:
     # than without fusing; over HTTP (--engine-process, two runs) TTFT p99 at 14 req/s 106-107
     # against 117-127 ms unfused and vLLM's 114.
     fuse_decode_backlog_tokens: int = 4096
+    # Once a prompt step has carried the decode rows, the next ones do too, without the wait,
+    # while the queue holds at least this many prompt tokens (None: every step decides anew).
+    # A burst's later prompts then compute at the fused rate instead of beside decode steps.
+    # Opt-in, measured once (docs/performance.md).
+    fuse_decode_hold_tokens: int | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
@@ -353,6 +358,9 @@ class EngineConfig:
         least = self.fuse_decode_backlog_tokens
         if not isinstance(least, int) or isinstance(least, bool) or least < 0:
             raise ValueError(f"fuse_decode_backlog_tokens must be an int >= 0, got {least!r}")
+        hold = self.fuse_decode_hold_tokens
+        if hold is not None and (type(hold) is not int or hold < 0):
+            raise ValueError(f"fuse_decode_hold_tokens must be an int >= 0 (or None), got {hold!r}")
         sizes = self.prompt_in_decode_tokens
         ints = isinstance(sizes, tuple) and all(
             isinstance(n, int) and not isinstance(n, bool) and 16 <= n <= 4096 for n in sizes

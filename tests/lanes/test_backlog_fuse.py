@@ -208,3 +208,42 @@ def test_the_token_floor_is_validated_and_on_the_cli():
     assert config_from_args(parser.parse_args(argv)).fuse_decode_backlog_tokens == 4096
     args = parser.parse_args([*argv, "--fuse-decode-backlog-tokens", "0"])  # any backlog
     assert config_from_args(args).fuse_decode_backlog_tokens == 0
+
+
+def test_a_hold_keeps_a_fused_burst_fused_while_prompts_queue():
+    """``fuse_decode_hold_tokens``: once a fused step was planned the backlog lasts, without
+    the wait or the floor, while the queue holds that many tokens; the first check that finds
+    no backlog ends the hold. Without it every check decides anew."""
+    from verifypd.lanes.backlog_fuse import fusing, plan_fused
+
+    for hold in (None, 1):
+        engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.01, fuse_decode_backlog_tokens=60,
+                                         fuse_decode_hold_tokens=hold))  # fmt: skip
+        d, sched = engine.dispatcher, engine.core.scheduler
+        now = [100.0]
+        d.clock = lambda now=now: now[0]
+        for rid, n in (("a", 40), ("b", 30)):
+            engine.core.add_request(rid, list(range(3, 3 + n)), SamplingParams(max_tokens=2))
+            sched.waiting[-1].arrival_time = 100.0
+        now[0] = 100.02
+        assert fusing(d) and not d.fuse_held  # a backlog; no fused step planned yet
+        assert plan_fused(d) is not None and d.fuse_held
+        assert [s.request_id for s in sched.waiting] == []  # both prompts went into that step
+        engine.core.add_request("c", list(range(3, 23)), SamplingParams(max_tokens=2))
+        sched.waiting[-1].arrival_time = now[0]  # 20 tokens, just arrived: no backlog alone
+        assert fusing(d) == (hold is not None)
+        assert d.fuse_held == (hold is not None)
+        sched.waiting.clear()
+        assert not fusing(d) and not d.fuse_held  # the queue drained: the hold is over
+    with pytest.raises(ValueError, match="fuse_decode_hold_tokens"):
+        tiny_config(fuse_decode_hold_tokens=-1)
+    with pytest.raises(ValueError, match="fuse_decode_hold_tokens"):
+        tiny_config(fuse_decode_hold_tokens=True)
+    assert tiny_config().fuse_decode_hold_tokens is None
+
+
+async def test_a_held_burst_serves_token_for_token():
+    plain, _, _ = await _run(None)
+    held, launches, rows = await _run(0.0, fuse_decode_hold_tokens=0)
+    assert held == plain and rows > 0
+    assert any(plan_lane == "mixed" for _, plan_lane, *_ in launches)

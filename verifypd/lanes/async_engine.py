@@ -64,6 +64,7 @@ class AsyncEngine:
             prompt_in_decode_tokens=self.core.prompt_in_decode_tokens,
             fuse_decode_backlog_s=config.fuse_decode_backlog_s,
             fuse_decode_backlog_tokens=config.fuse_decode_backlog_tokens,
+            fuse_decode_hold_tokens=config.fuse_decode_hold_tokens,
             steps_land=not self.executor.enqueues,
         )
         if self.dispatcher.decode_ahead:

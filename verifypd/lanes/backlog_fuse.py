@@ -28,17 +28,25 @@ def fusing(d: LaneDispatcher) -> bool:
     """A backlog: the oldest queued prompt has waited longer than the setting, the queue holds
     at least ``fuse_decode_backlog_tokens`` prompt tokens, and there is room to admit the first
     in the queue (a row free, KV blocks for its first chunk): else a fused step would carry
-    decode rows alone, on the prefill lane's eager path."""
+    decode rows alone, on the prefill lane's eager path. With ``fuse_decode_hold_tokens``, once
+    a fused step was planned the backlog lasts, without the wait, while the queue holds that
+    many tokens; the hold ends with the first check that finds no backlog."""
     limit, sched = d.fuse_decode_backlog_s, d.sched
     if limit is None or not sched.waiting or sched.num_running >= sched.max_num_seqs:
-        return False
-    wait = d._prefill_wait()
-    if wait is None or wait <= limit:
-        return False
-    if not queued_at_least(sched.waiting, d.fuse_decode_backlog_tokens):
+        d.fuse_held = False
         return False
     first = min(sched.waiting[0].num_tokens, sched.max_prefill_chunk)
-    return -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
+    room = -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
+    hold = d.fuse_decode_hold_tokens
+    if d.fuse_held and hold is not None and queued_at_least(sched.waiting, hold) and room:
+        return True
+    wait = d._prefill_wait()
+    backlog = (
+        wait is not None and wait > limit
+        and queued_at_least(sched.waiting, d.fuse_decode_backlog_tokens) and room
+    )  # fmt: skip
+    d.fuse_held = d.fuse_held and backlog
+    return backlog
 
 
 def queued_at_least(waiting: Iterable[Sequence], tokens: int) -> bool:
@@ -71,6 +79,7 @@ def plan_fused(d: LaneDispatcher) -> StepPlan | None:
     if plan is None:
         return None
     plan.in_prompt_step = True
+    d.fuse_held = True
     rows = sum(1 for e in plan.seqs if e.seq.status is not SeqStatus.PREFILLING)
     if rows:
         d.core.observer.decode_fused(rows)

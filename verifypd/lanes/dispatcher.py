@@ -78,6 +78,7 @@ class LaneDispatcher:
         prompt_in_decode_tokens: int = 0,
         fuse_decode_backlog_s: float | None = None,
         fuse_decode_backlog_tokens: int = 0,
+        fuse_decode_hold_tokens: int | None = None,
         steps_land: bool = False,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
@@ -114,6 +115,8 @@ class LaneDispatcher:
         # EngineConfig.fuse_decode_backlog_s and _tokens; None: never).
         self.fuse_decode_backlog_s = None if single_lane else fuse_decode_backlog_s
         self.fuse_decode_backlog_tokens = fuse_decode_backlog_tokens
+        self.fuse_decode_hold_tokens = fuse_decode_hold_tokens
+        self.fuse_held = False  # the last prompt step carried the decode rows
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
