@@ -248,7 +248,8 @@ class EngineConfig:
     # Once a prompt step has carried the decode rows, the next ones do too, without the wait,
     # while the queue holds at least this many prompt tokens (None: every step decides anew).
     # A burst's later prompts then compute at the fused rate instead of beside decode steps.
-    # Opt-in, measured once (docs/performance.md).
+    # Opt-in: two same-call H200 runs (5351e6e) showed no gain beyond the runs' noise, and at
+    # 26 req/s 2-3.5x the rows fused for TTFT p99 -3 %, ITL p99 +3-6 % (docs/performance.md).
     fuse_decode_hold_tokens: int | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
