@@ -246,8 +246,10 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
     ``k`` slowest whose wait overlaps it (one burst; a slow first token elsewhere in the run is
     only named, in ``elsewhere``), in ms from its start: each request arriving in it (id,
     prompt tokens, TTFT), each prompt step folded back in it (lane, tokens, the prompts it
-    ended), and the decode and verify lanes' busy share of it. Needs the client's and the
-    engine's clocks to be one."""
+    ended), and the decode and verify lanes' busy share of it. Each arrival also says when the
+    engine queued it (its own arrival stamp, which the prompt lanes' rules read: ``queued +ms``
+    after the client's), and ``ticks`` the dispatcher ticks that held the event loop for 2 ms
+    or more in the span. Needs the client's and the engine's clocks to be one."""
     ranked = sorted((t for t in traces if t.ttft_s is not None), key=lambda t: -t.ttft_s)[:k]
     if not ranked:
         return None
@@ -263,12 +265,15 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
                 t0, t1 = min(t0, t.arrival), max(t1, t.deltas[0][0])
                 grown = True
     span = FoldedStep("window", t0, t1, 0)
+    queued = {rid: arrived for s in log.steps for rid, arrived, _ in s.prompts_done}
     arrivals = [
         f"{(t.arrival - t0) * 1e3:+.1f} arrive {t.request_id} {t.prompt_len} tok"
-        f" (TTFT {t.ttft_s * 1e3:.1f} ms)"
+        f" (TTFT {t.ttft_s * 1e3:.1f} ms"
+        + (f", queued +{(queued[t.request_id] - t.arrival) * 1e3:.1f} ms)"
+           if t.request_id in queued else ")")
         for t in sorted(traces, key=lambda t: t.arrival)
         if t0 <= t.arrival <= t1 and t.ttft_s is not None
-    ]
+    ]  # fmt: skip
     steps = [
         f"{(s.start - t0) * 1e3:+.1f}..{(s.end - t0) * 1e3:+.1f} {s.lane} {s.num_tokens} tok"
         + (f" ends {','.join(rid for rid, _, _ in s.prompts_done)}" if s.prompts_done else "")
@@ -284,4 +289,6 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
         "prompt_busy_share": _overlap(span, [s for s in log.steps if s.lane in PROMPT_LANES]),
         "arrivals": arrivals,
         "prompt_steps": steps,
-    }
+        "ticks": [f"{(a - t0) * 1e3:+.1f} tick {d * 1e3:.1f} ms" for a, d in log.long_ticks
+                  if a < t1 and a + d > t0],
+    }  # fmt: skip

@@ -27,6 +27,7 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
         step("prefill", 0.06, 0.10, 2000, [("b", 0.020, 0.060)]),
     ]
     log.ticks = [0.001, 0.006, 0.002]  # one tick held the loop 6 ms
+    log.long_ticks = [(0.030, 0.006)]  # ... from 30 ms
     # Client TTFTs (intended arrival -> first delta): a 0.055 s, b 0.090 s; b reached the
     # engine 5 ms after its intended arrival.
     traces = [_trace(loadgen, "a", 0.0, 0.055), _trace(loadgen, "b", 0.015, 0.105)]
@@ -45,7 +46,11 @@ def test_anatomy_splits_ttft_and_measures_shared_time() -> None:
         assert win["slowest"] == ["b", "a"] and win["span_ms"] == pytest.approx(105.0)
         assert win["decode_busy_share"] == pytest.approx(60 / 105)
         assert win["prompt_busy_share"] == pytest.approx(80 / 105)
-        assert win["arrivals"][1] == "+15.0 arrive b 8 tok (TTFT 90.0 ms)"
+        assert win["arrivals"] == [  # b reached the engine's queue 5 ms after its arrival
+            "+0.0 arrive a 8 tok (TTFT 55.0 ms, queued +0.0 ms)",
+            "+15.0 arrive b 8 tok (TTFT 90.0 ms, queued +5.0 ms)",
+        ]
+        assert win["ticks"] == ["+30.0 tick 6.0 ms"]
         assert win["prompt_steps"] == ["+10.0..+50.0 prefill 1000 tok ends a",
                                        "+60.0..+100.0 prefill 2000 tok ends b"]  # fmt: skip
         assert ana.window(log, []) is None
