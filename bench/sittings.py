@@ -17,6 +17,7 @@ beside the JSON draws the ratios against rate, one panel per p99.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -123,8 +124,6 @@ def lines(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import json
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+", help="REPORT.json[:VARIANT]")
     p.add_argument("--profile", default="hetero")

@@ -52,7 +52,7 @@ def pair(ours: dict[str, Any], peer: dict[str, Any], tail: dict[str, Any] | None
     the ``top`` largest growths with what each engine ran then."""
     a, b = token_times(ours["deltas_ms"]), token_times(peer["deltas_ms"])
     n = min(len(a), len(b))
-    ends = {round(g[0], 3): g for g in (tail or {}).get("gaps", [])}
+    tail_gaps = (tail or {}).get("gaps", [])  # one per delta after the first, in order
     by_kind: dict[str, float] = {}
     by_size: dict[str, float] = {}
     growths = []
@@ -67,7 +67,7 @@ def pair(ours: dict[str, Any], peer: dict[str, Any], tail: dict[str, Any] | None
             break
         gap = t - ours["deltas_ms"][k - 1][0]
         grow = (a[last] - b[last]) - (a[j - 1] - b[j - 1])
-        g = ends.get(round(t, 3))
+        g = tail_gaps[k - 1] if k - 1 < len(tail_gaps) else None
         kind = _kind(g)
         size = size_class(gap, tokens)
         by_kind[kind] = by_kind.get(kind, 0.0) + grow

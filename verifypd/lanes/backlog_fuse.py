@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from verifypd.types import NO_SPECULATION, SeqStatus, Sequence, StepPlan
 
 if TYPE_CHECKING:
+    from verifypd.engine.scheduler import Scheduler
     from verifypd.lanes.dispatcher import LaneDispatcher
 
 
@@ -35,18 +36,22 @@ def fusing(d: LaneDispatcher) -> bool:
     if limit is None or not sched.waiting or sched.num_running >= sched.max_num_seqs:
         d.fuse_held = False
         return False
-    first = min(sched.waiting[0].num_tokens, sched.max_prefill_chunk)
-    room = -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
     hold = d.fuse_decode_hold_tokens
-    if d.fuse_held and hold is not None and queued_at_least(sched.waiting, hold) and room:
+    if d.fuse_held and hold is not None and queued_at_least(sched.waiting, hold) and _room(sched):
         return True
     wait = d._prefill_wait()
     backlog = (
         wait is not None and wait > limit
-        and queued_at_least(sched.waiting, d.fuse_decode_backlog_tokens) and room
+        and queued_at_least(sched.waiting, d.fuse_decode_backlog_tokens) and _room(sched)
     )  # fmt: skip
     d.fuse_held = d.fuse_held and backlog
     return backlog
+
+
+def _room(sched: Scheduler) -> bool:
+    """KV blocks for the first queued prompt's first chunk."""
+    first = min(sched.waiting[0].num_tokens, sched.max_prefill_chunk)
+    return -(-first // sched.kv.block_size) <= sched.kv.num_free_blocks
 
 
 def queued_at_least(waiting: Iterable[Sequence], tokens: int) -> bool:
