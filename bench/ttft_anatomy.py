@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from verifypd.lanes import backlog_fuse
+
 PROMPT_LANES = ("prefill", "mixed")
 BIG_STEP_TOKENS = 1024
 LONG_TICK_S = 0.005
@@ -55,6 +57,8 @@ class FoldedStep:
     prompts_done: list[tuple[str, float, float]] = field(default_factory=list)
     # Decode rows' roles (request_id -> ROLES entry; bench/itl_anatomy.py): who got tokens
     rows: dict[str, str] = field(default_factory=dict)
+    # A prompt step's: what the backlog-fuse rule read as it was planned (``fuse_inputs``)
+    fuse: str | None = None
 
 
 # A decode row's role in the step that handed it its tokens: a decode step in which nobody
@@ -80,6 +84,8 @@ class StepLog:
         self._seen: set[int] = set()
         self._drafted: dict[str, str] = {}  # request_id -> role of its drafts, until verified
         self._riders: set[str] = set()  # plain rows launched behind others' drafts
+        self._fuse_read: str | None = None  # fuse_inputs at the prefill lane's last planning
+        self._fuse_of: dict[int, str | None] = {}  # id(plan) -> its fuse_inputs, until folded
 
     def attach(self, dispatcher: Any) -> StepLog:
         inner = dispatcher._fold
@@ -92,6 +98,7 @@ class StepLog:
             inner(flight, seconds)
             step = FoldedStep(plan.lane, flight.start, dispatcher.clock(), plan.num_tokens)
             step.rows = roles
+            step.fuse = self._fuse_of.pop(id(plan), None)
             for seq in prompting:
                 if seq.num_output_tokens > 0 and seq.seq_id not in self._seen:
                     self._seen.add(seq.seq_id)
@@ -115,6 +122,8 @@ class StepLog:
                         self._drafted[rid] = role
                     elif e.num_new_tokens == 1:
                         self._riders.add(rid)
+            if plan.lane in PROMPT_LANES:
+                self._fuse_of[id(plan)], self._fuse_read = self._fuse_read, None
             start = dispatcher.clock()
             try:
                 return await launch(lane, plan)
@@ -136,6 +145,15 @@ class StepLog:
                     self.long_ticks.append((t, took))
 
         dispatcher.tick = timed_tick
+        if hasattr(dispatcher, "_plan"):
+            plan_lane = dispatcher._plan
+
+            def noted_plan(lane):
+                if lane == "prefill":  # its plan is a fused one in a backlog
+                    self._fuse_read = fuse_inputs(dispatcher)
+                return plan_lane(lane)
+
+            dispatcher._plan = noted_plan
         return self
 
     def _roles(self, plan: Any) -> dict[str, str]:
@@ -152,6 +170,24 @@ class StepLog:
                 out[rid] = "rider" if rid in self._riders else "plain"
                 self._riders.discard(rid)
         return out
+
+
+def fuse_inputs(d: Any) -> str | None:
+    """What the backlog-fuse rule (``verifypd.lanes.backlog_fuse``) reads as the prefill lane
+    plans: the oldest queued prompt's wait, the queued prompt tokens, KV room for the first,
+    the running rows, and whether a decode step is in flight or launched ahead (a fused plan
+    then waits for it) or a verify step (its rows cannot ride). None: no rule, or no queue."""
+    sched = d.sched
+    if d.fuse_decode_backlog_s is None or not sched.waiting:
+        return None
+    queued = sum(s.num_tokens - s.num_computed_tokens for s in sched.waiting)
+    busy = [lane for lane in ("decode", "verify") if lane in d.in_flight]
+    if d.ahead.step is not None:
+        busy.append("decode ahead")
+    return (f"wait {d._prefill_wait() * 1e3:.1f} ms, queued {queued} tok, "
+            f"{'room' if backlog_fuse._room(sched) else 'no room'}, "
+            f"running {sched.num_running}/{sched.max_num_seqs}, "
+            f"{' + '.join(busy) + ' busy' if busy else 'decode idle'}")  # fmt: skip
 
 
 def _median(values: list[float]) -> float | None:
@@ -277,6 +313,7 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
     steps = [
         f"{(s.start - t0) * 1e3:+.1f}..{(s.end - t0) * 1e3:+.1f} {s.lane} {s.num_tokens} tok"
         + (f" ends {','.join(rid for rid, _, _ in s.prompts_done)}" if s.prompts_done else "")
+        + (f" [{s.fuse}]" if s.fuse else "")
         for s in sorted(log.steps, key=lambda s: s.start)
         if s.lane in PROMPT_LANES and s.end > t0 and s.start < t1
     ]

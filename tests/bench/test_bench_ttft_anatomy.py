@@ -117,3 +117,49 @@ def test_steplog_marks_prompts_ended_in_any_lane() -> None:
     disp._fold(NS(plan=mixed, start=0.012), 0.0)
     assert [rid for rid, _, _ in log.steps[0].prompts_done] == ["short"]
     assert log.steps[1].prompts_done == []
+
+
+def test_prompt_steps_carry_what_the_fuse_rule_read() -> None:
+    """The prefill lane's planning notes the backlog-fuse rule's inputs; the prompt step
+    launched from that plan carries them into the window (a decode step's plan does not)."""
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    ana = load_bench("ttft_anatomy")
+
+    def seq(rid: str, tokens: int):
+        return NS(request_id=rid, seq_id=rid, num_tokens=tokens, num_computed_tokens=0,
+                  num_output_tokens=0, arrival_time=0.0, first_scheduled_time=0.001)  # fmt: skip
+
+    waiting = [seq("a", 1846), seq("b", 152)]
+    sched = NS(waiting=waiting, num_running=16, max_num_seqs=64, max_prefill_chunk=8192,
+               kv=NS(block_size=16, num_free_blocks=116))  # fmt: skip
+    clock = iter([0.030, 0.031, 0.032, 0.080, 0.081, 0.090])
+
+    async def launch(lane, plan):
+        return True
+
+    disp = NS(sched=sched, fuse_decode_backlog_s=0.02, in_flight={"verify": object()},
+              ahead=NS(step=None), _prefill_wait=lambda: 0.0296, _fold=lambda f, s: None,
+              _launch=launch, tick=None, clock=lambda: next(clock),
+              _plan=lambda lane: NS(lane=lane, num_tokens=1998, seqs=[]))  # fmt: skip
+    log = ana.StepLog().attach(disp)
+    read = "wait 29.6 ms, queued 1998 tok, room, running 16/64, verify busy"
+    assert ana.fuse_inputs(disp) == read
+    prompt = disp._plan("prefill")
+    decode = disp._plan("decode")  # planned in between: takes nothing the prompt step read
+    asyncio.run(disp._launch("decode", decode))
+    asyncio.run(disp._launch("prefill", prompt))
+    disp._fold(NS(plan=prompt, start=0.032), 0.05)
+    assert log.steps[-1].fuse == read
+    sched.kv.num_free_blocks = 115  # one short of the 1,846-token first chunk
+    disp.ahead.step = object()
+    assert ana.fuse_inputs(disp) == (
+        "wait 29.6 ms, queued 1998 tok, no room, running 16/64, verify + decode ahead busy"
+    )
+    disp.fuse_decode_backlog_s = None
+    assert ana.fuse_inputs(disp) is None
+    step = ana.FoldedStep("prefill", 0.0, 0.05, 1998, fuse=read)
+    traces = [_trace(load_bench("loadgen"), "a", 0.0, 0.06)]
+    line = ana.window(NS(steps=[step], long_ticks=[]), traces)["prompt_steps"]
+    assert line == [f"+0.0..+50.0 prefill 1998 tok [{read}]"] or not ana.SAME_CLOCK
