@@ -205,7 +205,7 @@ def engine_sweep(
         warm(llm.loop, llm.engine, warmup, plan.temperatures)
         report["sweep_engines"][name]["warmup_process"] = counters.since(base)
         logged = args.ttft_anatomy or args.itl_anatomy
-        steps = StepLog().attach(llm.engine.dispatcher) if logged else None
+        steps = StepLog().attach(llm.engine.dispatcher, llm.loop) if logged else None
         for rate, profile, temp in plan.runs():
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, name)):
                 continue
@@ -254,6 +254,8 @@ def engine_sweep(
                                              "temperature": temp, "mode": name,
                                              **error_record(exc)}  # fmt: skip
             record_run(run, row, res["samples"])
+        if steps is not None:
+            steps.close()
     finally:
         counters.close()
         close_engine(llm)

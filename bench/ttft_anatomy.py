@@ -26,6 +26,7 @@ verify lanes' busy share of that span.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ BIG_STEP_TOKENS = 1024
 LONG_TICK_S = 0.005
 BACK_TO_BACK_S = 0.010  # a prompt step launched this soon after the last one's fold-back
 LOG_TICK_S = 0.002  # ticks at least this long are kept with their start (itl_anatomy.worst)
+PROBE_S = 0.001  # the loop-lag probe's sleep (``StepLog.attach`` with a loop)
 # The client (loadgen, perf_counter) and the engine (Sequence.arrival_time, monotonic) share a
 # clock where both read the same one (CLOCK_MONOTONIC on Linux): then deliver splits.
 SAME_CLOCK = (
@@ -86,8 +88,14 @@ class StepLog:
         self._riders: set[str] = set()  # plain rows launched behind others' drafts
         self._fuse_read: str | None = None  # fuse_inputs at the prefill lane's last planning
         self._fuse_of: dict[int, str | None] = {}  # id(plan) -> its fuse_inputs, until folded
+        # (due, late s) of each wake-up of the loop-lag probe at least LOG_TICK_S late: the
+        # event loop held by something (a tick's host section, a collection, the client)
+        self.loop_lags: list[tuple[float, float]] = []
 
-    def attach(self, dispatcher: Any) -> StepLog:
+    def attach(self, dispatcher: Any, loop: asyncio.AbstractEventLoop | None = None) -> StepLog:
+        """Wraps the dispatcher's fold-back, launch, tick and planning; with ``loop``, also
+        starts the loop-lag probe there (``close`` stops it)."""
+        self._probe = None if loop is None else loop.create_task(self._watch_loop())
         inner = dispatcher._fold
 
         def fold(flight, seconds):
@@ -155,6 +163,20 @@ class StepLog:
 
             dispatcher._plan = noted_plan
         return self
+
+    async def _watch_loop(self) -> None:
+        """Sleeps ``PROBE_S`` at a time and notes each wake-up that came late (not across a
+        stop of the loop between runs: a second or more)."""
+        while True:
+            due = time.perf_counter() + PROBE_S
+            await asyncio.sleep(PROBE_S)
+            late = time.perf_counter() - due
+            if LOG_TICK_S <= late < 1.0:
+                self.loop_lags.append((due, late))
+
+    def close(self) -> None:
+        if getattr(self, "_probe", None) is not None:
+            self._probe.cancel()
 
     def _roles(self, plan: Any) -> dict[str, str]:
         """The ``ROLES`` of a decode, verify or mixed step's decode rows (prompt chunks have
@@ -282,10 +304,14 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
     ``k`` slowest whose wait overlaps it (one burst; a slow first token elsewhere in the run is
     only named, in ``elsewhere``), in ms from its start: each request arriving in it (id,
     prompt tokens, TTFT), each prompt step folded back in it (lane, tokens, the prompts it
-    ended), and the decode and verify lanes' busy share of it. Each arrival also says when the
-    engine queued it (its own arrival stamp, which the prompt lanes' rules read: ``queued +ms``
-    after the client's), and ``ticks`` the dispatcher ticks that held the event loop for 2 ms
-    or more in the span. Needs the client's and the engine's clocks to be one."""
+    ended, what the backlog-fuse rule read as it was planned), and the decode and verify
+    lanes' busy share of it. Each arrival also says when the engine queued it (its own
+    arrival stamp, which the prompt lanes' rules read: ``queued +ms`` after the client's);
+    ``ticks`` lists the dispatcher ticks of 2 ms or more (their awaits included) and
+    ``loop_late`` the event loop's wake-ups 2 ms or more late (``StepLog.attach`` with a
+    loop). Arrivals, ticks and wake-ups are listed from the launch of the prompt step in
+    flight as the span opens (what the burst's first prompts queued behind), at negative ms.
+    Needs the client's and the engine's clocks to be one."""
     ranked = sorted((t for t in traces if t.ttft_s is not None), key=lambda t: -t.ttft_s)[:k]
     if not ranked:
         return None
@@ -301,6 +327,8 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
                 t0, t1 = min(t0, t.arrival), max(t1, t.deltas[0][0])
                 grown = True
     span = FoldedStep("window", t0, t1, 0)
+    lead = min([t0] + [s.start for s in log.steps
+                       if s.lane in PROMPT_LANES and s.start < t0 < s.end])  # fmt: skip
     queued = {rid: arrived for s in log.steps for rid, arrived, _ in s.prompts_done}
     arrivals = [
         f"{(t.arrival - t0) * 1e3:+.1f} arrive {t.request_id} {t.prompt_len} tok"
@@ -308,7 +336,7 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
         + (f", queued +{(queued[t.request_id] - t.arrival) * 1e3:.1f} ms)"
            if t.request_id in queued else ")")
         for t in sorted(traces, key=lambda t: t.arrival)
-        if t0 <= t.arrival <= t1 and t.ttft_s is not None
+        if lead <= t.arrival <= t1 and t.ttft_s is not None
     ]  # fmt: skip
     steps = [
         f"{(s.start - t0) * 1e3:+.1f}..{(s.end - t0) * 1e3:+.1f} {s.lane} {s.num_tokens} tok"
@@ -327,5 +355,7 @@ def window(log: StepLog, traces: list, k: int = 3) -> dict[str, Any] | None:
         "arrivals": arrivals,
         "prompt_steps": steps,
         "ticks": [f"{(a - t0) * 1e3:+.1f} tick {d * 1e3:.1f} ms" for a, d in log.long_ticks
-                  if a < t1 and a + d > t0],
+                  if a < t1 and a + d > lead],
+        "loop_late": [f"{(a - t0) * 1e3:+.1f} loop {d * 1e3:.1f} ms late"
+                      for a, d in log.loop_lags if lead <= a < t1],
     }  # fmt: skip

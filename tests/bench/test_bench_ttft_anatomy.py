@@ -159,7 +159,54 @@ def test_prompt_steps_carry_what_the_fuse_rule_read() -> None:
     )
     disp.fuse_decode_backlog_s = None
     assert ana.fuse_inputs(disp) is None
-    step = ana.FoldedStep("prefill", 0.0, 0.05, 1998, fuse=read)
-    traces = [_trace(load_bench("loadgen"), "a", 0.0, 0.06)]
-    line = ana.window(NS(steps=[step], long_ticks=[]), traces)["prompt_steps"]
-    assert line == [f"+0.0..+50.0 prefill 1998 tok [{read}]"] or not ana.SAME_CLOCK
+    if ana.SAME_CLOCK:  # the window: the step with what the rule read
+        log = ana.StepLog()
+        log.steps = [ana.FoldedStep("prefill", 0.0, 0.05, 1998, fuse=read)]
+        traces = [_trace(load_bench("loadgen"), "a", 0.0, 0.06)]
+        assert ana.window(log, traces)["prompt_steps"] == [f"+0.0..+50.0 prefill 1998 tok [{read}]"]
+
+
+def test_window_lead_in_and_the_loop_probe() -> None:
+    """Arrivals, ticks and late wake-ups are listed from the launch of the prompt step in
+    flight as the window opens; the probe notes a loop held by a blocking call."""
+    import asyncio
+    import time
+    from types import SimpleNamespace as NS
+
+    ana, loadgen = load_bench("ttft_anatomy"), load_bench("loadgen")
+    loop = asyncio.new_event_loop()
+    disp = NS(_fold=None, _launch=None, tick=None, clock=time.perf_counter)
+    log = ana.StepLog().attach(disp, loop)
+
+    async def hold() -> None:
+        await asyncio.sleep(0.01)
+        time.sleep(0.03)  # holds the loop: the probe wakes ~30 ms late
+        await asyncio.sleep(0.01)
+
+    try:
+        loop.run_until_complete(hold())
+        log.close()
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert any(0.02 <= late < 0.2 for _, late in log.loop_lags), log.loop_lags
+    if not ana.SAME_CLOCK:
+        return
+    # A prompt step from -40 ms ends at +10; "early" arrived at -20 and was queued 15 ms late.
+    log = ana.StepLog()
+    early = _trace(loadgen, "early", -0.020, 0.060)
+    log.steps = [
+        ana.FoldedStep("prefill", -0.040, 0.010, 1600),
+        ana.FoldedStep("prefill", 0.011, 0.100, 2800, [("slow", 0.0, 0.011)]),
+        ana.FoldedStep("prefill", 0.101, 0.150, 1000, [("early", -0.005, 0.101)]),
+    ]
+    log.long_ticks = [(-0.030, 0.004), (-0.050, 0.004)]  # the second before the lead-in
+    log.loop_lags = [(-0.019, 0.015)]
+    win = ana.window(log, [_trace(loadgen, "slow", 0.0, 0.101), early], k=1)
+    assert win["slowest"] == ["slow"] and win["span_ms"] == pytest.approx(101.0)
+    assert win["arrivals"] == [
+        "-20.0 arrive early 8 tok (TTFT 80.0 ms, queued +15.0 ms)",
+        "+0.0 arrive slow 8 tok (TTFT 101.0 ms, queued +0.0 ms)",
+    ]
+    assert win["ticks"] == ["-30.0 tick 4.0 ms"]
+    assert win["loop_late"] == ["-19.0 loop 15.0 ms late"]
