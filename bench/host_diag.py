@@ -22,6 +22,7 @@ import functools
 import gc
 import inspect
 import io
+import itertools
 import json
 import pstats
 import sys
@@ -48,8 +49,10 @@ from verifypd.lanes import deltas, dispatcher, spec_policy  # noqa: E402
 
 SLOW_S = 3e-3
 # --cprofile: the calls profiled, each kind on its own (a drafting launch, a plain launch, the
-# next round's drafts made behind a verify, the drafting of a round: catch-up feeds included)
-PROFILED = ("launch+drafts", "launch", "DraftChainer.chain", "SpeculationPolicy.propose")
+# next round's drafts made behind a verify, the drafting of a round: catch-up feeds included,
+# and each piece of a prompt step enqueued in pieces, EngineConfig.prefill_slice_layers)
+PROFILED = ("launch+drafts", "launch", "DraftChainer.chain", "SpeculationPolicy.propose",
+            "launch_iter")  # fmt: skip
 WRAPPED = [
     (dispatcher.LaneDispatcher, ("_plan", "_draft", "_fold", "_report", "_mark_contention")),
     (spec_policy.SpeculationPolicy, ("decide", "propose", "after_launch", "step_landed")),
@@ -79,6 +82,7 @@ class HostLog:
         self.slow: dict[str, list[float]] = collections.defaultdict(list)
         self.took: dict[str, list[float]] = collections.defaultdict(list)  # every call, s
         self.launches: list[dict[str, Any]] = []
+        self.pieces: list[dict[str, Any]] = []  # slow pieces of steps launched in pieces
         self.gc_pauses: list[tuple[int, float]] = []
         self._gc_start: float | None = None
         self._saved: list[tuple[Any, str, Any]] = []
@@ -130,6 +134,9 @@ class HostLog:
                 self._saved.append((cls, name, f))
                 key = f"{cls.__name__}.{name}"
                 setattr(cls, name, self._launch(f) if name == "launch" else self.timed(key, f))
+        f = runner.ModelRunner.__dict__["launch_iter"]
+        self._saved.append((runner.ModelRunner, "launch_iter", f))
+        runner.ModelRunner.launch_iter = self._launch_iter(f)
         for module, names in WRAPPED_FUNCTIONS:
             for name in names:
                 f = getattr(module, name)
@@ -170,6 +177,38 @@ class HostLog:
                     })  # fmt: skip
 
         return launch
+
+    def _launch_iter(self, f):
+        """Times each piece of a step launched in pieces (``ModelRunner.launch_iter``: the
+        event loop runs between them, not inside one); the slow ones are kept in order."""
+
+        @functools.wraps(f)
+        def launch_iter(model_runner, plan, every=0):
+            pieces = f(model_runner, plan, every)
+            key = f"ModelRunner.launch_iter[{plan.lane}]"
+            for index in itertools.count():
+                t = time.perf_counter()
+                self._open.append({})
+                done = False
+                try:
+                    with self._profiled("launch_iter"):
+                        next(pieces)
+                except StopIteration as stop:
+                    done, value = True, stop.value
+                finally:
+                    took = time.perf_counter() - t
+                    self.took[key].append(took)
+                    self._close(key, took)
+                    if took >= SLOW_S:
+                        self.pieces.append({
+                            "ms": round(took * 1e3, 2), "lane": plan.lane, "piece": index,
+                            "last": done, "rows": len(plan.seqs), "tokens": plan.num_tokens,
+                        })  # fmt: skip
+                if done:
+                    return value
+                yield
+
+        return launch_iter
 
     @contextlib.contextmanager
     def _profiled(self, key: str):
@@ -223,10 +262,11 @@ class HostLog:
         }
         return {"slow_s": SLOW_S, "every_call": every, "slow_calls": slow,
                 "slow_inside": inside, "slow_launches": self.launches,
+                "slow_pieces": self.pieces,
                 "gc_pauses_ms": self.gc_pauses}  # fmt: skip
 
 
-_LONG = ("slow_launches", "slow_inside")  # in the file, not printed
+_LONG = ("slow_launches", "slow_inside", "slow_pieces")  # in the file, not printed
 
 
 def inside_summed(inside: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:

@@ -23,6 +23,7 @@ def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> No
     before = (
         LaneDispatcher.__dict__["_plan"],
         ModelRunner.__dict__["launch"],
+        ModelRunner.__dict__["launch_iter"],
         speculative.chunked_catch_up,
     )
     args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
@@ -30,6 +31,7 @@ def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> No
     after = (
         LaneDispatcher.__dict__["_plan"],
         ModelRunner.__dict__["launch"],
+        ModelRunner.__dict__["launch_iter"],
         speculative.chunked_catch_up,
     )
     assert after == before
@@ -83,3 +85,34 @@ def test_host_diag_splits_a_slow_call_into_the_calls_inside_it(tmp_path, monkeyp
     summed = diag.inside_summed(kept)["SpeculationPolicy.propose"]
     assert summed["calls"] == len(outer)
     assert summed["ms"] == pytest.approx(sum(c["ms"] for c in outer), abs=0.05)
+
+
+def test_host_diag_times_each_piece_of_a_launch_in_pieces(monkeypatch) -> None:
+    """A step launched in pieces (GPU: ``ModelRunner.launch_iter``, the event loop running
+    between them): each piece is timed on its own, the slow ones kept in order with their
+    index, and the wrapped generator still yields once per pause and returns the step."""
+    import time
+    from types import SimpleNamespace as NS
+
+    diag = load_bench("host_diag")
+    monkeypatch.setattr(diag, "SLOW_S", 0.004)
+
+    def launch_iter(model_runner, plan, every=0):
+        time.sleep(0.001)  # quick: not kept
+        yield
+        time.sleep(0.006)  # the slow piece
+        yield
+        return "pending"
+
+    log = diag.HostLog()
+    wrapped = log._launch_iter(launch_iter)
+    plan = NS(lane="prefill", seqs=[1, 2], num_tokens=1998)
+    gen = wrapped(None, plan, 4)
+    assert [next(gen), next(gen)] == [None, None]
+    with pytest.raises(StopIteration) as stop:
+        next(gen)
+    assert stop.value.value == "pending"
+    assert len(log.took["ModelRunner.launch_iter[prefill]"]) == 3
+    assert [(p["piece"], p["last"], p["tokens"]) for p in log.pieces] == [(1, False, 1998)]
+    assert log.pieces[0]["ms"] >= 6.0
+    assert log.summary()["slow_pieces"] == log.pieces
