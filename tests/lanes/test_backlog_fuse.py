@@ -247,3 +247,24 @@ async def test_a_held_burst_serves_token_for_token():
     held, launches, rows = await _run(0.0, fuse_decode_hold_tokens=0)
     assert held == plain and rows > 0
     assert any(plan_lane == "mixed" for _, plan_lane, *_ in launches)
+
+
+def test_the_rule_reads_the_arrival_the_front_stamped(tiny_core) -> None:
+    """A request's wait counts from the arrival its front stamped (``add_request``'s
+    ``arrival_time``), not from when this loop got to it; a stamp in the future (or NaN)
+    counts as now."""
+    import time
+
+    from verifypd.lanes.backlog_fuse import fusing
+
+    engine = AsyncEngine(tiny_config(fuse_decode_backlog_s=0.02, fuse_decode_backlog_tokens=0))
+    params = SamplingParams(max_tokens=2)
+    engine.core.add_request("now", [1, 2, 3], params)
+    assert not fusing(engine.dispatcher)  # waited under 20 ms
+    stamp = time.monotonic() - 0.05
+    [early] = engine.core.add_request("early", [4, 5, 6], params, arrival_time=stamp)
+    assert early.arrival_time == stamp and fusing(engine.dispatcher)
+    for i, odd in enumerate((time.monotonic() + 10.0, float("nan"))):
+        before = time.monotonic()
+        [seq] = tiny_core.add_request(f"odd{i}", [1, 2], params, arrival_time=odd)
+        assert before <= seq.arrival_time <= time.monotonic()

@@ -218,3 +218,37 @@ def _wait_gone(pid: int) -> None:
         os.kill(pid, 0)
         time.sleep(0.01)
     raise AssertionError(f"process {pid} still exists")
+
+
+async def test_the_front_stamps_each_arrival_for_the_engine() -> None:
+    """The front takes the request's arrival (its own loop is not the one a step launch
+    holds) and sends it with the request; the engine process's relay admits it with it."""
+    from types import SimpleNamespace as NS
+
+    from verifypd.serve.engine_worker import RecordingObserver, Relay
+
+    sent: list[tuple] = []
+    remote = RemoteEngine.__new__(RemoteEngine)  # no child process: the wire is what counts
+    remote._queues, remote.closed = {}, asyncio.Event()
+
+    async def start() -> None:
+        pass
+
+    remote.start, remote._send = start, sent.append
+    params = SamplingParams(max_tokens=1)
+    before = time.monotonic()
+    waiting = asyncio.ensure_future(remote.generate("r", [1, 2], params).__anext__())
+    await asyncio.sleep(0)
+    kind, rid, prompt, got, arrival = sent[0]
+    assert (kind, rid, prompt, got) == ("add", "r", [1, 2], params)
+    assert before <= arrival <= time.monotonic()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert sent[-1] == ("abort", "r")  # the request left before its last delta
+
+    submitted: list[tuple] = []
+    relay = Relay(NS(submit=lambda *args: submitted.append(args)), RecordingObserver(), None)
+    relay.touch = lambda: None
+    relay.add("r", [1, 2], params, arrival)
+    assert submitted == [("r", [1, 2], params, relay.deliver, arrival)]

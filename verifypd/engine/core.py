@@ -143,14 +143,22 @@ class EngineCore:
         return self.limits.max_choice_len(n)
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> list[Sequence]:
+        """``arrival_time`` (``time.monotonic()``; None: now): when the request reached the
+        front, read by the queue's rules; a time in the future (or NaN) counts as now."""
         if request_id in self.requests:
             raise ParamError(None, f"duplicate request id {request_id!r}")
         self.validate(prompt_token_ids, params)
         resolve_bad_words(params, self.tokenizer)
         grammar = self.grammars.compile(params.structured)  # ParamError when it is invalid
         now = time.monotonic()
+        if arrival_time is not None and arrival_time <= now:
+            now = arrival_time
         states = []
         for i in range(params.n):
             seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)

@@ -109,12 +109,17 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ requests
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yields deltas for every choice of the request; aborts it if the consumer leaves."""
+        """Yields deltas for every choice of the request; aborts it if the consumer leaves.
+        ``arrival_time``: ``submit``'s."""
         await self.start()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.submit(request_id, prompt_token_ids, params, queue.put_nowait)
+        self.submit(request_id, prompt_token_ids, params, queue.put_nowait, arrival_time)
         remaining = params.n
         try:
             while remaining:
@@ -133,12 +138,15 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         sink: Callable[[RequestOutput], None],
+        arrival_time: float | None = None,
     ) -> None:
         """Admit a request whose deltas go to ``sink`` until its last choice finishes
         (``generate`` hands them to its iterator; the engine process's relay,
         ``serve.engine_worker``, to its socket). Raises ``ParamError`` for input that can
-        never be served; ``abort`` ends it. Call after ``start``."""
-        self.core.add_request(request_id, list(prompt_token_ids), params)
+        never be served; ``abort`` ends it. Call after ``start``. ``arrival_time``
+        (``time.monotonic()``, None: now): when it reached the front, where that is not this
+        loop (``serve.engine_process`` stamps it there: this loop may be held by a launch)."""
+        self.core.add_request(request_id, list(prompt_token_ids), params, arrival_time)
         remaining = params.n
 
         def take(out: RequestOutput) -> None:

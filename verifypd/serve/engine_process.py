@@ -22,6 +22,7 @@ import logging
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -140,9 +141,12 @@ class RemoteEngine:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of every choice; a ``ParamError`` raised by the engine's admission is raised
-        here; closing early aborts the request in the engine process."""
+        here; closing early aborts the request in the engine process. Its arrival is stamped
+        here (``time.monotonic()``, one clock for both processes): the engine's loop, busy
+        enqueueing steps, reads the socket late, and its queue rules read the wait."""
+        arrival = time.monotonic()
         await self.start()
-        self._send(("add", request_id, list(prompt_token_ids), params))
+        self._send(("add", request_id, list(prompt_token_ids), params, arrival))
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         remaining = params.n

@@ -74,9 +74,11 @@ class Relay:
         self.outputs.append(out)
         self.touch()
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, arrival: float
+    ) -> None:
         try:
-            self.engine.submit(request_id, prompt, params, self.deliver)
+            self.engine.submit(request_id, prompt, params, self.deliver, arrival)
         except ParamError as err:
             self.refused.append((request_id, True, err.param, str(err)))
         except Exception as exc:  # this request fails (a 500), nobody else does
