@@ -366,6 +366,10 @@ MODES = {
     "policy-fuse20-4k": _policy_with(engine=_fuse(0.02, 4096)),
     "policy-fuse20-2k": _policy_with(engine=_fuse(0.02, 2048)),
     "policy-fuse0-4k": _policy_with(engine=_fuse(0.0, 4096)),
+    # ... after 10 ms: the engine's arrival stamps lag the client's by up to ~20 ms while a
+    # prompt step is enqueued, and at 14 req/s the 20 ms rule then read 10-18 ms for a
+    # prompt that had waited ~31 (bench/burst_windows.py, docs/performance.md).
+    "policy-fuse10-4k": _policy_with(engine=_fuse(0.01, 4096)),
     # ... and, once fused, held fused while any prompt token queues (fuse_decode_hold_tokens).
     "off-fusehold": Mode("three", False, engine_options=(("fuse_decode_hold_tokens", 1),)),
     "policy-fusehold": _policy_with(engine=(("fuse_decode_hold_tokens", 1),)),

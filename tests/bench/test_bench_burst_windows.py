@@ -56,6 +56,7 @@ def test_burst_rows_from_result_files(tmp_path: Path) -> None:
     assert got["off"]["steps"][1] == ("mixed", 2007, 10.4, 4801)
     assert (got["off"]["fused_steps"], got["off"]["unfused_burst_steps"]) == (1, 0)
     assert (got["policy"]["fused_steps"], got["policy"]["unfused_burst_steps"]) == (0, 1)
+    assert got["policy"]["first_burst_wait_ms"] == 10.4  # the 1,628-token step read nothing
     assert bw.fuse_kind(got["policy"]) == "unfused" and bw.fuse_kind(got["off"]) == "fused"
     saved = json.loads(out.read_text())
     assert [r["ttft_p99_ms"] for r in saved["rows"]] == [101.0, 121.0]
@@ -73,4 +74,5 @@ def test_a_window_without_fuse_reads_is_not_judged() -> None:
     assert row["unfused_burst_steps"] is None and bw.fuse_kind(row) == "not logged"
     assert row["max_queued_late_ms"] is None and row["loop_late"] is None
     assert row["steps"] == [("prefill", 1998, None, None)]
+    assert row["first_burst_wait_ms"] is None
     assert bw.window_row({"mode": "off", "rate": 14.0, "ttft_p99_ms": 50.0}) is None
