@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from common import format_table, save_figure, write_json  # noqa: E402
+from common import format_table, save_figure, write_json_and_plot  # noqa: E402
 from result_files import load_result  # noqa: E402
 
 FLOOR = 4096  # EngineConfig.fuse_decode_backlog_tokens' default
@@ -88,7 +88,8 @@ def rows_of(paths: list[str], rate: float, floor: int = FLOOR) -> list[dict[str,
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    rows = result["rows"]
     try:
         import matplotlib
 
@@ -132,11 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               r["unfused_burst_steps"], (r["loop_late"] or {}).get("max_ms")]
              for r in rows]  # fmt: skip
     print(format_table(head, cells))
-    if args.out:
-        out = Path(args.out)
-        write_json(out, result)
-        png = plot(rows, out.with_suffix(".png"))
-        print(f"wrote {out}" + (f" and {png}" if png else ""))
+    write_json_and_plot(args.out, result, plot)
     return result
 
 

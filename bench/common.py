@@ -267,6 +267,16 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def write_json_and_plot(out: str | None, result: dict[str, Any], plot) -> None:
+    """A report tool's ``--out``: the JSON there and ``plot(result, PNG path)``'s figure beside
+    it (``plot`` returns the path, or None without matplotlib); nothing without ``--out``."""
+    if not out:
+        return
+    path = write_json(Path(out), result)
+    png = plot(result, path.with_suffix(".png"))
+    print(f"wrote {path}" + (f" and {png}" if png else ""))
+
+
 def json_default(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # configs: every field
         return dataclasses.asdict(obj)

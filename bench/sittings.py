@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from common import format_table, save_figure, write_json  # noqa: E402
+from common import format_table, save_figure, write_json_and_plot  # noqa: E402
 
 METRICS = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
 VARIANT_KEYS = ("variants_ahead_of_vllm", "http_variants_ahead_of_vllm")
@@ -145,11 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sittings": sittings, "cells": combine(sittings),
     }  # fmt: skip
     print("\n".join(lines(result)))
-    if args.out:
-        out = Path(args.out)
-        write_json(out, result)
-        png = plot(result, out.with_suffix(".png"))
-        print(f"wrote {out}" + (f" and {png}" if png else ""))
+    write_json_and_plot(args.out, result, plot)
     return result
 
 
