@@ -74,6 +74,7 @@ class StepLog:
     """Every step a dispatcher folds back in (``attach``), until ``reset``."""
 
     def __init__(self) -> None:
+        self._probe: asyncio.Task | None = None  # the loop-lag probe (``attach`` with a loop)
         self.reset()
 
     def reset(self) -> None:
@@ -175,8 +176,10 @@ class StepLog:
                 self.loop_lags.append((due, late))
 
     def close(self) -> None:
-        if getattr(self, "_probe", None) is not None:
+        """Stops the loop-lag probe (it ends at the loop's next turn)."""
+        if self._probe is not None:
             self._probe.cancel()
+            self._probe = None
 
     def _roles(self, plan: Any) -> dict[str, str]:
         """The ``ROLES`` of a decode, verify or mixed step's decode rows (prompt chunks have
