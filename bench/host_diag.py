@@ -8,7 +8,12 @@ result (``--out``). With ``--cprofile`` the drafting launches, the plain ones, t
 drafting and the proposals are each profiled (cProfile, on only inside those calls, which slows
 them by about a fifth) into ``host-diag-<tag>.pstats.txt``::
 
-    python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile]
+    python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile] \
+        [--slow-callbacks MS]
+
+With ``--slow-callbacks MS`` the engines' loops run in asyncio's debug mode and every callback
+that holds the loop for MS or more is kept, named (``bench/loop_callbacks.py``), under
+``slow_callbacks``.
 
 A diagnostic for the ITL tail's "slow launches" (docs/performance.md), not a benchmark.
 """
@@ -35,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import mixed  # noqa: E402
+from bench.loop_callbacks import SlowCallbacks  # noqa: E402
 from verifypd.controller import goodput  # noqa: E402
 from verifypd.engine import (  # noqa: E402
     chained_drafts,
@@ -266,7 +272,8 @@ class HostLog:
                 "gc_pauses_ms": self.gc_pauses}  # fmt: skip
 
 
-_LONG = ("slow_launches", "slow_inside", "slow_pieces")  # in the file, not printed
+# in the file, not printed
+_LONG = ("slow_launches", "slow_inside", "slow_pieces", "slow_callbacks")
 
 
 def inside_summed(inside: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
@@ -282,19 +289,40 @@ def inside_summed(inside: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str
     return out
 
 
+def _own_options(argv: list[str]) -> tuple[bool, float | None, list[str]]:
+    """``--cprofile`` and ``--slow-callbacks MS`` (ours), and the rest (bench/mixed.py's)."""
+    profile, slow_ms, rest = False, None, []
+    args = iter(argv)
+    for a in args:
+        if a == "--cprofile":
+            profile = True
+        elif a == "--slow-callbacks":
+            slow_ms = float(next(args, "nan"))
+            if not slow_ms > 0:
+                raise SystemExit("--slow-callbacks takes a threshold in ms above 0")
+        else:
+            rest.append(a)
+    return profile, slow_ms, rest
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = sys.argv[1:] if argv is None else argv
-    profile = "--cprofile" in argv  # ours; the rest are bench/mixed.py's
-    argv = [a for a in argv if a != "--cprofile"]
+    profile, slow_ms, argv = _own_options(sys.argv[1:] if argv is None else argv)
     log = HostLog(profile)
     log.install()
+    slow = SlowCallbacks(slow_ms / 1e3) if slow_ms else None
+    if slow is not None:
+        slow.install()
     try:
         report = mixed.main(argv)
     finally:
         log.uninstall()
+        if slow is not None:
+            slow.uninstall()
     out = {key: report.get(key) for key in ("device", "git_commit", "date_utc")}
     out["command"] = " ".join(["python bench/host_diag.py", *argv])
     out.update(log.summary())
+    if slow is not None:
+        out["slow_callbacks"] = slow.summary()
     args = mixed.parse_args(argv)
     path = Path(args.out) / f"host-diag-{args.tag or 'run'}.json"
     path.write_text(json.dumps(out, indent=1))

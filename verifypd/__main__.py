@@ -75,6 +75,7 @@ BENCH_LIBRARIES = frozenset(
         "sweep_criteria",
         "sweep_ab",
         "intervals",
+        "loop_callbacks",
         "mixed_sweep",
         "peer_sweep",
         "result_files",
