@@ -9,16 +9,13 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import secrets
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import numpy as np
 from common import csv_list, error_record, progress, release_memory
 from harness import attach_recorder, build_engine, close_engine, engine_info
-from http_load import HttpEngine, served_model, server_info, server_means, server_totals
 from itl_anatomy import anatomy as itl_anatomy
 from loadgen import run_load
 from process_counters import ProcessCounters
@@ -81,6 +78,12 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         "--itl-anatomy",
         action="store_true",
         help="log every lane step and add each row's ITL tail by role (bench/itl_anatomy.py)",
+    )
+    g.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="each mode's engine in its own process (RemoteEngine, as vLLM's AsyncLLM runs its "
+        "core); rows labelled MODE-proc (bench/front_sweeps.py)",
     )
     g.add_argument("--http", default=None, help="replay the sweep against this OpenAI server")
     g.add_argument("--mode-label", default="http", help="--http: the rows' mode")
@@ -151,13 +154,20 @@ def run_sweep(run, mix, vocab: int, warmup: list, bench) -> dict[str, Any]:
     deadline = time.perf_counter() + args.max_wall_s if args.max_wall_s else None
     report["skipped"] = []
     if args.http:
+        from front_sweeps import http_sweep  # imported here: it imports this module
+
         asyncio.run(http_sweep(run, plan, warmup, deadline))
     else:
         if args.throwaway_engine:
             throwaway_engine(run, plan, args.modes[0], warmup, bench)
             release_memory()
         for name in args.modes:
-            engine_sweep(run, plan, name, warmup, bench, deadline)
+            if args.engine_process:
+                from front_sweeps import remote_engine_sweep
+
+                asyncio.run(remote_engine_sweep(run, plan, name, warmup, bench, deadline))
+            else:
+                engine_sweep(run, plan, name, warmup, bench, deadline)
             release_memory()
     rows = report["sweep"]
     report["criteria"] = criteria(rows)
@@ -297,11 +307,11 @@ def out_of_time(run, deadline: float | None, estimate_s: float, key: tuple) -> b
 def warm(loop, engine, warmup: list, temperatures) -> None:
     """Unrecorded warm-up requests at every temperature of the plan (kernels, graphs)."""
     for temp in temperatures:
-        params_of = lambda i, r, t=temp: _warm_params(r, t, i)  # noqa: E731
+        params_of = lambda i, r, t=temp: warm_params(r, t, i)  # noqa: E731
         loop.run_until_complete(run_load(engine, warmup, params_of, 120.0))
 
 
-def _warm_params(req, temperature: float, index: int):
+def warm_params(req, temperature: float, index: int):
     from verifypd.types import SamplingParams
 
     return SamplingParams(max_tokens=req.max_tokens, temperature=temperature, seed=index,
@@ -331,44 +341,6 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
     keys = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "goodput_rps", "kernel_compiles")
     progress(SCRIPT, what, {**row, "kernel_compiles": compiles or None}, keys)
     run.save()
-
-
-async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None) -> None:
-    """The same traces against the OpenAI server at ``--http``, one client (http_load)."""
-    args = run.args
-    model = await served_model(args.http)
-    nonce = secrets.token_hex(8)  # another sweep against the same server misses too
-    run.report["sweep_engines"][args.mode_label] = {
-        "http": args.http, "model": model, "send_alpha": args.http_alpha,
-        "cache_salt_per_run": args.http_cache_salt,
-        "server_info": await server_info(args.http),  # the server's settings, where it says
-    }  # fmt: skip
-    async with HttpEngine(args.http, model, args.http_extra) as engine:
-        for temp in plan.temperatures:
-            await run_load(engine, warmup, lambda i, r, t=temp: _warm_params(r, t, i), 120.0)
-        await burn_in(engine, plan, args.http_alpha)
-        for rate, profile, temp in plan.runs():
-            if out_of_time(
-                run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)
-            ):
-                continue
-            if args.http_cache_salt:
-                engine.extra["cache_salt"] = f"{nonce}-{rate}-{profile}-{temp}"
-            try:
-                before = await server_totals(args.http)
-                res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
-                row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
-                # The server's own first-token and queue means against the client's: what
-                # the HTTP front and the network add.
-                ttfts = [t.ttft_s for t in res["traces"] if t.ttft_s is not None]
-                row["server"] = {
-                    **server_means(before, await server_totals(args.http)),
-                    "client_ttft_mean_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
-                }
-            except Exception as exc:  # noqa: BLE001 - record and go on
-                row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
-                       "mode": args.mode_label, **error_record(exc)}  # fmt: skip
-            record_run(run, row, [])
 
 
 # The snapshot's counters that accumulate over an engine's life (one engine serves every run

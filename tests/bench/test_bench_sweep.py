@@ -793,3 +793,34 @@ def test_the_report_names_compiles_and_fused_rows():
         "STALL policy hetero T=0.0 14.0/s: 2 Triton compiles under traffic",
         "fused http:policy-http hetero T=0.0 14.0/s: 96 decode rows inside prompt steps",
     ]
+
+
+def test_engine_process_sweep_drives_a_remote_engine(tmp_path: Path) -> None:
+    """mixed.py --sweep --engine-process: each mode's engine in its own process (RemoteEngine,
+    as vLLM's AsyncLLM runs its core), rows labelled MODE-proc in the sweep format, every
+    request finished; each run's requests carry a cache salt of their own."""
+    argv = [*SWEEP_TINY, "--out", str(tmp_path), "--engine-process"]
+    argv[argv.index("off,three-fixed,policy")] = "off,policy"
+    argv[argv.index("uniform-0.8,hetero")] = "hetero"
+    argv[argv.index("20,40")] = "20"
+    data = load_bench("mixed").main(argv)
+    rows = data["sweep"]
+    assert [r["mode"] for r in rows] == ["off-proc", "policy-proc"]
+    for r in rows:
+        assert r["front"] == "engine-process" and r["num_finished"] == r["num_requests"] > 0
+        assert r["ttft_p99_ms"] > 0 and r["tpot_p99_ms"] > 0
+    engines = data["sweep_engines"]
+    assert engines["policy-proc"]["engine_process"] is True and engines["policy-proc"]["controller"]
+    assert engines["off-proc"]["cache_salt_per_run"] is True
+
+    class Recorder:
+        def generate(self, request_id, prompt_token_ids, params):
+            self.got = params
+            return "deltas"
+
+    inner = Recorder()
+    salted = load_bench("front_sweeps").SaltedEngine(inner, "run-1")
+    original = SamplingParams(max_tokens=2, temperature=0.5)
+    assert salted.generate("r", [1], original) == "deltas"
+    assert inner.got.cache_salt == "run-1" and inner.got.temperature == 0.5
+    assert original.cache_salt is None  # the trace's own params are left as they were

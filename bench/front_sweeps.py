@@ -1,0 +1,124 @@
+"""The sweeps that drive an engine through a front, not an ``AsyncEngine`` on the load
+generator's loop (``mixed.py --sweep``):
+
+- ``--http URL``: an OpenAI server (ours or vLLM's), one client (``http_load``);
+- ``--engine-process``: each mode's engine in its own process, the load generator driving a
+  ``RemoteEngine`` (``verifypd serve --engine-process``'s engine client, no HTTP).
+
+vLLM's ``AsyncLLM``, which ``peer_vllm.py sweep`` replays the same traces through, runs its
+engine core in a background process by default; our in-process rows share one event loop
+between the load generator and the engine, whose prompt-step launches hold it (a burst's
+arrival then reaches the engine's queue up to ~20 ms late: docs/performance.md). The
+``--engine-process`` rows are the like-for-like pair of vLLM's, labelled ``MODE-proc``.
+
+The engine's internals are in the child, so those rows carry the client's measurements only
+(no policy timeline, spec columns or anatomy); the prefix cache is kept apart per run by a
+``cache_salt`` per run (the in-process rows reset the cache instead), and the policy's
+population estimate is not reset between runs (as over HTTP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+from common import error_record
+from http_load import HttpEngine, served_model, server_info, server_means, server_totals
+from loadgen import run_load
+from mixed_sweep import out_of_time, record_run, warm_params
+from sweep import SweepPlan, burn_in, run_trace, summary_row
+
+from verifypd.serve.engine_process import RemoteEngine
+
+LABEL_SUFFIX = "-proc"
+
+
+class SaltedEngine:
+    """``generate`` with every request's ``cache_salt`` set to ``salt``."""
+
+    def __init__(self, engine: Any, salt: str) -> None:
+        self.engine, self.salt = engine, salt
+
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: Any):
+        salted = dataclasses.replace(params, cache_salt=self.salt)
+        return self.engine.generate(request_id, prompt_token_ids, salted)
+
+
+async def remote_engine_sweep(
+    run, plan: SweepPlan, name: str, warmup: list, bench, deadline: float | None
+) -> None:
+    """One mode through a ``RemoteEngine``: build (its child loads the model), warm up at
+    every temperature, then every run of the plan; a mode that cannot start is a result."""
+    report, label = run.report, name + LABEL_SUFFIX
+    config = bench.mode_config(run.args, name)
+    t0 = time.perf_counter()
+    try:
+        engine = RemoteEngine(config)
+    except Exception as exc:  # noqa: BLE001 - a mode that cannot start is a result
+        report["sweep_engines"][label] = error_record(exc)
+        return
+    report["sweep_engines"][label] = {
+        **dataclasses.asdict(bench.MODES[name]), "engine_process": True,
+        "build_s": time.perf_counter() - t0, "cache_salt_per_run": True,
+    }  # fmt: skip
+    send_alpha = config.spec.method != "off"
+    nonce = secrets.token_hex(8)
+    try:
+        await engine.start()
+        for temp in plan.temperatures:
+            await run_load(engine, warmup, lambda i, r, t=temp: warm_params(r, t, i), 120.0)
+        for rate, profile, temp in plan.runs():
+            if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, label)):
+                continue
+            salted = SaltedEngine(engine, f"{nonce}-{rate}-{profile}-{temp}")
+            try:
+                res = await run_trace(salted, plan, rate, profile, temp, send_alpha)
+                row = summary_row(res, plan, rate, profile, temp, label, front="engine-process")
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,
+                                             "temperature": temp, "mode": label,
+                                             **error_record(exc)}  # fmt: skip
+            record_run(run, row, res["samples"])
+    finally:
+        await engine.stop()
+
+
+async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None) -> None:
+    """The same traces against the OpenAI server at ``--http``, one client (http_load)."""
+    args = run.args
+    model = await served_model(args.http)
+    nonce = secrets.token_hex(8)  # another sweep against the same server misses too
+    run.report["sweep_engines"][args.mode_label] = {
+        "http": args.http, "model": model, "send_alpha": args.http_alpha,
+        "cache_salt_per_run": args.http_cache_salt,
+        "server_info": await server_info(args.http),  # the server's settings, where it says
+    }  # fmt: skip
+    async with HttpEngine(args.http, model, args.http_extra) as engine:
+        for temp in plan.temperatures:
+            await run_load(engine, warmup, lambda i, r, t=temp: warm_params(r, t, i), 120.0)
+        await burn_in(engine, plan, args.http_alpha)
+        for rate, profile, temp in plan.runs():
+            if out_of_time(
+                run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, args.mode_label)
+            ):
+                continue
+            if args.http_cache_salt:
+                engine.extra["cache_salt"] = f"{nonce}-{rate}-{profile}-{temp}"
+            try:
+                before = await server_totals(args.http)
+                res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
+                row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
+                # The server's own first-token and queue means against the client's: what
+                # the HTTP front and the network add.
+                ttfts = [t.ttft_s for t in res["traces"] if t.ttft_s is not None]
+                row["server"] = {
+                    **server_means(before, await server_totals(args.http)),
+                    "client_ttft_mean_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
+                }
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                row = {"rate": rate, "acceptance_profile": profile, "temperature": temp,
+                       "mode": args.mode_label, **error_record(exc)}  # fmt: skip
+            record_run(run, row, [])
