@@ -20,7 +20,7 @@ from helpers import (
 from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.serve.cli import add_serve_args, config_from_args
-from verifypd.types import Observer, SamplingParams, ScheduledSeq, SeqStatus, StepPlan
+from verifypd.types import Observer, ParamError, SamplingParams, ScheduledSeq, SeqStatus, StepPlan
 
 # One prompt per prompt step (pack 0): requests sent together queue behind each other.
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)
@@ -251,8 +251,8 @@ async def test_a_held_burst_serves_token_for_token():
 
 def test_the_rule_reads_the_arrival_the_front_stamped(tiny_core) -> None:
     """A request's wait counts from the arrival its front stamped (``add_request``'s
-    ``arrival_time``), not from when this loop got to it; a stamp in the future (or NaN)
-    counts as now."""
+    ``arrival_time``), not from when this loop got to it; a stamp in the future counts as now,
+    and one that is no finite number is refused, naming the field, with nothing admitted."""
     import time
 
     from verifypd.lanes.backlog_fuse import fusing
@@ -264,7 +264,11 @@ def test_the_rule_reads_the_arrival_the_front_stamped(tiny_core) -> None:
     stamp = time.monotonic() - 0.05
     [early] = engine.core.add_request("early", [4, 5, 6], params, arrival_time=stamp)
     assert early.arrival_time == stamp and fusing(engine.dispatcher)
-    for i, odd in enumerate((time.monotonic() + 10.0, float("nan"))):
-        before = time.monotonic()
-        [seq] = tiny_core.add_request(f"odd{i}", [1, 2], params, arrival_time=odd)
-        assert before <= seq.arrival_time <= time.monotonic()
+    before = time.monotonic()
+    [seq] = tiny_core.add_request("future", [1, 2], params, arrival_time=before + 10.0)
+    assert before <= seq.arrival_time <= time.monotonic()
+    for bad in (float("nan"), float("-inf"), "12.5", True):
+        with pytest.raises(ParamError, match="arrival_time") as err:
+            tiny_core.add_request("bad", [1, 2], params, arrival_time=bad)
+        assert err.value.param == "arrival_time"
+    assert "bad" not in tiny_core.requests and tiny_core.scheduler.num_waiting == 1

@@ -13,6 +13,7 @@ server applies it before admitting a request (to default max_tokens and answer 4
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from verifypd.types import ParamError, SamplingParams
@@ -111,6 +112,19 @@ def check_synthetic_acceptance(params: SamplingParams, engine_alpha: float | Non
             "synthetic_acceptance is a benchmark-only field: this server does not run with "
             "synthetic acceptance (start it with --synthetic-acceptance)",
         )
+
+
+def arrival_of(arrival_time: float | None, now: float) -> float:
+    """A request's arrival (``time.monotonic()``) as its front stamped it, or ``now`` without
+    one; a stamp after ``now`` is ``now``. Raises ParamError for one that is not a finite
+    number."""
+    if arrival_time is None:
+        return now
+    number = isinstance(arrival_time, (int, float)) and not isinstance(arrival_time, bool)
+    if not number or not math.isfinite(arrival_time):
+        raise ParamError("arrival_time", f"arrival_time must be a time.monotonic() reading, got "
+                         f"{arrival_time!r}")  # fmt: skip
+    return min(arrival_time, now)
 
 
 def _check_token_ids(param: str, token_ids: list[int], vocab_size: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import EngineConfig
-from verifypd.engine.admission import RequestLimits, check_synthetic_acceptance
+from verifypd.engine.admission import RequestLimits, arrival_of, check_synthetic_acceptance
 from verifypd.engine.compile_watch import CompileReporter
 from verifypd.engine.detokenizer import IncrementalDetokenizer, StopChecker
 from verifypd.engine.draft_follow import decode_follow_items, prompt_follow_items
@@ -150,15 +150,13 @@ class EngineCore:
         arrival_time: float | None = None,
     ) -> list[Sequence]:
         """``arrival_time`` (``time.monotonic()``; None: now): when the request reached the
-        front, read by the queue's rules; a time in the future (or NaN) counts as now."""
+        front, read by the queue's rules (``admission.arrival_of``)."""
         if request_id in self.requests:
             raise ParamError(None, f"duplicate request id {request_id!r}")
         self.validate(prompt_token_ids, params)
         resolve_bad_words(params, self.tokenizer)
         grammar = self.grammars.compile(params.structured)  # ParamError when it is invalid
-        now = time.monotonic()
-        if arrival_time is not None and arrival_time <= now:
-            now = arrival_time
+        now = arrival_of(arrival_time, time.monotonic())
         states = []
         for i in range(params.n):
             seq = Sequence(request_id, prompt_token_ids, params, index=i, arrival_time=now)
