@@ -34,13 +34,14 @@ from typing import Any
 import numpy as np
 
 from verifypd.lanes import backlog_fuse
+from verifypd.serve.loop_health import probe_lag
 
 PROMPT_LANES = ("prefill", "mixed")
 BIG_STEP_TOKENS = 1024
 LONG_TICK_S = 0.005
 BACK_TO_BACK_S = 0.010  # a prompt step launched this soon after the last one's fold-back
 LOG_TICK_S = 0.002  # ticks at least this long are kept with their start (itl_anatomy.worst)
-PROBE_S = 0.001  # the loop-lag probe's sleep (``StepLog.attach`` with a loop)
+PROBE_S = 0.001  # the loop-lag probe's sleep (``StepLog.attach`` with a loop; ``probe_lag``)
 # The client (loadgen, perf_counter) and the engine (Sequence.arrival_time, monotonic) share a
 # clock where both read the same one (CLOCK_MONOTONIC on Linux): then deliver splits.
 SAME_CLOCK = (
@@ -96,7 +97,7 @@ class StepLog:
     def attach(self, dispatcher: Any, loop: asyncio.AbstractEventLoop | None = None) -> StepLog:
         """Wraps the dispatcher's fold-back, launch, tick and planning; with ``loop``, also
         starts the loop-lag probe there (``close`` stops it)."""
-        self._probe = None if loop is None else loop.create_task(self._watch_loop())
+        self._probe = None if loop is None else loop.create_task(probe_lag(self._note_lag, PROBE_S))
         inner = dispatcher._fold
 
         def fold(flight, seconds):
@@ -165,15 +166,11 @@ class StepLog:
             dispatcher._plan = noted_plan
         return self
 
-    async def _watch_loop(self) -> None:
-        """Sleeps ``PROBE_S`` at a time and notes each wake-up that came late (not across a
-        stop of the loop between runs: a second or more)."""
-        while True:
-            due = time.perf_counter() + PROBE_S
-            await asyncio.sleep(PROBE_S)
-            late = time.perf_counter() - due
-            if LOG_TICK_S <= late < 1.0:
-                self.loop_lags.append((due, late))
+    def _note_lag(self, late: float) -> None:
+        """``probe_lag``'s report: a wake-up ``late`` s after it was due, kept from
+        ``LOG_TICK_S`` (not across a stop of the loop between runs: a second or more)."""
+        if LOG_TICK_S <= late < 1.0:
+            self.loop_lags.append((time.perf_counter() - late, late))
 
     def close(self) -> None:
         """Stops the loop-lag probe (it ends at the loop's next turn)."""

@@ -10,37 +10,31 @@ import pytest
 from helpers import load_bench
 
 
-def _window(ana, loadgen, fused: bool) -> dict:
-    """A burst: "early" queued 12 ms after it arrived, then a 4,801-token backlog planned into
-    one prompt step, fused or beside the decode stream."""
-    log = ana.StepLog()
+def _window(fused: bool) -> dict:
+    """A burst's window as bench/ttft_anatomy.py writes it (its own tests pin these lines):
+    "early" queued 12 ms after it arrived, then a 4,801-token backlog planned into one prompt
+    step, fused or beside the decode stream."""
     read = "wait 10.4 ms, queued 4801 tok, room, running 9/64, decode + decode ahead busy"
-    log.steps = [
-        ana.FoldedStep("prefill", -0.040, 0.010, 1628, [("early", -0.008, -0.040)]),
-        ana.FoldedStep("mixed" if fused else "prefill", 0.011, 0.060, 1998 + 9 * fused,
-                       [("slow", 0.0, 0.011)], fuse=read),
-    ]  # fmt: skip
-    log.loop_lags = [(-0.019, 0.0139), (0.020, 0.004)]
-    traces = []
-    for rid, arrival, first in (("early", -0.020, 0.012), ("slow", 0.0, 0.061)):
-        t = loadgen.Trace(rid, "long", 1000, 4, arrival)
-        t.deltas.append((first, 1))
-        traces.append(t)
-    return ana.window(log, traces, k=1)
+    step = "mixed 2007" if fused else "prefill 1998"
+    return {
+        "slowest": ["slow"], "elsewhere": [], "span_ms": 61.0,
+        "arrivals": ["-20.0 arrive early 1000 tok (TTFT 32.0 ms, queued +12.0 ms)",
+                     "+0.0 arrive slow 1000 tok (TTFT 61.0 ms, queued +0.0 ms)"],
+        "prompt_steps": ["-40.0..+10.0 prefill 1628 tok ends early",
+                         f"+11.0..+60.0 {step} tok ends slow [{read}]"],
+        "ticks": [], "loop_late": ["-19.0 loop 13.9 ms late", "+20.0 loop 4.0 ms late"],
+    }  # fmt: skip
 
 
 def test_burst_rows_from_result_files(tmp_path: Path) -> None:
-    ana, loadgen = load_bench("ttft_anatomy"), load_bench("loadgen")
     bw = load_bench("burst_windows")
-    if not ana.SAME_CLOCK:
-        pytest.skip("the window needs the client's and the engine's clocks to be one")
     rows = [
         {"rate": 14.0, "mode": "off", "ttft_p99_ms": 101.0,
-         "ttft_anatomy": {"window": _window(ana, loadgen, fused=True)}},
+         "ttft_anatomy": {"window": _window(fused=True)}},
         {"rate": 14.0, "mode": "policy", "ttft_p99_ms": 121.0,
-         "ttft_anatomy": {"window": _window(ana, loadgen, fused=False)}},
+         "ttft_anatomy": {"window": _window(fused=False)}},
         {"rate": 26.0, "mode": "off", "ttft_p99_ms": 140.0,
-         "ttft_anatomy": {"window": _window(ana, loadgen, fused=False)}},  # another rate
+         "ttft_anatomy": {"window": _window(fused=False)}},  # another rate
         {"rate": 14.0, "mode": "plain", "ttft_p99_ms": 99.0},  # no anatomy: not a row
     ]  # fmt: skip
     path = tmp_path / "mixed-x.json"
