@@ -135,26 +135,28 @@ def goodput_ladder_lines(checks: list[dict[str, Any]]) -> list[str]:
 
 
 def light_load_tpot(rows: list[dict[str, Any]], policy: str = "policy", factor: float = 1.5):
-    """At the lightest rate, policy's TPOT p50 at least ``factor`` x faster than ``off``; the
-    verdict is on ``hetero`` (the issue's target), other profiles are listed (``judged``)."""
+    """At the lightest rate, policy's TPOT p50 at least ``factor`` x faster than ``off`` (through
+    the same front: ``off-proc`` for ``policy-proc``); the verdict is on ``hetero`` (the issue's
+    target), other profiles are listed (``judged``)."""
     checks = []
     groups = _groups(rows)
     lightest = min((k[2] for k in groups), default=None)
+    off_mode = "off" + front_of(policy)  # through the policy's own front
     for (profile, temp, rate), modes in sorted(groups.items()):
-        if rate != lightest or policy not in modes or "off" not in modes:
+        if rate != lightest or policy not in modes or off_mode not in modes:
             continue
-        mine, off = modes[policy].get("tpot_p50_ms"), modes["off"].get("tpot_p50_ms")
+        mine, off = modes[policy].get("tpot_p50_ms"), modes[off_mode].get("tpot_p50_ms")
         speedup = off / mine if mine and off else None
         check = {"acceptance_profile": profile, "temperature": temp, "rate": rate,
                  "policy_tpot_p50_ms": mine, "off_tpot_p50_ms": off, "speedup": speedup,
                  "judged": profile == "hetero",
                  "ok": speedup is not None and speedup >= factor}  # fmt: skip
-        by_alpha = _speedup_by_alpha(modes[policy], modes["off"])
+        by_alpha = _speedup_by_alpha(modes[policy], modes[off_mode])
         if by_alpha:
             check["speedup_by_alpha"] = by_alpha
         checks.append(check)
     judged = [c for c in checks if c["judged"]]
-    out = _verdict(judged, f"needs the hetero profile with {policy!r} and 'off'")
+    out = _verdict(judged, f"needs the hetero profile with {policy!r} and {off_mode!r}")
     out["all_profiles"] = checks
     return out
 
@@ -233,10 +235,25 @@ def spread_lines(spread: dict[str, Any]) -> list[str]:
     return lines
 
 
+# The label suffix of rows measured through another front (``mixed.py --sweep
+# --engine-process``: ``MODE-proc``, each engine in its own process).
+FRONT_SUFFIXES = ("-proc",)
+
+
+def front_of(mode: str) -> str:
+    """The front suffix ``mode`` carries (``"-proc"``), or ``""`` for an engine on the load
+    generator's loop."""
+    return next((s for s in FRONT_SUFFIXES if mode.endswith(s)), "")
+
+
 def _judged(rows: list[dict[str, Any]], policy: str) -> list[dict[str, Any]]:
     """``policy``'s rows and those of the modes that are not a policy variant (``policy-*``:
-    the same policy with other settings, judged on its own)."""
-    return [r for r in rows if r["mode"] == policy or not r["mode"].startswith("policy")]
+    the same policy with other settings, judged on its own) measured through the same front:
+    ``policy-proc`` against ``off-proc``, ``three-fixed-proc``, ..., not against the rows of an
+    engine on the load generator's loop (nor those against it)."""
+    front = front_of(policy)
+    return [r for r in rows if r["mode"] == policy
+            or (not r["mode"].startswith("policy") and front_of(r["mode"]) == front)]  # fmt: skip
 
 
 def _check_key(check: dict[str, Any]) -> tuple:

@@ -274,6 +274,9 @@ def merge(ours: dict[str, Any], vllm: list[dict[str, Any]], http: list[dict[str,
         "sweep_config": ours.get("sweep_config"), "slo": ours.get("slo"),
         "criteria": criteria(rows), "policy_timeline": ours.get("policy_timeline", []),
     }  # fmt: skip
+    variants = policy_variants(rows)  # each judged on its own, against its own front's modes
+    if variants:
+        out["criteria_variants"] = {v: criteria(rows, v) for v in variants}
     http_rows = [dict(r, mode=f"http:{r['mode']}") for h in http for r in h["sweep"]]
     vllm_rows = [r for v in vllm for r in v["sweep"]]
     out["sweep"] = rows + http_rows + vllm_rows
@@ -322,6 +325,8 @@ def http_policy_labels(http: list[dict[str, Any]]) -> list[str]:
 def report_lines(merged: dict[str, Any]) -> list[str]:
     crit = dict(merged["criteria"])
     lines = criteria_lines({k: v for k, v in crit.items() if "vllm" not in k})
+    for mode, block in merged.get("criteria_variants", {}).items():
+        lines += [f"{mode}:"] + ["  " + line for line in criteria_lines(block)]
     lines += vllm_lines(crit["policy_ahead_of_vllm"], "vLLM (in-process)")
     for mode, judged in crit.get("variants_ahead_of_vllm", {}).items():
         lines += vllm_lines(judged, f"vLLM (in-process, {mode} rows)")

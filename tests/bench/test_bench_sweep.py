@@ -518,6 +518,36 @@ def test_http_policy_against_vllm_server_rows() -> None:
     assert any("HTTP policy-http-proc rows vs http" in line for line in lines)
 
 
+def test_engine_process_rows_are_judged_against_their_own_front() -> None:
+    """``policy-proc`` (``--engine-process``) is judged against ``off-proc`` and the other
+    ``-proc`` modes, the in-process ``policy`` against the in-process modes only; the merged
+    report carries each variant's criteria and prints them."""
+    sweep, report = load_bench("sweep_criteria"), load_bench("sweep_report")
+    rows = [_row("off", 2, itl=5.0, p50=4.0), _row("policy", 2, itl=5.1, p50=2.0),
+            _row("off-proc", 2, itl=9.0, p50=8.0), _row("policy-proc", 2, itl=9.2, p50=4.0),
+            _row("policy-proc", 8), _row("off-proc", 8, ttft=90.0)]  # fmt: skip
+    assert sweep.front_of("policy-proc") == "-proc" and sweep.front_of("off") == ""
+    mine = sweep.criteria(rows)  # against off (5.0), not off-proc's 9.0
+    assert mine["policy_within_5pct_of_best"]["verdict"] == "PASS"
+    assert {c["best_mode"] for c in mine["policy_within_5pct_of_best"]["checks"]} == {"off"}
+    assert mine["light_load_tpot_p50_1p5x_off"]["checks"][0]["speedup"] == 2.0
+    proc = sweep.criteria(rows, "policy-proc")
+    within = proc["policy_within_5pct_of_best"]
+    assert {c["best_mode"] for c in within["checks"]} == {"off-proc"}
+    (miss,) = [c for c in within["checks"] if not c["ok"]]  # TTFT 100 against 90 at 8 req/s
+    assert (miss["rate"], miss["metric"]) == (8, "ttft_p99_ms")
+    light = proc["light_load_tpot_p50_1p5x_off"]
+    assert light["checks"][0]["off_tpot_p50_ms"] == 8.0 and light["verdict"] == "PASS"
+    lone = sweep.criteria([_row("policy-proc", 2), _row("off", 2)], "policy-proc")
+    assert lone["light_load_tpot_p50_1p5x_off"]["reason"].endswith("'off-proc'")
+    merged = report.merge({"sweep": rows}, [], [])
+    assert merged["criteria_variants"]["policy-proc"] == proc
+    lines = report.report_lines(merged)
+    at = lines.index("policy-proc:")
+    assert lines[at + 1].startswith("  MISS policy_within_5pct_of_best: 7/8 checks ok")
+    assert "criteria_variants" not in report.merge({"sweep": rows[:2]}, [], [])
+
+
 def test_in_process_policy_variants_against_vllm() -> None:
     """Each in-process ``policy-NAME`` mode (e.g. the backlog lift, ``policy-burst``) is judged
     against vLLM on its own, beside the policy; without vLLM rows, none is."""
