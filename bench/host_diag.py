@@ -3,10 +3,10 @@ methods (class level, so every engine of the run) and records each call that hol
 for at least ``SLOW_S``, each slow ``ModelRunner.launch`` with what it launched, and every GC
 pause of a millisecond or more; every call's time goes into percentiles by method. Wrapping
 costs ~1 µs a call: do not read the run's latencies as a clean measurement. Arguments are
-bench/mixed.py's; the summary goes to stdout and to ``host-diag-<tag>.json`` beside mixed.py's
-result (``--out``). With ``--cprofile`` the drafting launches, the plain ones, the chained
-drafting and the proposals are each profiled (cProfile, on only inside those calls, which slows
-them by about a fifth) into ``host-diag-<tag>.pstats.txt``::
+bench/mixed.py's; the summary goes to stdout and to ``host-diag-<device>-<tag>.json`` beside
+mixed.py's result (``--out``). With ``--cprofile`` the drafting launches, the plain ones, the
+chained drafting and the proposals are each profiled (cProfile, on only inside those calls,
+which slows them by about a fifth) into ``host-diag-<device>-<tag>.pstats.txt``::
 
     python bench/host_diag.py --sweep --rates 2 --modes policy ... --tag T --out DIR [--cprofile] \
         [--slow-callbacks MS]
@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import mixed  # noqa: E402
+from bench.common import device_slug  # noqa: E402
 from bench.loop_callbacks import SlowCallbacks  # noqa: E402
 from verifypd.controller import goodput  # noqa: E402
 from verifypd.engine import (  # noqa: E402
@@ -324,12 +325,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if slow is not None:
         out["slow_callbacks"] = slow.summary()
     args = mixed.parse_args(argv)
-    path = Path(args.out) / f"host-diag-{args.tag or 'run'}.json"
+    stem = f"host-diag-{device_slug(out['device'] or 'unknown')}-{args.tag or 'run'}"
+    path = Path(args.out) / f"{stem}.json"
     path.write_text(json.dumps(out, indent=1))
     if profile:
-        (Path(args.out) / f"host-diag-{args.tag or 'run'}.pstats.txt").write_text(
-            log.profile_text()
-        )
+        (Path(args.out) / f"{stem}.pstats.txt").write_text(log.profile_text())
     print(json.dumps({k: v for k, v in out.items() if k not in _LONG}, indent=1))
     print(json.dumps({"slow_inside_summed_ms": inside_summed(out["slow_inside"])}, indent=1))
     print(f"[host_diag] wrote {path}")

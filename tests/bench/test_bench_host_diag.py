@@ -35,7 +35,7 @@ def test_host_diag_attributes_host_time_and_unwraps(tmp_path, monkeypatch) -> No
         speculative.chunked_catch_up,
     )
     assert after == before
-    saved = json.loads((tmp_path / "host-diag-t.json").read_text())
+    saved = json.loads((tmp_path / "host-diag-cpu-t.json").read_text())
     assert saved["command"].startswith("python bench/host_diag.py") and saved["device"] == "cpu"
     calls = saved["slow_calls"]
     for key in ("LaneDispatcher._plan", "SpeculationPolicy.decide", "Scheduler.plan_decode"):
@@ -57,7 +57,7 @@ def test_host_diag_profiles_launches_and_chained_drafts(tmp_path) -> None:
     diag = load_bench("host_diag")
     args = [*SWEEP_TINY, "--modes", "policy", "--rates", "20", "--profiles", "hetero"]
     diag.main([*args, "--out", str(tmp_path), "--tag", "p", "--cprofile"])
-    text = (tmp_path / "host-diag-p.pstats.txt").read_text()
+    text = (tmp_path / "host-diag-cpu-p.pstats.txt").read_text()
     for key in ("launch+drafts", "launch,", "DraftChainer.chain"):
         assert f"==== {key}" in text
     assert "function calls" in text and "prepare" in text  # ModelRunner.prepare, inside launches

@@ -1,9 +1,10 @@
 # Sourced by the scripts beside it, from the repository root on a GPU machine.
 # WHEELS (default .whl3): a folder of wheels the machine lacks (pydantic and its needs for the
 # server), installed into /tmp/site; the repo goes on the path. The commit comes from
-# .gpu-commit (write `git rev-parse --short HEAD > .gpu-commit` here, before copying the tree
-# over: the copy may have no .git, or one older than the tree, whose HEAD would mislabel the
-# results). Results go to OUT (default bench/results/mixed).
+# .gpu-commit (write `git rev-parse --short HEAD > .gpu-commit` here and name it in the call's
+# carry: git ignores it, so it travels only when carried; the copy may have no .git, or one
+# older than the tree, whose HEAD would mislabel the results). Results go to OUT (default
+# bench/results/mixed).
 W=${WHEELS:-.whl3}
 if ls "$W"/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
