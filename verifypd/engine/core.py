@@ -28,13 +28,13 @@ from verifypd.engine.outputs import OutputProcessor, SeqOutputState
 from verifypd.engine.runner import PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
 from verifypd.engine.setup import build_engine, resolve_device, resolve_dtype
+from verifypd.engine.timing import step_cost_kind
 from verifypd.types import (
     Observer,
     ParamError,
     RequestOutput,
     SamplingParams,
     ScheduledSeq,
-    SeqStatus,
     Sequence,
     SpecListener,
     StepPlan,
@@ -355,7 +355,7 @@ class EngineCore:
         """A landed step's time, for the metrics and the cost model (``contended``: prompt
         work was in flight beside it)."""
         self.observer.lane_step(plan.lane, seconds, plan.num_tokens)
-        kind = _cost_kind(plan)
+        kind = step_cost_kind(plan)
         if kind is not None:
             self.costs.observe(kind, seconds, len(plan.seqs), plan.num_tokens, contended)
 
@@ -397,19 +397,3 @@ class EngineCore:
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.scheduler.live_tables())
-
-
-def _cost_kind(plan: StepPlan) -> str | None:
-    """The cost model's kind of a landed step: prefill, decode (one token a row), verify (the
-    same 1 + L a row) or mixed (rows of different lengths, no prompt chunk); None for a fused
-    single-lane step carrying prompt chunks (its time says little about either)."""
-    if plan.lane == "prefill":
-        return "prefill"
-    widths = set()
-    for e in plan.seqs:
-        if e.seq.status is SeqStatus.PREFILLING:
-            return None
-        widths.add(len(e.draft_token_ids))
-    if len(widths) > 1:
-        return "mixed"
-    return "verify" if widths and widths != {0} else "decode"

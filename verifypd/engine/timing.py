@@ -1,10 +1,13 @@
-"""Timing of enqueued work without host syncs."""
+"""Timing of enqueued work without host syncs, and the kind of step the cost model files a
+landed step's time under."""
 
 from __future__ import annotations
 
 import time
 
 import torch
+
+from verifypd.types import SeqStatus, StepPlan
 
 
 class Span:
@@ -40,3 +43,19 @@ class Span:
         if not end.query():
             return None
         return start.elapsed_time(end) / 1e3
+
+
+def step_cost_kind(plan: StepPlan) -> str | None:
+    """The cost model's kind of a landed step: prefill, decode (one token a row), verify (the
+    same 1 + L a row) or mixed (rows of different lengths, no prompt chunk); None for a fused
+    single-lane step carrying prompt chunks (its time says little about either)."""
+    if plan.lane == "prefill":
+        return "prefill"
+    widths = set()
+    for e in plan.seqs:
+        if e.seq.status is SeqStatus.PREFILLING:
+            return None
+        widths.add(len(e.draft_token_ids))
+    if len(widths) > 1:
+        return "mixed"
+    return "verify" if widths and widths != {0} else "decode"
