@@ -128,6 +128,10 @@ async def test_an_engine_refusal_crosses_with_its_field() -> None:
             async for _ in engine.generate("r", [10**6], SamplingParams(max_tokens=2)):
                 pass
         assert err.value.param == "prompt"
+        with pytest.raises(ParamError) as err:  # a caller's stamp that is not a time
+            async for _ in engine.generate("t", [1], SamplingParams(max_tokens=2), float("nan")):
+                pass
+        assert err.value.param == "arrival_time"
         outs = [o async for o in engine.generate("r", [1, 2], SamplingParams(max_tokens=2))]
         assert outs[-1].finished and outs[-1].num_output_tokens == 2
         await engine.check_integrity()
@@ -246,6 +250,13 @@ async def test_the_front_stamps_each_arrival_for_the_engine() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert sent[-1] == ("abort", "r")  # the request left before its last delta
+    # A caller's own earlier stamp goes as it is (the engine's admission checks it).
+    again = asyncio.ensure_future(remote.generate("s", [3], params, arrival_time=1.5).__anext__())
+    await asyncio.sleep(0)
+    assert sent[-1] == ("add", "s", [3], params, 1.5)
+    again.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await again
 
     submitted: list[tuple] = []
     relay = Relay(NS(submit=lambda *args: submitted.append(args)), RecordingObserver(), None)

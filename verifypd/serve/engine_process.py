@@ -138,13 +138,19 @@ class RemoteEngine:
 
     # -- requests
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of every choice; a ``ParamError`` raised by the engine's admission is raised
         here; closing early aborts the request in the engine process. Its arrival is stamped
         here (``time.monotonic()``, one clock for both processes): the engine's loop, busy
-        enqueueing steps, reads the socket late, and its queue rules read the wait."""
-        arrival = time.monotonic()
+        enqueueing steps, reads the socket late, and its queue rules read the wait.
+        ``arrival_time``: an earlier stamp of the caller's (``AsyncEngine.generate``'s), which
+        the engine's admission checks as it checks its own callers'."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
         await self.start()
         self._send(("add", request_id, list(prompt_token_ids), params, arrival))
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
