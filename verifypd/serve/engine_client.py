@@ -34,10 +34,15 @@ class EngineClient(Protocol):
         """Abort every live request and stop stepping."""
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of every choice of the request; raises ``ParamError`` for input that can
-        never be served; closing the iterator early aborts the request."""
+        never be served; closing the iterator early aborts the request. ``arrival_time``
+        (``time.monotonic()``): when the request reached the caller, if earlier than the call."""
         ...
 
     def abort(self, request_id: str) -> None:
