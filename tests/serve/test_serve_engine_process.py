@@ -233,13 +233,13 @@ async def test_the_front_stamps_each_arrival_for_the_engine() -> None:
 
     sent: list[tuple] = []
     remote = RemoteEngine.__new__(RemoteEngine)  # no child process: the wire is what counts
-    remote._queues, remote.closed = {}, asyncio.Event()
+    remote._queues, remote.closed, remote.tokenizer = {}, asyncio.Event(), None
 
     async def start() -> None:
         pass
 
     remote.start, remote._send = start, sent.append
-    params = SamplingParams(max_tokens=1)
+    params = SamplingParams(max_tokens=1, detokenize=False)  # ids only: sent as they are
     before = time.monotonic()
     waiting = asyncio.ensure_future(remote.generate("r", [1, 2], params).__anext__())
     await asyncio.sleep(0)

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from verifypd.serve.engine_wire import pack, read_frame, recv_blocking, send_blocking
+from verifypd.serve.front_text import FrontText, engine_params, front_detokenizes
 from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
 
 if TYPE_CHECKING:
@@ -152,7 +153,11 @@ class RemoteEngine:
         the engine's admission checks as it checks its own callers'."""
         arrival = time.monotonic() if arrival_time is None else arrival_time
         await self.start()
-        self._send(("add", request_id, list(prompt_token_ids), params, arrival))
+        text = None  # the front makes the text where the engine needs none (front_text)
+        if self.tokenizer is not None and front_detokenizes(params):
+            text = FrontText(self.tokenizer, prompt_token_ids, params)
+        sent = params if text is None else engine_params(params)
+        self._send(("add", request_id, list(prompt_token_ids), sent, arrival))
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         remaining = params.n
@@ -163,7 +168,7 @@ class RemoteEngine:
                     remaining = 0  # refused or lost: nothing to abort
                     raise item
                 remaining -= item.finished
-                yield item
+                yield item if text is None else text.fill(item)
         finally:
             self._queues.pop(request_id, None)
             if remaining and not self.closed.is_set():
