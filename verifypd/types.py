@@ -307,6 +307,21 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+@dataclass
+class RequestTiming:
+    """Where one request's first token spent its time, as ``time.monotonic()`` stamps (one
+    clock for every process on a host). A caller that passes one to ``generate`` gets the
+    engine's stamps filled in; the HTTP front fills its own (``verifypd serve
+    --log-request-timing``). None: not reached, or not on this path."""
+
+    received: float | None = None  # the HTTP front began reading the request
+    arrival: float | None = None  # handed to the engine: the arrival its queue rules read
+    engine_first: float | None = None  # the engine process sent the first delta (a child only)
+    first_out: float | None = None  # the caller's iterator got the first delta
+    first_sent: float | None = None  # the first content chunk went to the client's socket
+    done: float | None = None  # the response ended
+
+
 class SpecListener:
     """What the engine reports to the speculation policy above it (``lanes.spec_policy``):
     sequences coming and going, and each verified entry's acceptance. The engine calls it and

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from verifypd.config import EngineConfig
@@ -19,7 +20,7 @@ from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import executor_for
 from verifypd.lanes.spec_policy import SpeculationPolicy
-from verifypd.types import Observer, RequestOutput, SamplingParams
+from verifypd.types import Observer, RequestOutput, RequestTiming, SamplingParams
 
 logger = logging.getLogger("verifypd")
 
@@ -114,17 +115,23 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        timing: RequestTiming | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields deltas for every choice of the request; aborts it if the consumer leaves.
-        ``arrival_time``: ``submit``'s."""
+        ``arrival_time``: ``submit``'s. ``timing``: its arrival and first delta are stamped."""
         await self.start()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        if timing is not None:
+            timing.arrival = time.monotonic() if arrival_time is None else arrival_time
+            arrival_time = timing.arrival
         self.submit(request_id, prompt_token_ids, params, queue.put_nowait, arrival_time)
         remaining = params.n
         try:
             while remaining:
                 out = await queue.get()
                 remaining -= out.finished
+                if timing is not None and timing.first_out is None:
+                    timing.first_out = time.monotonic()
                 yield out
         finally:
             if remaining:  # the consumer left early

@@ -9,16 +9,22 @@ import inspect
 from collections.abc import AsyncIterator
 
 from verifypd.serve.engine_client import EngineClient
-from verifypd.types import RequestOutput, SamplingParams
+from verifypd.types import RequestOutput, RequestTiming, SamplingParams
 
 _DONE = object()
 
 
 async def start_generate(
-    engine: EngineClient, request_id: str, prompt_ids: list[int], params: SamplingParams
+    engine: EngineClient,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    timing: RequestTiming | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """``engine.generate`` (an async generator, or a coroutine returning an iterator)."""
-    outputs = engine.generate(request_id, prompt_ids, params)
+    """``engine.generate`` (an async generator, or a coroutine returning an iterator); a
+    ``timing`` goes to it only when given (an engine client may not take one)."""
+    extra = {} if timing is None else {"timing": timing}
+    outputs = engine.generate(request_id, prompt_ids, params, **extra)
     return await outputs if inspect.isawaitable(outputs) else outputs
 
 

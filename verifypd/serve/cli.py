@@ -21,6 +21,7 @@ from verifypd.serve.cors import CorsConfig, parse_list
 from verifypd.serve.engine_client import EngineClient
 from verifypd.serve.limits import ServeLimits
 from verifypd.serve.model_source import ModelSource, hf_hub_cache, resolve_model
+from verifypd.serve.request_timing import timing_log
 from verifypd.types import Observer
 
 logger = logging.getLogger("verifypd.serve")
@@ -161,6 +162,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_limit_args(parser)
     add("--seed", type=int, default=0)
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add("--log-request-timing", action="store_true",
+        help="log one line per generation request: when it was received, handed to the "
+             "engine, its first token sent by the engine, got and written, and done (ms; the "
+             "client's X-Request-Id header included; docs/api.md)")  # fmt: skip
     return parser
 
 
@@ -314,6 +319,8 @@ def serve_main(args: argparse.Namespace) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.log_request_timing:
+        timing_log.setLevel(logging.INFO)
     try:
         model, draft = resolve_models(args)
         config = config_from_args(args, model.spec, draft.spec if draft else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from verifypd.types import Observer, RequestOutput, SamplingParams
+from verifypd.types import Observer, RequestOutput, RequestTiming, SamplingParams
 
 if TYPE_CHECKING:
     from verifypd.config import EngineConfig
@@ -39,10 +39,12 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        timing: RequestTiming | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of every choice of the request; raises ``ParamError`` for input that can
         never be served; closing the iterator early aborts the request. ``arrival_time``
-        (``time.monotonic()``): when the request reached the caller, if earlier than the call."""
+        (``time.monotonic()``): when the request reached the caller, if earlier than the call.
+        ``timing``: the engine stamps its arrival and first delta there (``RequestTiming``)."""
         ...
 
     def abort(self, request_id: str) -> None:

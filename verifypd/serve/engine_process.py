@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from verifypd.serve.engine_wire import pack, read_frame, recv_blocking, send_blocking
 from verifypd.serve.front_text import FrontText, engine_params, front_detokenizes
-from verifypd.types import Observer, ParamError, RequestOutput, SamplingParams
+from verifypd.types import Observer, ParamError, RequestOutput, RequestTiming, SamplingParams
 
 if TYPE_CHECKING:
     from verifypd.config import EngineConfig
@@ -60,7 +60,8 @@ class RemoteEngine:
         self.config = config
         self.observer = observer or Observer()
         self.closed = asyncio.Event()  # set once the engine process is gone (stop or death)
-        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        # per request: (delta or error, when the engine process sent it)
+        self._queues: dict[str, asyncio.Queue[tuple[RequestOutput | BaseException, float]]] = {}
         self._checks: list[asyncio.Future[str | None]] = []
         self._stats = (0, 0, 0.0, 0)  # running, waiting, KV usage, free KV blocks
         self._writer: asyncio.StreamWriter | None = None
@@ -144,30 +145,36 @@ class RemoteEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        timing: RequestTiming | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Deltas of every choice; a ``ParamError`` raised by the engine's admission is raised
         here; closing early aborts the request in the engine process. Its arrival is stamped
         here (``time.monotonic()``, one clock for both processes): the engine's loop, busy
         enqueueing steps, reads the socket late, and its queue rules read the wait.
         ``arrival_time``: an earlier stamp of the caller's (``AsyncEngine.generate``'s), which
-        the engine's admission checks as it checks its own callers'."""
+        the engine's admission checks as it checks its own callers'. ``timing``: its arrival,
+        the engine process's send of the first delta and this iterator's get of it are stamped."""
         arrival = time.monotonic() if arrival_time is None else arrival_time
+        if timing is not None:
+            timing.arrival = arrival
         await self.start()
         text = None  # the front makes the text where the engine needs none (front_text)
         if self.tokenizer is not None and front_detokenizes(params):
             text = FrontText(self.tokenizer, prompt_token_ids, params)
         sent = params if text is None else engine_params(params)
         self._send(("add", request_id, list(prompt_token_ids), sent, arrival))
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[RequestOutput | BaseException, float]] = asyncio.Queue()
         self._queues[request_id] = queue
         remaining = params.n
         try:
             while remaining:
-                item = await queue.get()
+                item, sent_at = await queue.get()
                 if isinstance(item, BaseException):
                     remaining = 0  # refused or lost: nothing to abort
                     raise item
                 remaining -= item.finished
+                if timing is not None and timing.first_out is None:
+                    timing.engine_first, timing.first_out = sent_at, time.monotonic()
                 yield item if text is None else text.fill(item)
         finally:
             self._queues.pop(request_id, None)
@@ -237,25 +244,28 @@ class RemoteEngine:
         refused: list[tuple[str, bool, str | None, str]],
         calls: list[tuple[str, tuple]],
         stats: tuple[int, int, float, int],
+        sent_at: float,
     ) -> None:
         for name, args in calls:
             getattr(self.observer, name)(*args)
         self._stats = stats
         for request_id, is_input, param, text in refused:
-            self._put(request_id, ParamError(param, text) if is_input else EngineProcessError(text))
+            error = ParamError(param, text) if is_input else EngineProcessError(text)
+            self._put(request_id, error, sent_at)
         for out in outputs:
-            self._put(out.request_id, out)
+            self._put(out.request_id, out, sent_at)
 
-    def _put(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _put(self, request_id: str, item: RequestOutput | BaseException, sent_at: float) -> None:
         queue = self._queues.get(request_id)
         if queue is not None:
-            queue.put_nowait(item)
+            queue.put_nowait((item, sent_at))
 
     def _on_closed(self) -> None:
         if not self._stopping:
             logger.error("the engine process exited; failing %d live requests", len(self._queues))
+        now = time.monotonic()
         for queue in self._queues.values():
-            queue.put_nowait(EngineProcessError("the engine process exited"))
+            queue.put_nowait((EngineProcessError("the engine process exited"), now))
         for future in self._checks:
             future.set_exception(EngineProcessError("the engine process exited"))
         self._checks.clear()

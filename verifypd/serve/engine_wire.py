@@ -5,9 +5,10 @@ Both ends are this package, and the socket never leaves the machine (never a net
 - front to engine: ``("config", EngineConfig, log_level)`` once, then ``("add", id, prompt,
   params)``, ``("abort", id)``, ``("check",)`` and ``("stop",)``;
 - engine to front: ``("ready", info)`` or ``("failed", is_value_error, text)`` once, then one
-  ``("step", outputs, refused, calls, stats)`` frame per turn of the engine's loop that had
-  something to say (every delta, every admission refused with its ``ParamError``, every
-  ``Observer`` call, and the running/waiting/KV figures), ``("checked", error)`` and
+  ``("step", outputs, refused, calls, stats, sent_at)`` frame per turn of the engine's loop
+  that had something to say (every delta, every admission refused with its ``ParamError``,
+  every ``Observer`` call, the running/waiting/KV figures, and the ``time.monotonic()`` it was
+  sent at), ``("checked", error)`` and
   ``("stopped",)``.
 """
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +89,8 @@ class Relay:
 
     def flush(self) -> None:
         self._scheduled = False
-        frame = ("step", self.outputs, self.refused, self.observer.calls, _stats(self.engine))
+        stats = _stats(self.engine)
+        frame = ("step", self.outputs, self.refused, self.observer.calls, stats, time.monotonic())
         self.outputs, self.refused, self.observer.calls = [], [], []
         self.writer.write(pack(frame))
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -38,6 +40,7 @@ from verifypd.serve.protocol import (
     usage_chunk,
     with_token_ids,
 )
+from verifypd.serve.request_timing import log_timing, start_timing
 from verifypd.serve.schemas import (
     DEFAULT_COMPLETION_MAX_TOKENS,
     ChatCompletionRequest,
@@ -57,7 +60,7 @@ from verifypd.serve.tools import (
     template_knows_tools,
     tools_for_template,
 )
-from verifypd.types import ParamError, RequestOutput, SamplingParams
+from verifypd.types import ParamError, RequestOutput, RequestTiming, SamplingParams
 
 logger = logging.getLogger("verifypd.serve")
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("verifypd_state", ServerState)
@@ -66,6 +69,7 @@ MAX_INLINE_ENCODE_CHARS = 32_768
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
+    received = time.monotonic()
     state, body = await _accept(request, CompletionRequest)
     tokenizer = state.engine.tokenizer
     texts = completion_prompts(body)
@@ -81,10 +85,11 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         "completion", state.model_name, body.include_usage, extras,
         prompts=prompts if body.return_token_ids else None, n_per_prompt=params.n,
     )  # fmt: skip
-    return await generate_response(request, state, meta, prompts, params, body.is_stream)
+    return await generate_response(request, state, meta, prompts, params, body.is_stream, received)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    received = time.monotonic()
     state, body = await _accept(request, ChatCompletionRequest)
     tools = chat_tool_plan(body)
     constraint = output_constraint(body, tools)
@@ -100,7 +105,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         "chat", state.model_name, body.include_usage, extras, parsed,
         prompts=[ids] if body.return_token_ids else None, n_per_prompt=params.n,
     )  # fmt: skip
-    return await generate_response(request, state, meta, [ids], params, body.is_stream)
+    return await generate_response(request, state, meta, [ids], params, body.is_stream, received)
 
 
 async def _accept(
@@ -165,14 +170,19 @@ async def generate_response(
     prompts: list[list[int]],
     params: SamplingParams,
     stream: bool,
+    received: float | None = None,
 ) -> web.StreamResponse:
-    """Admit, run the engine (every prompt at once), and answer with SSE or one JSON body."""
+    """Admit, run the engine (every prompt at once), and answer with SSE or one JSON body.
+    ``received``: when the handler began (``time.monotonic()``), for --log-request-timing."""
     param = "messages" if meta.kind == "chat" else "prompt"
     state.admit(meta.id)
     outputs: AsyncIterator[RequestOutput] | None = None
     collected = OutputCollector(len(prompts) * params.n, n_per_prompt=params.n)
+    timing = start_timing(received, len(prompts))
+    if timing is not None:
+        meta = replace(meta, timing=timing)
     try:
-        outputs = await _start(state.engine, meta.id, prompts, params, param)
+        outputs = await _start(state.engine, meta.id, prompts, params, param, timing)
         first = await _first_output(outputs, param)  # engine input errors surface here
         if stream:
             return await _stream(request, state, meta, collected, first, outputs)
@@ -180,6 +190,8 @@ async def generate_response(
     finally:
         await _close(outputs)
         state.release(meta.id)
+        if timing is not None:
+            log_timing(request, meta.id, timing, collected)
 
 
 async def _start(
@@ -188,12 +200,13 @@ async def _start(
     prompts: list[list[int]],
     params: SamplingParams,
     param: str,
+    timing: RequestTiming | None,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's deltas: of its one request, or merged over several prompts."""
     if len(prompts) > 1:
         return merged_outputs(engine, request_id, prompts, params)
     try:
-        return await start_generate(engine, request_id, prompts[0], params)
+        return await start_generate(engine, request_id, prompts[0], params, timing)
     except ParamError as err:
         raise _param_error(err, param) from None
 
@@ -309,6 +322,8 @@ async def _stream_events(
         if meta.tools is None:  # a request with tools is sent when its choice ends
             chunk = delta_chunk(meta, out, sent[out.index])
             if chunk is not None:
+                if meta.timing is not None and meta.timing.first_sent is None:
+                    meta.timing.first_sent = time.monotonic()
                 await sse.send(chunk)
                 sent[out.index] = (sent[out.index] or 0) + len(chunk["choices"][0].get("text", ""))
         if out.finished and out.finish_reason in FAILED_REASONS:

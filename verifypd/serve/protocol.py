@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from verifypd.serve.logprobs import ChoiceExtras, ChoiceLogprobs
-from verifypd.types import RequestOutput
+from verifypd.types import RequestOutput, RequestTiming
 
 Kind = Literal["completion", "chat"]
 OBJECTS = {"completion": "text_completion", "chat": "chat.completion"}
@@ -37,6 +37,7 @@ class ResponseMeta:
     # None: token ids not asked for
     prompts: list[list[int]] | None = field(default=None, compare=False)
     n_per_prompt: int = 1
+    timing: RequestTiming | None = field(default=None, compare=False)  # --log-request-timing
 
     @classmethod
     def new(
