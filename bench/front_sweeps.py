@@ -29,22 +29,27 @@ from common import error_record
 from http_load import HttpEngine, served_model, server_info, server_means, server_totals
 from loadgen import run_load
 from mixed_sweep import out_of_time, record_run, warm_params
+from request_times import client_times, with_engine_times
 from sweep import SweepPlan, burn_in, run_trace, summary_row
 
 from verifypd.serve.engine_process import RemoteEngine
+from verifypd.types import RequestTiming
 
 LABEL_SUFFIX = "-proc"
 
 
 class SaltedEngine:
-    """``generate`` with every request's ``cache_salt`` set to ``salt``."""
+    """``generate`` with every request's ``cache_salt`` set to ``salt``; each request's
+    ``RequestTiming`` (the engine's stamps of its first token) kept in ``timings``."""
 
     def __init__(self, engine: Any, salt: str) -> None:
         self.engine, self.salt = engine, salt
+        self.timings: dict[str, RequestTiming] = {}
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: Any):
         salted = dataclasses.replace(params, cache_salt=self.salt)
-        return self.engine.generate(request_id, prompt_token_ids, salted)
+        timing = self.timings[request_id] = RequestTiming()
+        return self.engine.generate(request_id, prompt_token_ids, salted, timing=timing)
 
 
 async def remote_engine_sweep(
@@ -77,6 +82,8 @@ async def remote_engine_sweep(
             try:
                 res = await run_trace(salted, plan, rate, profile, temp, send_alpha)
                 row = summary_row(res, plan, rate, profile, temp, label, front="engine-process")
+                times = client_times(res["traces"], res["t_start"])
+                row["request_times"] = with_engine_times(times, salted.timings)
             except Exception as exc:  # noqa: BLE001 - record and go on
                 res, row = {"samples": []}, {"rate": rate, "acceptance_profile": profile,
                                              "temperature": temp, "mode": label,
@@ -107,10 +114,12 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
                 continue
             if args.http_cache_salt:
                 engine.extra["cache_salt"] = f"{nonce}-{rate}-{profile}-{temp}"
+            engine.id_prefix = f"{nonce}-{rate}-{profile}-{temp}/"
             try:
                 before = await server_totals(args.http)
                 res = await run_trace(engine, plan, rate, profile, temp, args.http_alpha)
                 row = summary_row(res, plan, rate, profile, temp, args.mode_label, front="http")
+                row["request_times"] = client_times(res["traces"], res["t_start"], engine.id_prefix)
                 # The server's own first-token and queue means against the client's: what
                 # the HTTP front and the network add.
                 ttfts = [t.ttft_s for t in res["traces"] if t.ttft_s is not None]

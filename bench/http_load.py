@@ -36,6 +36,9 @@ class HttpEngine:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.extra = dict(extra or {})  # server-specific body fields (return_token_ids)
+        # Each request goes with ``X-Request-Id: <id_prefix><request id>``: a server that logs
+        # it (verifypd serve --log-request-timing) can be lined up with the client, run by run.
+        self.id_prefix = ""
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> HttpEngine:
@@ -69,7 +72,8 @@ class HttpEngine:
         assert self.session is not None, "use HttpEngine as an async context manager"
         url = f"{self.base_url}/v1/completions"
         seen, finish = 0, None
-        async with self.session.post(url, json=self.body(prompt, params)) as resp:
+        headers = {"X-Request-Id": self.id_prefix + request_id}
+        async with self.session.post(url, json=self.body(prompt, params), headers=headers) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
             async for chunk in sse_events(resp):

@@ -77,6 +77,7 @@ class Trace:
     prompt_len: int
     max_tokens: int
     arrival: float  # intended arrival time (open loop)
+    sent: float | None = None  # when the client called ``generate`` (its loop may be late)
     deltas: list[tuple[float, int]] = field(default_factory=list)  # (time, num new tokens)
     finish_time: float | None = None
     finish_reason: str | None = None  # None: unfinished when the drain timeout hit
@@ -119,6 +120,7 @@ class Trace:
 
 
 async def consume(engine, req: Request, trace: Trace, params: SamplingParams) -> None:
+    trace.sent = time.perf_counter()
     try:
         async for out in engine.generate(req.request_id, req.prompt, params):
             now = time.perf_counter()

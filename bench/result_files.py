@@ -22,8 +22,9 @@ from typing import Any
 from common import Run, json_default, write_json
 
 # A row's diagnostics: the slowest requests, the TTFT / ITL anatomies (mixed.py --sweep
-# --ttft-anatomy / --itl-anatomy) and vLLM's engine steps (peer_vllm.py sweep --trace-steps).
-ROW_DETAIL = ("slowest", "itl_anatomy", "ttft_anatomy", "engine_steps")
+# --ttft-anatomy / --itl-anatomy), vLLM's engine steps (peer_vllm.py sweep --trace-steps) and
+# each request's first-token stamps through a front (bench/request_times.py).
+ROW_DETAIL = ("slowest", "itl_anatomy", "ttft_anatomy", "engine_steps", "request_times")
 DETAIL_FILE = "detail_file"  # the main JSON's key naming its sidecar
 DETAIL_SUFFIX = ".detail.json.gz"
 

@@ -662,6 +662,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     cmd = verifypd_serve_command(
         "--model", "dummy:tiny", "--draft-model", "dummy:tiny", "--device", "cpu",
         "--num-kv-blocks", "256", "--max-model-len", "256", "--synthetic-acceptance", "0.5",
+        "--log-request-timing",
     )  # fmt: skip
     argv = [a for a in SWEEP_TINY if a not in ("--num-kv-blocks", "256")]
     argv[argv.index("off,three-fixed,policy")] = "off"  # one mode label; --modes does not apply
@@ -677,6 +678,7 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
                                              "policy", "--no-http-cache-salt", "--rates", "20",
                                              "--out", str(tmp_path / "unsalted")])  # fmt: skip
         server.stop()
+        server_log = "\n".join(server.stderr)
     hits = {r["temperature"]: r["server"]["server_prefix_cache_hits_tokens"]
             for r in unsalted["sweep"]}  # fmt: skip
     assert hits[0.0] == 0 and hits[0.7] > 0
@@ -709,6 +711,27 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
     assert http.body([1], SamplingParams(max_tokens=2, cache_salt="s"))["cache_salt"] == "s"
     assert "cache_salt" not in http.body([1], SamplingParams(max_tokens=2))
     assert data["criteria"]["policy_within_5pct_of_best"]["verdict"] == "N/A"
+    # Each request's first token, split between the client and the server's timing log.
+    log = tmp_path / "server.log"
+    log.write_text(server_log)
+    times = load_bench("request_times")
+    lines = times.server_lines(log)
+    for r in rows:
+        split = times.splits(r["request_times"], lines)
+        assert len(split) == r["num_requests"]
+        _parts_add_up(split, times.PARTS, without={"pipe"})  # no engine process here
+    (result,) = tmp_path.glob("mixed-*.json")
+    assert times.main([str(result), "--server-log", str(log), "--top", "2"]) == 0
+
+
+def _parts_add_up(split: list[dict], parts: tuple[str, ...], without: set[str]) -> None:
+    """Every part of each first token is there (but ``without``), none is negative (one clock
+    on one host), and they add up to its TTFT."""
+    for row in split:
+        assert all(row[p] is None for p in without), row
+        got = [row[p] for p in parts if p not in without]
+        assert None not in got and min(got) >= -0.01, row
+        assert sum(got) == pytest.approx(row["ttft"], abs=0.05), row
 
 
 def test_max_wall_skips_runs_that_would_overrun(tmp_path: Path) -> None:
@@ -842,10 +865,15 @@ def test_engine_process_sweep_drives_a_remote_engine(tmp_path: Path) -> None:
     engines = data["sweep_engines"]
     assert engines["policy-proc"]["engine_process"] is True and engines["policy-proc"]["controller"]
     assert engines["off-proc"]["cache_salt_per_run"] is True
+    times = load_bench("request_times")
+    for r in rows:  # the RemoteEngine's stamps: no HTTP front, no chunk written
+        split = times.splits(r["request_times"], {})
+        assert len(split) == r["num_requests"]
+        _parts_add_up(split, times.PARTS, without={"to_front", "write"})
 
     class Recorder:
-        def generate(self, request_id, prompt_token_ids, params):
-            self.got = params
+        def generate(self, request_id, prompt_token_ids, params, timing):
+            self.got, self.timing = params, timing
             return "deltas"
 
     inner = Recorder()
@@ -853,4 +881,5 @@ def test_engine_process_sweep_drives_a_remote_engine(tmp_path: Path) -> None:
     original = SamplingParams(max_tokens=2, temperature=0.5)
     assert salted.generate("r", [1], original) == "deltas"
     assert inner.got.cache_salt == "run-1" and inner.got.temperature == 0.5
+    assert salted.timings["r"] is inner.timing
     assert original.cache_salt is None  # the trace's own params are left as they were

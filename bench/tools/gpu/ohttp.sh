@@ -11,3 +11,7 @@ wait_up 8000 /tmp/ours-$T.log || { cp /tmp/ours-$T.log "$OUT"/; exit 1; }
 timeout ${WALL:-300} python3 bench/mixed.py $S --http http://127.0.0.1:8000 --mode-label $L \
   --out "$OUT" --tag http-$T-$C
 pkill -f "verifypd serve"; sleep 3
+# With --log-request-timing: the server's log beside the result (bench/request_times.py reads it).
+if grep -q "request timing" /tmp/ours-$T.log; then
+  gzip -c /tmp/ours-$T.log > "$OUT/server-log-http-$T-$C.txt.gz"
+fi
