@@ -10,7 +10,8 @@ engine, sent by the engine process, got by the front); over HTTP the server logs
 ``verifypd serve --log-request-timing`` (serve/request_timing.py), matched here by the
 ``X-Request-Id`` the client sends.
 
-    python bench/request_times.py RESULT.json [--server-log LOG[.gz]] [--rate 14] [--top 8]
+    python bench/request_times.py RESULT.json [--server-log LOG[.gz]] [--rate 14] [--top 8] \
+        [--out SPLIT.json]
 
 prints, for the slowest first tokens of each row, the split (ms) of the client's TTFT:
 
@@ -37,7 +38,8 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from common import format_table  # noqa: E402
+import numpy as np  # noqa: E402
+from common import format_table, save_figure, write_json_and_plot  # noqa: E402
 from result_files import load_result  # noqa: E402
 
 TIMING_MARK = "request timing "  # serve/request_timing.py's log line
@@ -125,19 +127,39 @@ def _path_stamps(
     return None, None, None, None, None
 
 
-def report(result: dict[str, Any], server: dict, rate: float | None, top: int) -> list[str]:
-    lines = []
+def summarize(result: dict[str, Any], server: dict, rate: float | None, top: int) -> list[dict]:
+    """Per row with ``request_times``: each part's median and p90 over its first tokens, and
+    the ``top`` slowest with their parts."""
+    out = []
     for row in result["sweep"]:
         times = row.get("request_times")
         if times is None or (rate is not None and row["rate"] != rate):
             continue
         ranked = splits(times, server)
+        stats = {}
+        for part in ("ttft", *PARTS):
+            values = [r[part] for r in ranked if r[part] is not None]
+            if values:
+                p50, p90 = np.percentile(values, [50, 90])
+                stats[part] = {"p50": round(float(p50), 2), "p90": round(float(p90), 2)}
+        out.append({k: row[k] for k in ("mode", "acceptance_profile", "temperature", "rate")}
+                   | {"num_first_tokens": len(ranked), "parts": stats,
+                      "slowest": ranked[:top]})  # fmt: skip
+    return out
+
+
+def report(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for row in rows:
         lines.append(f"{row['mode']} {row['acceptance_profile']} T={row['temperature']} "
-                     f"{row['rate']}/s: {len(ranked)} first tokens, slowest {top}")  # fmt: skip
+                     f"{row['rate']}/s: {row['num_first_tokens']} first tokens; p50 / p90 of "
+                     "each part over all, then the slowest")  # fmt: skip
+        parts = row["parts"]
+        lines.append("  " + ", ".join(f"{k} {v['p50']} / {v['p90']}" for k, v in parts.items()))
         headers = ["request", "prompt", "at s", "TTFT", *PARTS]
         cells = [
             [r["request_id"], r["prompt_len"], r["at_s"], r["ttft"], *[_blank(r[p]) for p in PARTS]]
-            for r in ranked[:top]
+            for r in row["slowest"]
         ]
         lines += [format_table(headers, cells), ""]
     return lines
@@ -147,17 +169,48 @@ def _blank(value: float | None) -> Any:
     return "" if value is None else value
 
 
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """One panel per row: the slowest first tokens as stacked bars of their parts."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result["rows"]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.2 + 0.35 * max(
+        (len(r["slowest"]) for r in rows), default=1) * len(rows)), squeeze=False)  # fmt: skip
+    for ax, row in zip(axes[:, 0], rows, strict=True):
+        names = [f"{r['request_id']} ({r['prompt_len']})" for r in row["slowest"]][::-1]
+        left = np.zeros(len(names))
+        for part in PARTS:
+            widths = np.array([r[part] or 0.0 for r in row["slowest"]][::-1])
+            ax.barh(names, widths, left=left, label=part)
+            left += widths
+        ax.set_title(f"{row['mode']} {row['acceptance_profile']} {row['rate']}/s", fontsize=9)
+        ax.set_xlabel("ms after the intended arrival")
+    axes[0, 0].legend(fontsize=7, ncol=len(PARTS), loc="lower right")
+    fig.tight_layout()
+    return save_figure(fig, path, 110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("result", help="a mixed.py --sweep JSON through a front")
     p.add_argument("--server-log", default=None, help="verifypd serve --log-request-timing log")
     p.add_argument("--rate", type=float, default=None, help="only this rate")
     p.add_argument("--top", type=int, default=8, help="slowest first tokens shown per row")
+    p.add_argument("--out", default=None, help="the split as JSON (and a PNG beside it)")
     args = p.parse_args(argv)
     server = server_lines(Path(args.server_log)) if args.server_log else {}
-    lines = report(load_result(Path(args.result)), server, args.rate, args.top)
-    print("\n".join(lines) if lines else "no row with request_times")
-    return 0 if lines else 1
+    rows = summarize(load_result(Path(args.result)), server, args.rate, args.top)
+    print("\n".join(report(rows)) if rows else "no row with request_times")
+    command = "python bench/request_times.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    write_json_and_plot(args.out, {"command": command, "rows": rows}, plot)
+    return 0 if rows else 1
 
 
 if __name__ == "__main__":

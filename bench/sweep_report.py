@@ -239,6 +239,12 @@ def plot_all(png: Path, rows: list[dict[str, Any]], timeline: list[dict[str, Any
 
 
 # ----------------------------------------------------------------------------- merge
+def http_sitting(http: list[dict[str, Any]]) -> dict[str, Any]:
+    """No in-process rows: the first HTTP run's device, commit and plan, and no rows."""
+    keys = ("device", "git_commit", "sweep_config", "slo")
+    return {**{k: http[0].get(k) for k in keys}, "command": None, "sweep": []}
+
+
 def join_ours(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Several ``mixed.py --sweep`` JSONs of one plan (e.g. one mode per run, to fit a time
     limit) as one: their rows and policy timelines together; a different plan is an error."""
@@ -349,7 +355,8 @@ def relabel(result: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("ours", nargs="+", help="bench/mixed.py --sweep JSONs (one plan)")
+    p.add_argument("ours", nargs="*", help="bench/mixed.py --sweep JSONs (one plan); none: "
+                   "an HTTP sitting alone (--http), judged against vLLM's server")  # fmt: skip
     p.add_argument("--vllm", nargs="*", default=[], help="peer_vllm.py sweep JSONs")
     p.add_argument("--http", nargs="*", default=[], help="mixed.py --sweep --http JSONs")
     p.add_argument("--repeat", nargs="*", default=[], help="another run of the same plan")
@@ -363,8 +370,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         names = dict(item.split("=", 1) for item in args.label)
     except ValueError:
         p.error(f"--label: expected OLD=NEW, got {args.label}")
-    ours = join_ours([load_result(f) for f in args.ours])
+    if not args.ours and not args.http:
+        p.error("give the in-process sweep JSONs, or --http")
     http = [relabel(load_result(f), names) for f in args.http]
+    ours = join_ours([load_result(f) for f in args.ours]) if args.ours else http_sitting(http)
     merged = merge(ours, [load_result(f) for f in args.vllm], http)
     if args.repeat:
         again = join_ours([load_result(f) for f in args.repeat])
@@ -382,7 +391,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         merged["sources"]["ab"] = before.get("command")
         label = before.get("git_commit") or "old"  # drawn beside the new rows, not judged
         merged["ab_sweep"] = [dict(r, mode=f"{r['mode']}@{label}") for r in before["sweep"]]
-    first = Path(args.ours[0])
+    first = Path((args.ours or args.http)[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + "-merged.json")
     # the policy timelines (hundreds of KB each) and the rows' diagnostics (ROW_DETAIL) stay in
     # the runs' own files (their sidecars, result_files.py): the report keeps the numbers the

@@ -341,6 +341,18 @@ def test_merge_with_vllm_and_http(tmp_path: Path) -> None:
     report.main([str(paths[1]), "--http", str(paths[3]), "--out", str(tmp_path / "one.json")])
     assert (tmp_path / "one-hetero-t0.0.png").is_file()
     assert not (tmp_path / "one-policy.png").exists()
+    # an HTTP sitting alone: no in-process rows, the HTTP policy judged against vLLM's server
+    vllm_http = {"command": "python bench/mixed.py --sweep --http", "git_commit": "def",
+                 "sweep": [_row("vllm-http", 2, ttft=85.0, itl=20.0, tpot=9.5)]}  # fmt: skip
+    (tmp_path / "vllm-http.json").write_text(json.dumps(vllm_http))
+    sitting = report.main(["--http", str(paths[3]), str(tmp_path / "vllm-http.json"),
+                           "--out", str(tmp_path / "sitting.json")])  # fmt: skip
+    assert {r["mode"] for r in sitting["sweep"]} == {"http:policy", "http:vllm-http"}
+    judged = sitting["criteria"]["http_policy_ahead_of_vllm"]
+    assert judged["verdict"] == "PASS" and judged["vllm_front"] == "http"
+    assert sitting["git_commit"] is None  # the first HTTP run's (none given here)
+    with pytest.raises(SystemExit):
+        report.main([])
     # a server run under another --mode-label, read as a policy variant by --label
     http["sweep"][0]["mode"] = "ours-ep"
     paths[3].write_text(json.dumps(http))
@@ -721,7 +733,13 @@ def test_http_replay_sends_each_alpha(tmp_path: Path) -> None:
         assert len(split) == r["num_requests"]
         _parts_add_up(split, times.PARTS, without={"pipe"})  # no engine process here
     (result,) = tmp_path.glob("mixed-*.json")
-    assert times.main([str(result), "--server-log", str(log), "--top", "2"]) == 0
+    split_path = tmp_path / "split.json"
+    assert times.main([str(result), "--server-log", str(log), "--top", "2",
+                       "--out", str(split_path)]) == 0  # fmt: skip
+    split = json.loads(split_path.read_text())["rows"]
+    assert len(split) == len(rows) and all(len(r["slowest"]) == 2 for r in split)
+    assert split[0]["parts"]["ttft"]["p50"] <= split[0]["parts"]["ttft"]["p90"]
+    assert split_path.with_suffix(".png").exists()
 
 
 def _parts_add_up(split: list[dict], parts: tuple[str, ...], without: set[str]) -> None:
