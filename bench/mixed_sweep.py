@@ -28,7 +28,8 @@ from sweep_criteria import (
     goodput_ladder_lines,
     policy_variants,
 )
-from sweep_report import columnar, plot_all, table
+from sweep_plots import columnar, plot_all
+from sweep_report import table
 from ttft_anatomy import StepLog, anatomy
 
 SCRIPT = "mixed"

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from common import format_table, save_figure, write_json  # noqa: E402
+from common import format_table, write_json  # noqa: E402
 from intervals import clear_miss  # noqa: E402
 from result_files import load_result, row_count, slim_row  # noqa: E402
 from sweep_ab import ab_compare, ab_lines  # noqa: E402
@@ -43,12 +43,8 @@ from sweep_criteria import (  # noqa: E402
     replicated_misses,
     spread_lines,
 )
-
-PANELS = (("itl_p99_ms", "ITL p99 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
-          ("goodput_rps", "goodput req/s (SLO)"))  # fmt: skip
-TIMELINE_KEYS = ("mean_draft_len", "fused_fraction", "lane")
-TIMELINE_WORDS = ("fused", "lane", "draft_len")  # other snapshot keys of the policy's choices
-
+# plot_rates, columnar and timeline_samples stay importable from here (tools and tests use them)
+from sweep_plots import columnar, plot_all, plot_rates, timeline_samples  # noqa: E402, F401
 
 # ----------------------------------------------------------------------------- table
 HEADERS = ["profile", "temp", "rate", "mode", "TTFT p50", "p99", "ITL p50", "p99", "TPOT p50",
@@ -143,99 +139,6 @@ def vllm_lines(block: dict[str, Any], label: str) -> list[str]:
         lines.append(f"  {'ok  ' if c['ok'] else 'MISS'} {c['acceptance_profile']} "
                      f"t={c['temperature']} rate={c['rate']}: {nums}")  # fmt: skip
     return lines
-
-
-# ----------------------------------------------------------------------------- plots
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def plot_rates(stem: Path, rows: list[dict[str, Any]]) -> list[Path]:
-    """One PNG per (profile, temperature): the PANELS against rate, one line per mode."""
-    plt = _plt()
-    if plt is None:
-        return []
-    paths = []
-    keys = sorted({(r["acceptance_profile"], r["temperature"]) for r in rows})
-    for profile, temp in keys:
-        sel = [r for r in rows if (r["acceptance_profile"], r["temperature"]) == (profile, temp)]
-        fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.3))
-        for mode in dict.fromkeys(r["mode"] for r in sel):
-            pts = sorted((r["rate"], r) for r in sel if r["mode"] == mode)
-            for ax, (key, _) in zip(axes, PANELS, strict=True):
-                xy = [(x, r.get(key)) for x, r in pts if r.get(key) is not None]
-                if xy:
-                    ax.plot(*zip(*xy, strict=True), marker="o", label=mode)
-        for ax, (_, title) in zip(axes, PANELS, strict=True):
-            ax.set(xlabel="arrival rate req/s", title=f"{title}: {profile}, T={temp}")
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = stem.with_name(f"{stem.stem}-{profile}-t{temp}.png")
-        save_figure(fig, path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def columnar(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run's policy snapshots as stored: ``columns`` (every key, in first-seen order) and
-    ``values`` (one list per snapshot; None where a snapshot lacks the key). The keys repeated
-    in every snapshot were two thirds of a sweep's JSON (the results folder's timelines went
-    from 25.8 to 7.7 MB)."""
-    columns = list(dict.fromkeys(k for s in samples for k in s))
-    return {"columns": columns, "values": [[s.get(k) for k in columns] for s in samples]}
-
-
-def timeline_samples(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """One ``policy_timeline`` entry's snapshots as dicts, from either form: ``columnar``, or
-    the ``samples`` list of dicts of files written before 2026-11-26 (a None value reads as
-    an absent key, as the plots treat it)."""
-    if "samples" in entry:
-        return entry["samples"]
-    columns = entry.get("columns", [])
-    return [{k: v for k, v in zip(columns, row, strict=True) if v is not None}
-            for row in entry.get("values", [])]  # fmt: skip
-
-
-def plot_timeline(path: Path, timeline: list[dict[str, Any]]) -> Path | None:
-    """The policy's decisions over time (snapshot keys in TIMELINE_KEYS that it has), one
-    panel per key, one line per (rate, profile, temperature)."""
-    plt = _plt()
-    timeline = [{**t, "samples": timeline_samples(t)} for t in timeline]
-    keys = dict.fromkeys(k for t in timeline for s in t["samples"] for k in s)
-    present = [k for k in keys if k in TIMELINE_KEYS or any(w in k for w in TIMELINE_WORDS)]
-    if plt is None or not present:
-        return None
-    fig, axes = plt.subplots(len(present), 1, figsize=(11, 3.2 * len(present)), squeeze=False)
-    for ax, key in zip(axes[:, 0], present, strict=True):
-        for t in timeline:
-            xy = [(s["t_s"], s[key]) for s in t["samples"] if s.get(key) is not None]
-            if xy:
-                label = f"{t['acceptance_profile']} T={t['temperature']} {t['rate']}/s"
-                ax.plot(*zip(*xy, strict=True), label=label, lw=0.8)
-        ax.set(xlabel="s since the run's start", ylabel=key, title=f"policy: {key} over time")
-        ax.legend(fontsize=6, ncol=3)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_all(png: Path, rows: list[dict[str, Any]], timeline: list[dict[str, Any]]):
-    """Every sweep plot next to ``png``'s stem; returns the first (for the run's summary)."""
-    paths = plot_rates(png, rows)
-    line = plot_timeline(png.with_name(f"{png.stem}-policy.png"), timeline)
-    paths += [line] if line else []
-    for p in paths:
-        print(f"plot {p}")
-    return paths[0] if paths else None
 
 
 # ----------------------------------------------------------------------------- merge
