@@ -43,6 +43,7 @@ from sweep_criteria import (  # noqa: E402
     replicated_misses,
     spread_lines,
 )
+
 # plot_rates, columnar and timeline_samples stay importable from here (tools and tests use them)
 from sweep_plots import columnar, plot_all, plot_rates, timeline_samples  # noqa: E402, F401
 
