@@ -104,8 +104,10 @@ async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None)
         "server_info": await server_info(args.http),  # the server's settings, where it says
     }  # fmt: skip
     async with HttpEngine(args.http, model, args.http_extra) as engine:
-        for temp in plan.temperatures:
+        for temp in plan.temperatures:  # every X-Request-Id of the sweep is its own
+            engine.id_prefix = f"{nonce}-warm-{temp}/"
             await run_load(engine, warmup, lambda i, r, t=temp: warm_params(r, t, i), 120.0)
+        engine.id_prefix = f"{nonce}-burn-in/"
         await burn_in(engine, plan, args.http_alpha)
         for rate, profile, temp in plan.runs():
             if out_of_time(

@@ -8,8 +8,7 @@ Both ends are this package, and the socket never leaves the machine (never a net
   ``("step", outputs, refused, calls, stats, sent_at)`` frame per turn of the engine's loop
   that had something to say (every delta, every admission refused with its ``ParamError``,
   every ``Observer`` call, the running/waiting/KV figures, and the ``time.monotonic()`` it was
-  sent at), ``("checked", error)`` and
-  ``("stopped",)``.
+  sent at), ``("checked", error)`` and ``("stopped",)``.
 """
 
 from __future__ import annotations
