@@ -27,6 +27,8 @@ speculation); also single-ctrl, single-off, and three-fixed-unchained / three-ct
 the sweep's variants (``MODES``, bench/mixed_modes.py), among them off-noahead /
 policy-noahead (decode-ahead off).
 
+What a mode's run records and the table and plot of the modes: bench/mixed_report.py.
+
     python bench/mixed.py
     python bench/mixed.py --device cpu --model dummy:tiny --draft-model dummy:tiny \
         --num-requests 6 --rate 20 --short-prompt-len 8 16 --short-output-len 4 8 \
@@ -46,28 +48,23 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
     add_spec_args,
     csv_list,
-    draw_bars,
     error_record,
     format_table,
     progress,
     release_memory,
-    save_figure,
     start_run,
 )
 from harness import (  # noqa: E402
     CompileLog,
-    StepRecorder,
     attach_recorder,
     build_engine,
     close_engine,
     engine_config,
     engine_info,
-    keep_slowest,
     synthetic_note,
     synthetic_spec,
 )
@@ -75,13 +72,18 @@ from loadgen import (  # noqa: E402
     Mix,
     Request,
     Trace,
-    itl_quantiles,
-    latency_stats,
-    load_stats,
     make_requests,
     run_load,
 )
 from mixed_modes import DEFAULT_MODES, MODES, SWEEP_MODES  # noqa: E402
+from mixed_report import (  # noqa: E402
+    HEADERS,
+    LoadRecorder,
+    mode_results,
+    plot,
+    progress_view,
+    summary_rows,
+)
 from mixed_sweep import add_sweep_args, run_sweep  # noqa: E402
 
 from verifypd.config import EngineConfig, SchedulerConfig, SpecConfig  # noqa: E402
@@ -180,65 +182,6 @@ def mix_of(args) -> Mix:
     return Mix(*(tuple(x) for x in lens), args.long_fraction)
 
 
-class LoadRecorder(StepRecorder):
-    """``StepRecorder`` plus the histogram of draft lengths handed out per sequence and step."""
-
-    def reset(self) -> None:
-        super().reset()
-        self.draft_lens: Counter[int] = Counter()
-        self.slowest_proposals: list[tuple[float, int, float]] = []  # (s, seqs, t_end)
-
-    def time_proposals(self, policy) -> None:
-        """Wraps ``policy.propose`` (``SpeculationPolicy``; it runs on the event loop, outside
-        every lane step) to keep the slowest calls: the event loop waits while a proposal is
-        enqueued (its drafting runs on the GPU after it returns), and so does every lane's next
-        launch."""
-        inner = policy.propose
-
-        def timed(entries, *args, **kwargs):
-            t = time.perf_counter()
-            out = inner(entries, *args, **kwargs)
-            end = time.perf_counter()
-            keep_slowest(self.slowest_proposals, (end - t, len(entries), end - self.t0))
-            return out
-
-        policy.propose = timed
-
-    def draft_length(self, draft_len: int) -> None:
-        self.draft_lens[draft_len] += 1
-
-    def spec_summary(self) -> dict[str, Any]:
-        n = sum(self.draft_lens.values())
-        mean_l = sum(k * v for k, v in self.draft_lens.items()) / n if n else None
-        return {
-            "draft_len_hist": {str(k): v for k, v in sorted(self.draft_lens.items())},
-            "mean_draft_len_decided": mean_l,
-            "mean_drafts_per_verify": self.num_drafted / self.num_spec_calls
-            if self.num_spec_calls
-            else None,
-            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else None,
-            "slowest_proposals": [
-                {"seconds": s, "num_seqs": n, "t_end_s": t} for s, n, t in self.slowest_proposals
-            ],
-        }
-
-
-def controller_stats(snaps: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, Any]:
-    def mean(key: str) -> float | None:
-        vals = [s[key] for s in snaps if s.get(key) is not None]
-        return float(np.mean(vals)) if vals else None
-
-    keys = ("mean_draft_len", "mean_acceptance", "p95_decode_s", "verify_queue_depth")
-    return {
-        "num_snapshots": len(snaps),
-        "time_mean": {k: mean(k) for k in keys},
-        "pressure_frac": float(np.mean([s["pressure"] is not None for s in snaps]))
-        if snaps
-        else None,
-        "final": final,
-    }
-
-
 # ----------------------------------------------------------------------------- one mode
 def mode_config(args, name: str) -> EngineConfig:
     mode = MODES[name]
@@ -330,75 +273,6 @@ def engine_error(engine) -> str | None:
     return repr(task.exception())
 
 
-def mode_results(llm, recorder: LoadRecorder, traces, snaps, t_start) -> dict[str, Any]:
-    core = llm.core
-    spec_on = core.spec.enabled
-    return {
-        "load": load_stats(traces, t_start),
-        "latency": latency_stats(traces),
-        "by_kind": {
-            k: latency_stats([t for t in traces if t.kind == k]) for k in ("short", "long")
-        },
-        "itl_quantiles_ms": itl_quantiles(traces),
-        "steps": recorder.summary(),
-        "spec": recorder.spec_summary() if spec_on else None,
-        "controller": controller_stats(snaps, core.controller.snapshot()) if spec_on else None,
-        "requests": [t.row() for t in traces],
-        "_itl": [x for t in traces for x in t.itl_samples()],  # for the plot, not the JSON
-    }
-
-
-# ----------------------------------------------------------------------------- report
-HEADERS = ["mode", "TTFT p50", "p95", "p99", "ITL p50", "p95", "p99", "TPOT p99", "out tok/s",
-           "mean L", "accept", "done", "note"]  # fmt: skip
-
-
-def summary_rows(results: dict[str, Any]) -> list[list[Any]]:
-    rows = []
-    for name, r in results.items():
-        if "latency" not in r:
-            rows.append([name, *["-"] * 11, r.get("error", "failed")[:40]])
-            continue
-        lat, load = r["latency"], r["load"]
-        ttft, itl = lat["ttft_ms"], lat["itl_ms"]
-        spec = r["spec"] or {}
-        rows.append([
-            name, ttft["p50"], ttft["p95"], ttft["p99"], itl["p50"], itl["p95"], itl["p99"],
-            lat["tpot_ms"]["p99"], load["output_tok_s"], spec.get("mean_drafts_per_verify"),
-            spec.get("acceptance_rate"), f"{load['num_finished']}/{load['num_requests']}",
-            "synthetic acceptance" if r["speculate"] else "no speculation",
-        ])  # fmt: skip
-    return rows
-
-
-def plot(path: Path, results: dict[str, Any], itl: dict[str, list[float]]) -> Path | None:
-    """ITL CDF per mode, and p50/p95/p99 bars of ITL and TTFT."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    ok = {n: r for n, r in results.items() if "latency" in r}
-    fig, axes = plt.subplots(1, 3, figsize=(19, 4.8))
-    for name, samples in itl.items():
-        if samples:
-            x = np.sort(np.asarray(samples) * 1e3)
-            axes[0].plot(x, np.arange(1, x.size + 1) / x.size, label=name)
-    axes[0].set(xscale="log", xlabel="ITL ms (log)", ylabel="fraction of tokens",
-                title="ITL CDF (synthetic acceptance)")  # fmt: skip
-    axes[0].legend(fontsize=8)
-    labels = list(ok)
-    for ax, key, title in ((axes[1], "itl_ms", "ITL"), (axes[2], "ttft_ms", "TTFT")):
-        series = {p: [ok[n]["latency"][key][p] for n in labels] for p in ("p50", "p95", "p99")}
-        draw_bars(ax, f"{title} percentiles per mode", "ms", labels, series)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = start_run(SCRIPT, argv, parse_args, METHOD)
     args, report = run.args, run.report
@@ -424,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r = {"mode": name, **dataclasses.asdict(MODES[name]), **error_record(exc)}
         release_memory()
         report["results"][name] = r
-        progress(SCRIPT, name, _progress_view(r), ("ttft_p99_ms", "itl_p99_ms"))
+        progress(SCRIPT, name, progress_view(r), ("ttft_p99_ms", "itl_p99_ms"))
         run.save()
     table = format_table(HEADERS, summary_rows(report["results"]))
     table += (f"\nms; synthetic acceptance alpha={args.acceptance} for every request; fixed L = "
@@ -451,16 +325,6 @@ def workload_summary(requests: list[Request]) -> dict[str, Any]:
         "arrival_span_s": requests[-1].arrival_s if requests else 0.0,
         "prompt_tokens": sum(len(r.prompt) for r in requests),
         "requested_output_tokens": sum(r.max_tokens for r in requests),
-    }
-
-
-def _progress_view(r: dict[str, Any]) -> dict[str, Any]:
-    lat = r.get("latency") or {}
-    return {
-        "ttft_p99_ms": (lat.get("ttft_ms") or {}).get("p99"),
-        "itl_p99_ms": (lat.get("itl_ms") or {}).get("p99"),
-        "output_tok_s": (r.get("load") or {}).get("output_tok_s"),
-        "error": r.get("error"),
     }
 
 
