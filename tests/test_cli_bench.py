@@ -37,3 +37,6 @@ def test_unknown_bench_lists_the_benchmarks(tmp_path: Path, monkeypatch, capsys)
         "peer_sweep",
     } & set(listed)  # libraries, not benches
     assert all((bench_dir() / f"{name}.py").is_file() for name in listed)
+    # every name listed runs as a script; a module other scripts import is not listed
+    for name in listed:
+        assert '__name__ == "__main__"' in (bench_dir() / f"{name}.py").read_text(), name

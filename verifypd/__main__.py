@@ -77,6 +77,13 @@ BENCH_LIBRARIES = frozenset(
         "intervals",
         "loop_callbacks",
         "mixed_sweep",
+        "mixed_modes",
+        "mixed_report",
+        "front_sweeps",
+        "itl_anatomy",
+        "ttft_anatomy",
+        "process_counters",
+        "sweep_plots",
         "peer_sweep",
         "result_files",
     }
