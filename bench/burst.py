@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gzip
 import json
 import sys
 import time
@@ -29,16 +31,31 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import add_common_args, format_table, median, save_figure, start_run  # noqa: E402
+from gpu_gaps import annotated, format_gaps, kernel_gaps, load_trace  # noqa: E402
 from http_load import HttpEngine, served_model, server_info  # noqa: E402
 
 from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig  # noqa: E402
+from verifypd.engine.core import EngineCore  # noqa: E402
+from verifypd.engine.pending import PendingStep  # noqa: E402
+from verifypd.engine.runner import ModelRunner  # noqa: E402
+from verifypd.engine.scheduler import Scheduler  # noqa: E402
 from verifypd.lanes.async_engine import AsyncEngine  # noqa: E402
+from verifypd.lanes.deltas import Deltas  # noqa: E402
+from verifypd.lanes.dispatcher import LaneDispatcher  # noqa: E402
 from verifypd.model_config import dummy_preset  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
 
 # The 14 req/s trace's burst (SweepPlan.requests(14), req-35..43, long prompts) that makes
 # the TTFT p99 against vLLM (docs/performance.md).
 BURST = (1628, 1846, 152, 2803, 1750, 1082)
+# The host's parts of a step, annotated in a traced burst (--trace): fold-back, planning,
+# input upload, each piece of a prompt step's launch, the wait for a result, the deltas.
+HOST_STEPS = (
+    (LaneDispatcher, "collect"), (LaneDispatcher, "_plan"), (Scheduler, "plan_prefill"),
+    (Scheduler, "begin_step"), (ModelRunner, "prepare"), (EngineCore, "launch_iter"),
+    (EngineCore, "launch"), (EngineCore, "apply_step"), (PendingStep, "result"),
+    (Deltas, "emit"),
+)  # fmt: skip
 FIRST = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
@@ -52,6 +69,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=3000, help="their max_tokens (a bound)")
     p.add_argument("--repeats", type=int, default=3, help="runs with and without decode rows")
     p.add_argument("--num-kv-blocks", type=int, default=16384)
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="with --profile: the host's steps annotated, each profiled burst's Chrome "
+                        "trace written to DIR (gzipped) and its GPU idle gaps summarised "
+                        "(bench/gpu_gaps.py)")  # fmt: skip
     p.add_argument("--profile", action="store_true",
                    help="after the runs, one more burst each way under the torch profiler: "
                         "GPU time by kernel name (the top 15)")  # fmt: skip
@@ -66,6 +87,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.http and (args.profile or args.engine_option):
         p.error("--http: --profile and --engine-option apply to an in-process engine only")
+    if args.trace and not args.profile:
+        p.error("--trace needs --profile")
     return args
 
 
@@ -105,9 +128,12 @@ async def first_token(engine: Engine, rid: str, prompt: list[int]) -> float:
     return first
 
 
-async def one_burst(engine: Engine, args: argparse.Namespace, rows: int, run: int) -> dict:
+async def one_burst(
+    engine: Engine, args: argparse.Namespace, rows: int, run: int, mark: bool = False
+) -> dict:
     """Decoders first (each past its third token), then the burst at once; the decoders are
-    dropped (aborted; over HTTP, disconnected) once every prompt has its first token."""
+    dropped (aborted; over HTTP, disconnected) once every prompt has its first token.
+    ``mark``: the burst is a ``record_function`` range named "burst" (a profiled run)."""
     rng = np.random.default_rng([args.seed, run + 1, rows])  # the warm-up is run -1
     vocab = args.vocab
 
@@ -126,8 +152,9 @@ async def one_burst(engine: Engine, args: argparse.Namespace, rows: int, run: in
                 raise RuntimeError("a decode row ended before the burst")
         await asyncio.sleep(0.005)
     t0 = time.perf_counter()
-    firsts = await asyncio.gather(*(first_token(engine, f"b{run}-{rows}-{i}", prompt(n))
-                                    for i, n in enumerate(args.prompts)))  # fmt: skip
+    with torch.profiler.record_function("burst") if mark else contextlib.nullcontext():
+        firsts = await asyncio.gather(*(first_token(engine, f"b{run}-{rows}-{i}", prompt(n))
+                                        for i, n in enumerate(args.prompts)))  # fmt: skip
     t1 = max(firsts)
     for task in decoders:
         task.cancel()
@@ -193,8 +220,12 @@ async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: in
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        result = await one_burst(engine, args, rows, 1000)
+    if args.trace:
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof, annotated(HOST_STEPS if args.trace else ()):
+        result = await one_burst(engine, args, rows, 1000, mark=bool(args.trace))
+    if args.trace:
+        result.update(trace_gaps(prof, Path(args.trace), rows, gaps=cuda))
     totals: dict[str, float] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -205,6 +236,25 @@ async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: in
     result["kernels_ms"] = [{"name": name[:120], "ms": ms} for name, ms in top]
     result["kernels_total_ms"] = sum(totals.values())
     return result
+
+
+def trace_gaps(prof: Any, out_dir: Path, rows: int, gaps: bool = True) -> dict:
+    """Writes the profiled burst's Chrome trace (gzipped) and, with ``gaps``, its GPU idle
+    gaps within the burst (``gpu_gaps.kernel_gaps``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = out_dir / f"burst-trace-{rows}-rows.json"
+    prof.export_chrome_trace(str(raw))
+    trace = load_trace(raw)
+    path = raw.with_suffix(".json.gz")
+    path.write_bytes(gzip.compress(raw.read_bytes()))
+    raw.unlink()
+    if not gaps:
+        return {"trace": path.name}
+    burst = [e for e in trace["traceEvents"] if e.get("name") == "burst" and "dur" in e]
+    window = (burst[0]["ts"], burst[0]["ts"] + burst[0]["dur"]) if burst else None
+    summary = kernel_gaps(trace, window=window)
+    print(f"\n{rows} decode rows, {path.name}:\n{format_gaps(summary)}")
+    return {"trace": path.name, "gpu_gaps": summary}
 
 
 def compare(paths: list[str], png: str) -> Path:

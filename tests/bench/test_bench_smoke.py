@@ -357,6 +357,27 @@ def test_burst(tmp_path: Path) -> None:
                     "--out", str(tmp_path)])  # fmt: skip
 
 
+def test_burst_trace_annotates_the_host_steps(tmp_path: Path) -> None:
+    """bench/burst.py --profile --trace on CPU: the profiled bursts' traces are written, with
+    the burst and the host's step parts as ranges (the GPU gaps need a GPU)."""
+    bench = load_bench("burst")
+    gg = load_bench("gpu_gaps")
+    bench.main(["--device", "cpu", "--model", "dummy:tiny", "--prompts", "30", "--decode-rows",
+                "1", "--decode-context", "8", "--decode-tokens", "400", "--repeats", "1",
+                "--num-kv-blocks", "256", "--profile", "--trace", str(tmp_path / "traces"),
+                "--out", str(tmp_path)])  # fmt: skip
+    profiled = [r for r in read_json(tmp_path, "burst")["results"]["runs"] if r.get("profiled")]
+    assert sorted(r["trace"] for r in profiled) == ["burst-trace-0-rows.json.gz",
+                                                    "burst-trace-1-rows.json.gz"]  # fmt: skip
+    trace = gg.load_trace(tmp_path / "traces" / "burst-trace-1-rows.json.gz")
+    names = {e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"}
+    # on the event loop's thread (on CPU the step itself runs in a worker thread)
+    assert {"burst", "LaneDispatcher.collect", "EngineCore.apply_step", "Scheduler.begin_step",
+            "Scheduler.plan_prefill"} <= names  # fmt: skip
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--trace", str(tmp_path), "--out", str(tmp_path)])
+
+
 def test_burst_over_http(tmp_path: Path) -> None:
     """bench/burst.py --http against a real ``verifypd serve``: the same runs through the
     server's front (its settings recorded, the vocabulary read from its dummy preset), and the
