@@ -290,6 +290,9 @@ MODES = {
     # ... and, once fused, held fused while any prompt token queues (fuse_decode_hold_tokens).
     "off-fusehold": Mode("three", False, engine_options=(("fuse_decode_hold_tokens", 1),)),
     "policy-fusehold": _policy_with(engine=(("fuse_decode_hold_tokens", 1),)),
+    # The next prompt step launched behind the one in flight (EngineConfig.prompt_ahead).
+    "off-pahead": Mode("three", False, engine_options=(("prompt_ahead", True),)),
+    "policy-pahead": _policy_with(engine=(("prompt_ahead", True),)),
     "off-nofuse": Mode("three", False, engine_options=_fuse(None, 0)),
     "policy-nofuse": _policy_with(engine=_fuse(None, 0)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):

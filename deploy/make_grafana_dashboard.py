@@ -127,6 +127,8 @@ def series() -> list[dict]:
                  "drafter fed behind prefill"),
                q(f"sum(rate(verifypd_decode_ahead_steps_total{SEL}[{RATE}]))",
                  "decode steps ahead"),
+               q(f"sum(rate(verifypd_prompt_ahead_steps_total{SEL}[{RATE}]))",
+                 "prompt steps ahead"),
                q(f"sum(rate(verifypd_prompts_in_decode_total{SEL}[{RATE}]))",
                  "prompts inside decode steps"),
                q(f"sum(rate(verifypd_decode_rows_fused_total{SEL}[{RATE}]))",

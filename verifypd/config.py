@@ -251,6 +251,13 @@ class EngineConfig:
     # Opt-in: two same-call H200 runs (5351e6e) showed no gain beyond the runs' noise, and at
     # 26 req/s 2-3.5x the rows fused for TTFT p99 -3 %, ITL p99 +3-6 % (docs/performance.md).
     fuse_decode_hold_tokens: int | None = None
+    # Prompt-ahead: while a prompt step runs, plan and launch the next one behind it on the
+    # prefill lane's stream, so the host's fold-back, planning, input upload and first launches
+    # overlap the GPU instead of sitting between two prompt steps (``lanes.prompt_ahead``;
+    # it takes only prompts the step in flight does not hold, and none while the decode rows
+    # are to ride in the next prompt step). On an H200 (dummy 7B, bench/burst.py --trace,
+    # f1cbf6c) the GPU sat idle 14 ms of a six-prompt burst's 209 ms between prompt steps.
+    prompt_ahead: bool = False
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
@@ -338,6 +345,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.lane_mode not in ("three", "single"):
             raise ValueError("lane_mode must be three|single")
+        if type(self.prompt_ahead) is not bool:
+            raise ValueError(f"prompt_ahead must be a bool, got {self.prompt_ahead!r}")
         if type(self.prefill_slice_layers) is not int or self.prefill_slice_layers < 0:
             got = self.prefill_slice_layers
             raise ValueError(f"prefill_slice_layers must be an int >= 0, got {got!r}")

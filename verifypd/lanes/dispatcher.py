@@ -41,6 +41,7 @@ from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.decode_pacing import DecodePacing
 from verifypd.lanes.deltas import Deltas
 from verifypd.lanes.lane_steps import LANES, SINGLE_LANE, InFlight, Launcher, choose_lane
+from verifypd.lanes.prompt_ahead import PromptAhead, launch_prompt_ahead, move_up
 from verifypd.lanes.prompt_rides import PromptRides
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.lanes.step_failures import StepFailures
@@ -79,6 +80,7 @@ class LaneDispatcher:
         fuse_decode_backlog_s: float | None = None,
         fuse_decode_backlog_tokens: int = 0,
         fuse_decode_hold_tokens: int | None = None,
+        prompt_ahead: bool = False,
         steps_land: bool = False,
     ) -> None:
         self._lane_context = lane_context or (lambda lane: contextlib.nullcontext())
@@ -117,6 +119,8 @@ class LaneDispatcher:
         self.fuse_decode_backlog_tokens = fuse_decode_backlog_tokens
         self.fuse_decode_hold_tokens = fuse_decode_hold_tokens
         self.fuse_held = False  # the last prompt step carried the decode rows
+        # The next prompt step launched behind the one in flight (``lanes.prompt_ahead``).
+        self.prompt_ahead = PromptAhead(prompt_ahead and not single_lane)
         # Lanes whose launch pauses part-way: launched as tasks (``_launch_marked``).
         self.background_lanes = background_lanes
         self._launches: set[asyncio.Task] = set()
@@ -165,7 +169,8 @@ class LaneDispatcher:
             if self.deltas.take_handed_out():  # first tokens: their consumers run first (the
                 return True  # next launch may be a long host section, which TTFT would wait for)
             progressed = await self._launch_ahead() or progressed
-            return await self._launch_next(progressed)
+            progressed = await self._launch_next(progressed)
+            return await launch_prompt_ahead(self) or progressed
         finally:
             self.deltas.emit()
 
@@ -209,6 +214,8 @@ class LaneDispatcher:
                     self.in_flight[lane] = f
                     break
                 self._fold(f, None)
+            if lane == "prefill":
+                move_up(self)  # a prompt step launched ahead takes its place
         pipelined = self.decode_ahead and set(self.in_flight) == {"decode"}
         self.deltas.settle(bool(self.in_flight) and not pipelined)
         if done:
@@ -295,9 +302,9 @@ class LaneDispatcher:
             del self.launch_log[:2048]
 
     def flights(self) -> list[InFlight]:
-        """Every launched step not yet folded back in (a decode step ahead included)."""
-        ahead = self.ahead.step
-        return [*self.in_flight.values(), *([ahead] if ahead else [])]
+        """Every launched step not yet folded back in (the steps ahead included)."""
+        ahead = [f for f in (self.ahead.step, self.prompt_ahead.step) if f is not None]
+        return [*self.in_flight.values(), *ahead]
 
     def _prefill_signal(self) -> bool:
         """Prompt work in flight or queued; only read by a policy that reads it (yields to it,

@@ -79,6 +79,12 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
         None,
         None,
     ),
+    "prompt_ahead_steps": (
+        Counter,
+        "Prompt steps launched while the one before them still ran (EngineConfig.prompt_ahead)",
+        None,
+        None,
+    ),
     "prompts_in_decode": (
         Counter,
         "Prompts computed inside a decode step (EngineConfig.prompt_in_decode_tokens)",
@@ -258,6 +264,9 @@ class PrometheusObserver(Observer):
 
     def decode_ahead(self) -> None:
         self._m["decode_ahead_steps"].inc()
+
+    def prompt_ahead(self) -> None:
+        self._m["prompt_ahead_steps"].inc()
 
     def prompt_in_decode(self) -> None:
         self._m["prompts_in_decode"].inc()

@@ -1,0 +1,168 @@
+"""Prompt-ahead (``EngineConfig.prompt_ahead``): the next prompt step planned and launched behind
+the one in flight. On CPU the worker thread runs a step during its launch, so the one ahead is
+planned while the step before it has run but is not yet folded back in, and often still runs in
+the thread when that one is folded: the same bookkeeping as on a GPU, checked token for token
+against the engine without it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config
+
+from verifypd.config import CacheConfig, SchedulerConfig
+from verifypd.lanes.async_engine import AsyncEngine
+from verifypd.types import Observer, RequestFailure, SamplingParams
+
+# A burst: prompts longer than a step's budget (chunked over several steps) among short ones.
+PROMPTS = [list(range(3, 3 + n)) for n in (70, 12, 45, 5, 90, 20, 33)]
+SCHED = SchedulerConfig(max_num_batched_tokens=32, max_prefill_chunk=32)
+
+
+def _params(i: int) -> SamplingParams:
+    if i % 2:
+        return SamplingParams(max_tokens=6 + i, temperature=0.8, seed=5 + i, ignore_eos=True)
+    return SamplingParams(max_tokens=6 + i, temperature=0.0, ignore_eos=True)
+
+
+class Counter(Observer):
+    def __init__(self) -> None:
+        self.ahead = 0
+
+    def prompt_ahead(self) -> None:
+        self.ahead += 1
+
+
+def _engine(ahead: bool, **overrides) -> tuple[AsyncEngine, Counter]:
+    counter = Counter()
+    config = tiny_config(prompt_ahead=ahead, scheduler=SCHED, **overrides)
+    return AsyncEngine(config, observer=counter), counter
+
+
+def _spy_plans(engine: AsyncEngine) -> list[tuple[bool, list[int]]]:
+    """Every prompt step launched: (launched ahead, its sequences' ids), and checks that no
+    sequence is in two steps in flight at once."""
+    d, seen = engine.dispatcher, []
+    launch = d._launch_fn
+
+    async def spy(lane, plan):
+        if lane == "prefill":
+            ids = [e.seq.seq_id for e in plan.seqs]
+            ahead = d.prompt_ahead.step is not None and d.prompt_ahead.step.plan is plan
+            others = [e.seq.seq_id for f in d.flights() if f.plan is not plan
+                      for e in f.plan.seqs]  # fmt: skip
+            assert not set(ids) & set(others), "a sequence in two steps in flight"
+            seen.append((ahead, ids))
+        return await launch(lane, plan)
+
+    d._launch_fn = spy
+    return seen
+
+
+async def _run(ahead: bool) -> tuple[list[list[int]], AsyncEngine, Counter, list]:
+    engine, counter = _engine(ahead)
+    plans = _spy_plans(engine)
+    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
+    try:
+        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    return out, engine, counter, plans
+
+
+async def test_prompt_ahead_is_token_identical_and_leaks_nothing():
+    plain, engine0, _, plans0 = await _run(False)
+    got, engine, counter, plans = await _run(True)
+    assert engine0.dispatcher.prompt_ahead.num_steps == 0 and not any(a for a, _ in plans0)
+    num = engine.dispatcher.prompt_ahead.num_steps
+    assert num > 0 and counter.ahead == num  # the metric's hook
+    assert sum(a for a, _ in plans) == num
+    assert got == plain
+
+
+def test_config_is_validated_and_off_by_default():
+    assert tiny_config().prompt_ahead is False
+    with pytest.raises(ValueError, match="prompt_ahead"):
+        tiny_config(prompt_ahead=1)
+    single = AsyncEngine(tiny_config(prompt_ahead=True, lane_mode="single"))
+    assert single.dispatcher.prompt_ahead.enabled is False  # one lane: every step fused
+
+
+async def test_abort_with_a_prompt_step_ahead_frees_every_block():
+    engine, _ = _engine(True, cache=CacheConfig(num_blocks=96))
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    await hang_up_partway(engine, PROMPTS, params, every=2)
+    assert engine.dispatcher.prompt_ahead.num_steps > 0
+    assert_engine_clean(engine)
+    await engine.stop()
+
+
+async def test_a_request_failing_in_a_step_ahead_ends_alone():
+    """A launch ahead failing for one request's own inputs ends that request with "error";
+    the others plan again and get the tokens they get without prompt-ahead."""
+    plain, *_ = await _run(False)
+    engine, _ = _engine(True)
+    d = engine.dispatcher
+    launch, failed = d._launch_fn, []
+
+    async def poisoned(lane, plan):
+        ahead = d.prompt_ahead.step is not None and d.prompt_ahead.step.plan is plan
+        rids = {e.seq.request_id for e in plan.seqs}
+        if ahead and not failed and rids - {"r0"}:
+            victim = sorted(rids - {"r0"})[0]
+            failed.append(victim)
+            raise RequestFailure({victim}, RuntimeError("poisoned input"))
+        return await launch(lane, plan)
+
+    d._launch_fn = poisoned
+    reasons: dict[str, str | None] = {}
+
+    async def run(i: int) -> list[int]:
+        ids = []
+        async for out in engine.generate(f"r{i}", PROMPTS[i], _params(i)):
+            ids += out.new_token_ids
+            if out.finished:
+                reasons[f"r{i}"] = out.finish_reason
+        return ids
+
+    try:
+        got = await asyncio.wait_for(asyncio.gather(*(run(i) for i in range(len(PROMPTS)))), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    (victim,) = failed
+    assert reasons[victim] == "error"
+    for i, ids in enumerate(got):
+        if f"r{i}" != victim:
+            assert reasons[f"r{i}"] == "length" and ids == plain[i]
+
+
+async def test_no_step_ahead_while_the_decode_rows_are_to_ride_in_the_next():
+    """A backlog that fuses (``fuse_decode_backlog_s`` 0, any queue): the next prompt step is
+    to carry the decode rows, so none goes ahead of it."""
+    engine, _ = _engine(True, fuse_decode_backlog_s=0.0, fuse_decode_backlog_tokens=0)
+    d = engine.dispatcher
+    launch, ahead_while_fusing = d._launch_fn, []
+
+    async def spy(lane, plan):
+        ahead = d.prompt_ahead.step is not None and d.prompt_ahead.step.plan is plan
+        if ahead and any(s.status.name == "DECODING" for s in engine.core.scheduler.running):
+            ahead_while_fusing.append(plan)
+        return await launch(lane, plan)
+
+    d._launch_fn = spy
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    first = asyncio.create_task(collect(engine, "d", [5, 6, 7], params))
+    while (
+        not engine.core.scheduler.running or engine.core.scheduler.running[0].num_output_tokens < 2
+    ):
+        await asyncio.sleep(0.001)
+    try:
+        rest = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
+        await asyncio.wait_for(asyncio.gather(first, *rest), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    assert ahead_while_fusing == []
