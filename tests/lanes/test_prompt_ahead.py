@@ -16,7 +16,8 @@ from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import Observer, RequestFailure, SamplingParams
 
 # A burst: prompts longer than a step's budget (chunked over several steps) among short ones.
-PROMPTS = [list(range(3, 3 + n)) for n in (70, 12, 45, 5, 90, 20, 33)]
+PROMPTS = [[3 + (40 * i + 7 * j) % 500 for j in range(n)]
+           for i, n in enumerate((70, 12, 45, 5, 90, 20, 33))]  # fmt: skip
 SCHED = SchedulerConfig(max_num_batched_tokens=32, max_prefill_chunk=32)
 
 
@@ -41,7 +42,7 @@ def _engine(ahead: bool, **overrides) -> tuple[AsyncEngine, Counter]:
 
 
 def _spy_plans(engine: AsyncEngine) -> list[tuple[bool, list[int]]]:
-    """Every prompt step launched: (launched ahead, its sequences' ids), and checks that no
+    """Every prompt step launched: (launched ahead, its requests' ids), and checks that no
     sequence is in two steps in flight at once."""
     d, seen = engine.dispatcher, []
     launch = d._launch_fn
@@ -53,7 +54,7 @@ def _spy_plans(engine: AsyncEngine) -> list[tuple[bool, list[int]]]:
             others = [e.seq.seq_id for f in d.flights() if f.plan is not plan
                       for e in f.plan.seqs]  # fmt: skip
             assert not set(ids) & set(others), "a sequence in two steps in flight"
-            seen.append((ahead, ids))
+            seen.append((ahead, [e.seq.request_id for e in plan.seqs]))
         return await launch(lane, plan)
 
     d._launch_fn = spy
@@ -166,3 +167,33 @@ async def test_no_step_ahead_while_the_decode_rows_are_to_ride_in_the_next():
         assert_engine_clean(engine)
         await engine.stop()
     assert ahead_while_fusing == []
+
+
+async def test_a_prompt_sharing_the_first_block_in_flight_waits_to_reuse_it():
+    """Two prompts with one 48-token prefix, the first longer than a step: the second is not
+    planned ahead of the first's last chunk (its blocks are not cached yet); planned after it
+    lands, it reuses them, as without prompt-ahead. A prompt with another prefix goes ahead."""
+    shared = list(range(100, 148))
+    prompts = [shared + list(range(300, 330)), shared + [7, 8, 9], list(range(400, 460))]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+    async def run(ahead: bool) -> tuple[list[list[int]], int, list]:
+        engine, _ = _engine(ahead)
+        plans = _spy_plans(engine)
+        kv = engine.core.kv
+        try:
+            out = [await asyncio.wait_for(collect(engine, "warm", [1, 2, 3], params), 60)]
+            kv.num_prefix_hit_tokens = 0
+            jobs = [collect(engine, f"r{i}", p, params) for i, p in enumerate(prompts)]
+            out += await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        finally:
+            assert_engine_clean(engine)
+            await engine.stop()
+        return out, kv.num_prefix_hit_tokens, plans
+
+    plain, hits_plain, _ = await run(False)
+    got, hits, plans = await run(True)
+    assert got == plain
+    assert hits == hits_plain >= 32  # the second prompt reused the shared full blocks
+    assert not any(ahead and "r1" in rids for ahead, rids in plans)
+    assert any(ahead and "r2" in rids for ahead, rids in plans)  # another prefix goes ahead

@@ -11,8 +11,10 @@ that one ends, and its fold-back overlaps the step after.
 The step ahead takes only prompts the one in flight does not hold (the scheduler counts a
 prompt's computed tokens when its chunk lands: a long prompt's next chunk waits for its chunk
 in flight). None goes ahead while the decode rows are to ride in the next prompt step (a
-backlog, ``lanes.backlog_fuse``) or the next prompt is left to a decode step
-(``lanes.prompt_rides``). When the step in flight lands, the one ahead moves up in its place.
+backlog, ``lanes.backlog_fuse``), the next prompt is left to a decode step
+(``lanes.prompt_rides``), or the next queued prompt begins with a block a prompt in flight
+begins with: its blocks enter the prefix cache when that step lands, and planned after it the
+prompt reuses them. When the step in flight lands, the one ahead moves up in its place.
 
 The dispatcher calls these as it would its own methods.
 """
@@ -52,6 +54,8 @@ async def launch_prompt_ahead(d: LaneDispatcher) -> bool:
     sched = d.sched
     if not sched.prompts_waiting() or fusing(d) or d._prompt_waits_for_decode():
         return False
+    if _shares_first_block(d, head):
+        return False
     pack = sched.prefill_pack(d.clock())
     entries = sched.plan_prefill(d.core.prefill_budget(), sched.max_num_seqs, pack)
     if not entries:
@@ -67,6 +71,20 @@ async def launch_prompt_ahead(d: LaneDispatcher) -> bool:
     d._launches.add(task)
     task.add_done_callback(d._launches.discard)
     return True
+
+
+def _shares_first_block(d: LaneDispatcher, head: InFlight, look: int = 8) -> bool:
+    """One of the first ``look`` queued prompts begins with the same block (and cache salt) as
+    a prompt whose chunk is in flight (prefix caching on): the prefix it would reuse is not
+    cached yet."""
+    kv = d.core.kv
+    if not kv.enable_prefix_caching:
+        return False
+    bs = kv.block_size
+    firsts = {(tuple(e.seq.token_ids[:bs]), e.seq.params.cache_salt) for e in head.plan.seqs
+              if len(e.seq.token_ids) > bs}  # fmt: skip
+    return any((tuple(s.token_ids[:bs]), s.params.cache_salt) in firsts
+               for s in d.sched.waiting[:look] if len(s.token_ids) > bs)  # fmt: skip
 
 
 async def _finish(d: LaneDispatcher, plan: StepPlan, flight: InFlight) -> None:
