@@ -1,9 +1,9 @@
 """On the GPU: prompt-ahead enqueues the next prompt step on the prefill stream behind the one
 in flight, its inputs uploaded and its first layers launched while that one runs. A burst of
-prompts (long ones chunked, short ones packed beside them, prompt graphs for the short steps)
-with it off and on: each request's first token, greedy and seeded, must be the same, since the
-steps are planned alike (everything is queued at once and nothing decodes) and any difference
-is an input or a result overwritten by the step behind."""
+prompts of many lengths (the short ones in the prompt graph) with it off and on: each request's
+first token, greedy and seeded, must be the same. Each step holds one prompt, in arrival order
+(no packing), so both runs compute the same steps whatever the timing, and any difference is an
+input or a result overwritten by the step behind."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import generate_all
 
-from verifypd.config import CacheConfig, EngineConfig
+from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.types import SamplingParams
 
@@ -23,8 +23,10 @@ LENGTHS = [1900, 140, 3000, 60, 900, 2500, 200, 1200, 30, 700, 2200, 90]
 
 
 async def _run(ahead: bool) -> tuple[list[list[int]], int]:
-    engine = AsyncEngine(EngineConfig(model="dummy:qwen2.5-0.5b", device="cuda", prompt_ahead=ahead,
-                                      cache=CacheConfig(num_blocks=4096)))  # fmt: skip
+    engine = AsyncEngine(EngineConfig(
+        model="dummy:qwen2.5-0.5b", device="cuda", prompt_ahead=ahead,
+        cache=CacheConfig(num_blocks=4096), scheduler=SchedulerConfig(prefill_pack_tokens=0),
+    ))  # fmt: skip
     params = [SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0 if i % 2 else 0.9,
                              seed=i) for i in range(len(LENGTHS))]  # fmt: skip
     prompts = [[100 + (i * 31 + j * 7) % 20000 for j in range(n)] for i, n in enumerate(LENGTHS)]

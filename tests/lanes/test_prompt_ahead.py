@@ -7,6 +7,7 @@ against the engine without it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config
@@ -138,6 +139,22 @@ async def test_a_request_failing_in_a_step_ahead_ends_alone():
     for i, ids in enumerate(got):
         if f"r{i}" != victim:
             assert reasons[f"r{i}"] == "length" and ids == plain[i]
+
+
+async def test_a_backlog_with_no_rows_decoding_goes_ahead():
+    """A backlog that would fuse (``fuse_decode_backlog_s`` 0, any queue) with nothing
+    decoding: no rows to ride, so prompt steps go ahead; the same tokens."""
+    plain, *_ = await _run(False)
+    engine, _ = _engine(True, fuse_decode_backlog_s=0.0, fuse_decode_backlog_tokens=0)
+    try:
+        jobs = [collect(engine, f"r{i}", p, dataclasses.replace(_params(i), max_tokens=1))
+                for i, p in enumerate(PROMPTS)]  # fmt: skip
+        got = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        assert_engine_clean(engine)
+        await engine.stop()
+    assert engine.dispatcher.prompt_ahead.num_steps > 0
+    assert got == [p[:1] for p in plain]  # the first tokens (seeded ones too)
 
 
 async def test_no_step_ahead_while_the_decode_rows_are_to_ride_in_the_next():

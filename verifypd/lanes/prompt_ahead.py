@@ -10,8 +10,8 @@ that one ends, and its fold-back overlaps the step after.
 
 The step ahead takes only prompts the one in flight does not hold (the scheduler counts a
 prompt's computed tokens when its chunk lands: a long prompt's next chunk waits for its chunk
-in flight). None goes ahead while the decode rows are to ride in the next prompt step (a
-backlog, ``lanes.backlog_fuse``), the next prompt is left to a decode step
+in flight). None goes ahead while decode rows are to ride in the next prompt step (a backlog,
+``lanes.backlog_fuse``, with rows decoding), the next prompt is left to a decode step
 (``lanes.prompt_rides``), or the next queued prompt begins with a block a prompt in flight
 begins with: its blocks enter the prefix cache when that step lands, and planned after it the
 prompt reuses them. When the step in flight lands, the one ahead moves up in its place.
@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING
 
 from verifypd.lanes.backlog_fuse import fusing
 from verifypd.lanes.lane_steps import InFlight
-from verifypd.types import RequestFailure, StepPlan
+from verifypd.types import RequestFailure, SeqStatus, StepPlan
 
 if TYPE_CHECKING:
     from verifypd.lanes.dispatcher import LaneDispatcher
+
+
+_DECODE_STATES = (SeqStatus.DECODING, SeqStatus.VERIFYING)
 
 
 class PromptAhead:
@@ -52,8 +55,10 @@ async def launch_prompt_ahead(d: LaneDispatcher) -> bool:
     if not ahead.enabled or ahead.step is not None or head is None or head.pending is None:
         return False  # (a launch still being enqueued: the next one waits for it)
     sched = d.sched
-    if not sched.prompts_waiting() or fusing(d) or d._prompt_waits_for_decode():
+    if not sched.prompts_waiting() or d._prompt_waits_for_decode():
         return False
+    if fusing(d) and any(s.status in _DECODE_STATES for s in sched.running):
+        return False  # the decode rows ride in the next prompt step
     if _shares_first_block(d, head):
         return False
     pack = sched.prefill_pack(d.clock())
