@@ -227,8 +227,9 @@ async def profiled_burst(engine: AsyncEngine, args: argparse.Namespace, rows: in
     if args.trace:
         result.update(trace_gaps(prof, Path(args.trace), rows, gaps=cuda))
     totals: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+    ranges = {"burst"} | {f"{owner.__name__}.{name}" for owner, name in HOST_STEPS}
+    for e in prof.events():  # (the host's ranges have a GPU-side copy: not kernels)
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in ranges:
             span = (e.time_range.end - e.time_range.start) / 1e3
             totals[e.name] = totals.get(e.name, 0.0) + span
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:15]
