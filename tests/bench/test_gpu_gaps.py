@@ -105,3 +105,16 @@ def test_annotated_ranges_reach_the_trace_and_are_undone(tmp_path: Path) -> None
              if e.get("cat") == "user_annotation"]  # fmt: skip
     assert names.count("_Thing.work") == 1
     assert names.count("_Thing.pieces") == 3  # two pauses and the return
+
+
+class _Child(_Thing):
+    pass
+
+
+def test_annotated_an_inherited_method_is_removed_again() -> None:
+    """Wrapping a method the class inherits puts the wrapper on the class; afterwards the class
+    inherits the method again (nothing left behind)."""
+    gg = load_bench("gpu_gaps")
+    with gg.annotated([(_Child, "work")]):
+        assert "work" in _Child.__dict__ and _Child().work(2) == 3
+    assert "work" not in _Child.__dict__ and _Child().work(2) == 3
