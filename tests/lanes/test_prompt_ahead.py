@@ -14,7 +14,9 @@ from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config
 
 from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
-from verifypd.types import Observer, RequestFailure, SamplingParams
+from verifypd.lanes.lane_steps import InFlight
+from verifypd.lanes.prompt_ahead import launch_prompt_ahead
+from verifypd.types import Observer, RequestFailure, SamplingParams, StepPlan
 
 # A burst: prompts longer than a step's budget (chunked over several steps) among short ones.
 PROMPTS = [[3 + (40 * i + 7 * j) % 500 for j in range(n)]
@@ -214,3 +216,28 @@ async def test_a_prompt_sharing_the_first_block_in_flight_waits_to_reuse_it():
     assert hits == hits_plain >= 32  # the second prompt reused the shared full blocks
     assert not any(ahead and "r1" in rids for ahead, rids in plans)
     assert any(ahead and "r2" in rids for ahead, rids in plans)  # another prefix goes ahead
+
+
+async def test_a_step_ahead_contends_with_the_other_lanes_not_with_the_one_before_it():
+    """A step launched ahead shares the GPU with the decode step in flight (its time is
+    contended, the cost model's), not with the prompt step it queues behind on its stream."""
+    engine, _ = _engine(True)
+    d, core = engine.dispatcher, engine.core
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for i in (0, 2):
+        core.add_request(f"r{i}", PROMPTS[i], params)
+    plan = StepPlan("prefill", d.sched.plan_prefill(32, 64, 512))
+    d.sched.begin_step(plan)
+    head = d.in_flight["prefill"] = InFlight(plan, await d._launch_fn("prefill", plan), 0.0)
+    other = d.in_flight["decode"] = InFlight(StepPlan("decode", []), None, 0.0)
+    assert await launch_prompt_ahead(d)
+    assert other.contended and not head.contended
+    del d.in_flight["decode"]  # (a stand-in: nothing of it runs)
+    for _ in range(5000):  # the engine loop's shape, to the end of both requests (a launch
+        await d.tick()  # runs in a worker thread: the loop polls while it does)
+        await asyncio.sleep(0.001)
+        if not core.has_unfinished() and not d.in_flight:
+            break
+    assert not core.has_unfinished()
+    assert_engine_clean(engine)
+    await engine.stop()

@@ -68,7 +68,9 @@ async def launch_prompt_ahead(d: LaneDispatcher) -> bool:
     plan = StepPlan("prefill", entries)
     sched.begin_step(plan)
     d._log_launch("prefill")
-    d._mark_contention("prefill")
+    for f in d.flights():  # it will share the GPU with them (not with the step it runs behind)
+        if f is not head:
+            f.contended = True
     flight = ahead.step = InFlight(plan, None, d.clock())
     ahead.num_steps += 1
     d.core.observer.prompt_ahead()
