@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config
+from helpers import assert_engine_clean, collect, generate_all, hang_up_partway, tiny_config
 
 from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -67,12 +67,8 @@ def _spy_plans(engine: AsyncEngine) -> list[tuple[bool, list[int]]]:
 async def _run(ahead: bool) -> tuple[list[list[int]], AsyncEngine, Counter, list]:
     engine, counter = _engine(ahead)
     plans = _spy_plans(engine)
-    jobs = [collect(engine, f"r{i}", p, _params(i)) for i, p in enumerate(PROMPTS)]
-    try:
-        out = await asyncio.wait_for(asyncio.gather(*jobs), 60)
-    finally:
-        assert_engine_clean(engine)
-        await engine.stop()
+    params = [_params(i) for i in range(len(PROMPTS))]
+    out = await generate_all(engine, PROMPTS, params)  # checks the engine clean, stops it
     return out, engine, counter, plans
 
 
@@ -148,13 +144,8 @@ async def test_a_backlog_with_no_rows_decoding_goes_ahead():
     decoding: no rows to ride, so prompt steps go ahead; the same tokens."""
     plain, *_ = await _run(False)
     engine, _ = _engine(True, fuse_decode_backlog_s=0.0, fuse_decode_backlog_tokens=0)
-    try:
-        jobs = [collect(engine, f"r{i}", p, dataclasses.replace(_params(i), max_tokens=1))
-                for i, p in enumerate(PROMPTS)]  # fmt: skip
-        got = await asyncio.wait_for(asyncio.gather(*jobs), 60)
-    finally:
-        assert_engine_clean(engine)
-        await engine.stop()
+    params = [dataclasses.replace(_params(i), max_tokens=1) for i in range(len(PROMPTS))]
+    got = await generate_all(engine, PROMPTS, params)
     assert engine.dispatcher.prompt_ahead.num_steps > 0
     assert got == [p[:1] for p in plain]  # the first tokens (seeded ones too)
 
