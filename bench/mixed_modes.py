@@ -55,6 +55,16 @@ def _with_engine(base: str, engine: tuple[tuple[str, Any], ...]) -> Mode:
     return _policy_with(engine=engine)
 
 
+def _pair(
+    name: str,
+    sched: tuple[tuple[str, Any], ...] = (),
+    engine: tuple[tuple[str, Any], ...] = (),
+) -> dict[str, Mode]:
+    """``off-NAME`` and ``policy-NAME``: both with the same scheduler and EngineConfig fields."""
+    return {f"off-{name}": Mode("three", False, sched_options=sched, engine_options=engine),
+            f"policy-{name}": _policy_with(sched=sched, engine=engine)}  # fmt: skip
+
+
 MODES_POLICY = Mode("three", True, True, policy="goodput")
 _NOSTALE = _policy_with(spec=(("probe_when_stale", False),))
 
@@ -195,14 +205,11 @@ MODES = {
     # in steps of 32 (EngineConfig.prompt_in_decode_tokens; on by default; the sweep's short
     # prompts are 64-256 tokens): `off-inside` / `policy-inside` are `off` / `policy`, and
     # `off-noinside` / `policy-noinside` run without it.
-    "off-inside": _with_engine("off", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
-    "policy-inside": _with_engine("policy", (("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
-    "off-noinside": _with_engine("off", (("prompt_in_decode_tokens", ()),)),
-    "policy-noinside": _with_engine("policy", (("prompt_in_decode_tokens", ()),)),
+    **_pair("inside", engine=(("prompt_in_decode_tokens", PROMPT_IN_DECODE_SIZES),)),
+    **_pair("noinside", engine=(("prompt_in_decode_tokens", ()),)),
     # Without the start-up run of the prompt steps' GEMMs (EngineConfig.warm_prompt_gemms):
     # the first-mode bias's A/B (run first; H200, 15d5fbf: its long prompts 11 % slower).
-    "off-nowarm": _with_engine("off", (("warm_prompt_gemms", False),)),
-    "policy-nowarm": _with_engine("policy", (("warm_prompt_gemms", False),)),
+    **_pair("nowarm", engine=(("warm_prompt_gemms", False),)),
     # Deltas after every launch, a drafting one after a plain one included
     # (EngineConfig.deliver_before_drafting=False; on by default since 2026-11-27).
     "policy-deltas-after": _policy_with(engine=(("deliver_before_drafting", False),)),
@@ -243,39 +250,29 @@ MODES = {
     # Prompt chunking and packing, each setting spelled out (the default since a41665c is
     # 4,096-token chunks with pack 512, the sweep's longest prompt being 3,072 tokens).
     # chunk2k: the default before it (2,048-token chunks packed FCFS to the token budget).
-    "off-chunk2k": Mode("three", False, sched_options=_CHUNK2K_FCFS),
-    "policy-chunk2k": _policy_with(sched=_CHUNK2K_FCFS),
+    **_pair("chunk2k", sched=_CHUNK2K_FCFS),
     # chunk4k: a long prompt in one chunk, packed FCFS.
-    "off-chunk4k": Mode("three", False, sched_options=_CHUNK4K_FCFS),
-    "policy-chunk4k": _policy_with(sched=_CHUNK4K_FCFS),
+    **_pair("chunk4k", sched=_CHUNK4K_FCFS),
     # Decode steps spaced 10 / 14 ms apart while a prompt step of 1k+ tokens is in flight
     # (EngineConfig.decode_gap_beside_prefill_s; off by default).
-    "off-gap10": Mode("three", False, engine_options=(("decode_gap_beside_prefill_s", 0.010),)),
-    "policy-gap10": _policy_with(engine=(("decode_gap_beside_prefill_s", 0.010),)),
-    "off-gap14": Mode("three", False, engine_options=(("decode_gap_beside_prefill_s", 0.014),)),
-    "policy-gap14": _policy_with(engine=(("decode_gap_beside_prefill_s", 0.014),)),
+    **_pair("gap10", engine=(("decode_gap_beside_prefill_s", 0.010),)),
+    **_pair("gap14", engine=(("decode_gap_beside_prefill_s", 0.014),)),
     # Short prompt steps eager (EngineConfig.prompt_graph_tokens = 0, as before it; by default
     # they replay a CUDA graph of 256 tokens a row).
-    "off-nopgraph": Mode("three", False, engine_options=(("prompt_graph_tokens", 0),)),
-    "policy-nopgraph": _policy_with(engine=(("prompt_graph_tokens", 0),)),
+    **_pair("nopgraph", engine=(("prompt_graph_tokens", 0),)),
     # pack512: 2,048-token chunks; beside a prompt step's first chunk only chunks that end
     # their prompt, up to 512 tokens (SchedulerConfig.prefill_pack_tokens).
-    "off-pack512": Mode("three", False, sched_options=_CHUNK2K_PACK512),
-    "policy-pack512": _policy_with(sched=_CHUNK2K_PACK512),
+    **_pair("pack512", sched=_CHUNK2K_PACK512),
     # chunk4k-pack512: both, a long prompt heading a step of its own in one chunk (as vLLM,
     # with no per-request cap, runs a prompt that arrives alone): the default since a41665c.
-    "off-chunk4k-pack512": Mode("three", False, sched_options=_CHUNK4K_PACK512),
-    "policy-chunk4k-pack512": _policy_with(sched=_CHUNK4K_PACK512),
+    **_pair("chunk4k-pack512", sched=_CHUNK4K_PACK512),
     # A backlog lifts the pack limit: while the oldest queued prompt has waited 50 ms or more,
     # prompt steps pack FCFS up to the budget (SchedulerConfig.prefill_pack_backlog_s).
-    "off-burst": Mode("three", False, sched_options=(("prefill_pack_backlog_s", 0.05),)),
-    "policy-burst": _policy_with(sched=(("prefill_pack_backlog_s", 0.05),)),
+    **_pair("burst", sched=(("prefill_pack_backlog_s", 0.05),)),
     # In any such backlog (50 / 20 ms) the decode rows ride in the prompt steps, one forward
     # (EngineConfig.fuse_decode_backlog_s; lanes/backlog_fuse.py); no token floor.
-    "off-fuse50": Mode("three", False, engine_options=_fuse(0.05, 0)),
-    "policy-fuse50": _policy_with(engine=_fuse(0.05, 0)),
-    "off-fuse20": Mode("three", False, engine_options=_fuse(0.02, 0)),
-    "policy-fuse20": _policy_with(engine=_fuse(0.02, 0)),
+    **_pair("fuse50", engine=_fuse(0.05, 0)),
+    **_pair("fuse20", engine=_fuse(0.02, 0)),
     # ... only while 4,096 queued prompt tokens wait (a burst; fuse_decode_backlog_tokens):
     # after 50 ms, the default from 4eb6609 to 2026-11-29; after 20 ms, the default since, so
     # `policy` itself; at once; from 2,048 tokens; and both modes never fusing, as before.
@@ -288,17 +285,13 @@ MODES = {
     # prompt that had waited ~31 (bench/burst_windows.py, docs/performance.md).
     "policy-fuse10-4k": _policy_with(engine=_fuse(0.01, 4096)),
     # ... and, once fused, held fused while any prompt token queues (fuse_decode_hold_tokens).
-    "off-fusehold": Mode("three", False, engine_options=(("fuse_decode_hold_tokens", 1),)),
-    "policy-fusehold": _policy_with(engine=(("fuse_decode_hold_tokens", 1),)),
+    **_pair("fusehold", engine=(("fuse_decode_hold_tokens", 1),)),
     # The next prompt step launched behind the one in flight (EngineConfig.prompt_ahead).
-    "off-pahead": Mode("three", False, engine_options=(("prompt_ahead", True),)),
-    "policy-pahead": _policy_with(engine=(("prompt_ahead", True),)),
-    "off-nofuse": Mode("three", False, engine_options=_fuse(None, 0)),
-    "policy-nofuse": _policy_with(engine=_fuse(None, 0)),
+    **_pair("pahead", engine=(("prompt_ahead", True),)),
+    **_pair("nofuse", engine=_fuse(None, 0)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.
-    "off-split1k": Mode("three", False, engine_options=_SPLIT1K),
-    "policy-split1k": _policy_with(engine=_SPLIT1K),
+    **_pair("split1k", engine=_SPLIT1K),
     "off-chunk4k-pack512-split1k": Mode(
         "three", False, sched_options=_CHUNK4K_PACK512, engine_options=_SPLIT1K
     ),
@@ -337,8 +330,7 @@ MODES = {
     },
     # Without decode-ahead (EngineConfig.decode_ahead, on by default on a GPU since 4118e0a):
     # the plain and policy rows as they ran before it, for A/Bs in the same run.
-    "off-noahead": Mode("three", False, engine_options=(("decode_ahead", False),)),
-    "policy-noahead": _policy_with(engine=(("decode_ahead", False),)),
+    **_pair("noahead", engine=(("decode_ahead", False),)),
     # ... and decode-ahead paused while a prompt step is in flight
     # (EngineConfig.decode_ahead_beside_prefill = False).
     "off-ahead-yields": Mode(
@@ -355,15 +347,13 @@ MODES = {
     # Prompt steps enqueued whole (EngineConfig.prefill_slice_layers = 0, as before it; the
     # default enqueues them 4 layers at a time, the event loop free in between), and 1 layer
     # at a time, for A/Bs in the same run.
-    "off-whole": Mode("three", False, engine_options=(("prefill_slice_layers", 0),)),
-    "policy-whole": _policy_with(engine=(("prefill_slice_layers", 0),)),
+    **_pair("whole", engine=(("prefill_slice_layers", 0),)),
     "policy-slice1": _policy_with(engine=(("prefill_slice_layers", 1),)),
     "policy-slice2": _policy_with(engine=(("prefill_slice_layers", 2),)),
     "policy-slice4": _policy_with(engine=(("prefill_slice_layers", 4),)),
     # Prompt steps not padded to a 64-row bucket (EngineConfig.prompt_token_bucket = 0, as
     # before it), for A/Bs in the same run.
-    "off-nobucket": Mode("three", False, engine_options=(("prompt_token_bucket", 0),)),
-    "policy-nobucket": _policy_with(engine=(("prompt_token_bucket", 0),)),
+    **_pair("nobucket", engine=(("prompt_token_bucket", 0),)),
     # The policy charging each speculative round the host turnaround that decode-ahead hides
     # from plain steps (SpecConfig.round_overhead_s; 1.2 ms: the 7B batch-64 turnaround).
     "policy-overhead": _policy_with(spec=(("round_overhead_s", 1.2e-3),)),
