@@ -45,9 +45,18 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 
 
 def _children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads started them."""
-    tasks = Path(f"/proc/{pid}/task").glob("*/children")
-    return [int(c) for path in tasks for c in path.read_text().split()]
+    """Child processes of ``pid``, whichever of its threads started them: every process whose
+    parent is ``pid`` (/proc/N/stat; a thread's ``children`` file can miss a child while the
+    thread that started it is gone and the child is being reparented)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:  # state, then ppid
+            out.append(int(stat.parent.name))
+    return out
 
 
 def _answer(payload: Any) -> list[Any]:
