@@ -95,12 +95,12 @@ def step_ms(batch_run: ParamBatch, args, batch: int, vocab: int) -> dict[str, An
 
 def run(args, device) -> dict[str, Any]:
     vocab = PRESETS[args.model.removeprefix("dummy:")].vocab_size
-    tok_dir = Path(tempfile.mkdtemp(prefix="api_cost_tok_"))
-    write_id_tokenizer(tok_dir, vocab, 0)
-    cfg = engine_config(args.model, device.type, args.dtype, args.seed,
-                        max_num_seqs=max(args.batches), max_model_len=args.max_model_len,
-                        tokenizer=str(tok_dir))  # fmt: skip
-    llm = AsyncLLM(cfg)
+    with tempfile.TemporaryDirectory(prefix="api_cost_tok_") as tok_dir:
+        write_id_tokenizer(Path(tok_dir), vocab, 0)
+        cfg = engine_config(args.model, device.type, args.dtype, args.seed,
+                            max_num_seqs=max(args.batches), max_model_len=args.max_model_len,
+                            tokenizer=tok_dir)  # fmt: skip
+        llm = AsyncLLM(cfg)  # the tokenizer is read here; the folder can go after
     out: dict[str, Any] = {"engine": engine_info(llm), "variants": {}}
     try:
         for name in args.variants:
