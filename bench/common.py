@@ -51,6 +51,7 @@ TOPICS = {
     "profile_decode": "profile",
     "profile_prefill": "profile",
     "gemm_host": "profile",
+    "host_inputs": "profile",
     "profile_offline": "profile",
     "profile_spec": "profile",
     "timeline": "profile",

@@ -19,6 +19,9 @@ from verifypd.types import ScheduledSeq, SeqStatus, StepPlan
 # Prompt steps of at most this many tokens are never padded (their GEMMs are GEMV-sized; at
 # most 16 rows never reach cuBLAS): EngineConfig.prompt_token_bucket.
 UNPADDED_ROWS = 16
+# Steps of at most this many rows find their positions and KV slots in a Python loop; longer
+# ones with array operations (``StepInputBuilder._positions_and_slots``).
+LOOPED_ROWS = 32
 
 
 @dataclass
@@ -68,8 +71,7 @@ class StepInputBuilder:
         if graphs := self.prompt_in_decode_graphs(plan):
             return self._prepare_prompt_in_decode(plan, graphs)
         ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
+        starts: list[int] = []  # each entry's first query position
         qsl = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
@@ -87,8 +89,7 @@ class StepInputBuilder:
             if s.is_ahead:
                 ahead.append((len(ids), s.ahead_index))
             ids += toks
-            pos += range(start, end)
-            slots += self._slots(s.seq.block_table, start, end)
+            starts.append(start)
             qsl.append(qsl[-1] + len(toks))
             seq_lens.append(end)
             if not s.samples:
@@ -100,12 +101,13 @@ class StepInputBuilder:
             else:  # padded rows (a decode fused with verifies) sample where unpadded ones do
                 sample_seqs.append(i)
                 sample_rows.append(first)
-        if _pads(plan) and (pad := self._prompt_padding(len(ids))):
-            ids += [0] * pad  # rows past query_start_loc[B]: no sequence's, never read
-            pos += [0] * pad
-            slots += [-1] * pad  # their KV is stored nowhere
+        tables = self._tables(plan, seq_lens)
+        pos, slots = self._positions_and_slots(plan, tables, starts, qsl)
+        pad = self._prompt_padding(len(ids)) if _pads(plan) else 0
+        # rows past query_start_loc[B] (``pad``): no sequence's, never read, KV stored nowhere
         inputs = self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
-                              sample_rows, sample_seqs, verify_seqs, verify_rows)  # fmt: skip
+                              sample_rows, sample_seqs, verify_seqs, verify_rows,
+                              tables=tables, pad=pad)  # fmt: skip
         if n := _decode_rows_first(plan):  # the rows on the decode kernel, the chunks apart
             inputs.meta.split = split_decode_rows(inputs.meta, n, max(seq_lens[:n]))
         return inputs
@@ -235,25 +237,29 @@ class StepInputBuilder:
         return -num_tokens % bucket
 
     def _upload(self, plan, ids, pos, slots, qsl, seq_lens, patches, *rows,
-                tables: np.ndarray | None = None) -> StepInputs:  # fmt: skip
+                tables: np.ndarray | None = None, pad: int = 0) -> StepInputs:  # fmt: skip
         """Two host->device copies per step: one int64 buffer (ids, positions, slots) and one
         int32 buffer (query starts, seq lens, block tables), sliced into views on the device.
         Drafts still on the device, and the input tokens of entries planned ahead (the last
         step's sampled tokens, ``plan.prev_ids``), are copied into their rows of the ids there
-        (the rows and source indices ride along in the int64 buffer).
+        (the rows and source indices ride along in the int64 buffer). ``pad`` rows are added
+        after the last sequence's: id 0, position 0, slot -1 (their KV is stored nowhere).
 
         Every view starts 16-byte aligned. Triton specializes pointer arguments on that
         alignment, so a view whose offset depended on the token or sequence count would make
         some steps compile a second variant of a kernel, under traffic (a stall of ~1 s)."""
         on_device, ahead = patches
-        num_tokens, num_seqs = len(ids), len(seq_lens)
+        real, num_seqs = len(ids), len(seq_lens)
+        num_tokens = real + pad
         width = num_tokens + num_tokens % 2  # int64 rows of an even length: 16-byte aligned
         patch_rows = [r + j for r, d in on_device for j in range(d.shape[0])]
         extra = [patch_rows] if patch_rows else []
         if ahead:
             extra += [[r for r, _ in ahead], [k for _, k in ahead]]
         wide_host = np.zeros((3 + len(extra), width), dtype=np.int64)
-        wide_host[:3, :num_tokens] = (ids, pos, slots)
+        for k, row in enumerate((ids, pos, slots)):
+            wide_host[k, :real] = row
+        wide_host[2, real:num_tokens] = -1
         for k, row in enumerate(extra):
             wide_host[3 + k, : len(row)] = row
         wide = self.to_device(wide_host, torch.int64)[:, :num_tokens]
@@ -311,6 +317,28 @@ class StepInputBuilder:
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def _positions_and_slots(
+        self, plan: StepPlan, tables: np.ndarray, starts: list[int], qsl: list[int]
+    ) -> tuple[np.ndarray | list[int], np.ndarray | list[int]]:
+        """Every row's position (its entry's first query position onwards) and KV slot (the
+        entry's block table at that position). A step of more than ``LOOPED_ROWS`` rows takes
+        a few array operations (a prompt step of thousands of tokens: 1.9 -> 0.3 ms on a CPU of
+        this repo's machine), a shorter one a Python loop, which costs less there."""
+        bs = self.block_size
+        ends = [a + n - m for a, m, n in zip(starts, qsl, qsl[1:], strict=False)]
+        for e, (s, end) in enumerate(zip(plan.seqs, ends, strict=True)):
+            if (end - 1) // bs >= len(s.seq.block_table):
+                raise RuntimeError(f"step entry {e} (request {s.seq.request_id!r}) has no KV "
+                                   f"block for position {end - 1}")  # fmt: skip
+        if qsl[-1] <= LOOPED_ROWS:
+            spans = list(zip((s.seq.block_table for s in plan.seqs), starts, ends, strict=True))
+            return ([p for _, a, b in spans for p in range(a, b)],
+                    [x for t, a, b in spans for x in self._slots(t, a, b)])  # fmt: skip
+        entry = np.repeat(np.arange(len(starts)), np.diff(np.asarray(qsl, dtype=np.int64)))
+        offset = np.asarray(starts, dtype=np.int64) - np.asarray(qsl[:-1], dtype=np.int64)
+        pos = np.arange(qsl[-1], dtype=np.int64) + offset[entry]
+        return pos, tables[entry, pos // bs].astype(np.int64) * bs + pos % bs
 
     def _tables(self, plan: StepPlan, seq_lens: list[int]) -> np.ndarray:
         """[B, max_blocks] int32: every allocated block of each seq (blocks reserved for later
