@@ -286,8 +286,10 @@ MODES = {
     "policy-fuse10-4k": _policy_with(engine=_fuse(0.01, 4096)),
     # ... and, once fused, held fused while any prompt token queues (fuse_decode_hold_tokens).
     **_pair("fusehold", engine=(("fuse_decode_hold_tokens", 1),)),
-    # The next prompt step launched behind the one in flight (EngineConfig.prompt_ahead).
+    # The next prompt step launched behind the one in flight (EngineConfig.prompt_ahead: on a
+    # GPU by default since 2026-11-30; "pahead" forces it, "no-pahead" turns it off).
     **_pair("pahead", engine=(("prompt_ahead", True),)),
+    **_pair("no-pahead", engine=(("prompt_ahead", False),)),
     **_pair("nofuse", engine=_fuse(None, 0)),
     # Prompt steps' projections in GEMMs of at most 1,024 rows (KernelConfig.gemm_split_rows):
     # shorter kernels, between which the decode stream's kernels reach the SMs.

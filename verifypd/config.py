@@ -257,7 +257,12 @@ class EngineConfig:
     # it takes only prompts the step in flight does not hold, and none while the decode rows
     # are to ride in the next prompt step). On an H200 (dummy 7B, bench/burst.py --trace,
     # f1cbf6c) the GPU sat idle 14 ms of a six-prompt burst's 209 ms between prompt steps.
-    prompt_ahead: bool = False
+    # None = on where launches only enqueue (GPU). In four same-call H200 sweeps (a923aee,
+    # hetero) it took TTFT p99 down 5-9 % at 8 and 26 req/s and TPOT p99 2-4 % at 26, and ITL
+    # p99 up 10-19 % at 14-26 req/s in two or three of the four: it trades the decode tail, on
+    # which this engine leads vLLM by ~20 % there, for the first token's and TPOT's, on which
+    # it trailed vLLM at 20-26 req/s (six sittings, 762d7d1; docs/performance.md).
+    prompt_ahead: bool | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
     # dummy 7B's eager prefill took 12-20 ms of host time to enqueue against ~5 ms of GPU work
@@ -345,8 +350,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.lane_mode not in ("three", "single"):
             raise ValueError("lane_mode must be three|single")
-        if type(self.prompt_ahead) is not bool:
-            raise ValueError(f"prompt_ahead must be a bool, got {self.prompt_ahead!r}")
+        if self.prompt_ahead is not None and type(self.prompt_ahead) is not bool:
+            raise ValueError(f"prompt_ahead must be a bool or None, got {self.prompt_ahead!r}")
         if type(self.prefill_slice_layers) is not int or self.prefill_slice_layers < 0:
             got = self.prefill_slice_layers
             raise ValueError(f"prefill_slice_layers must be an int >= 0, got {got!r}")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 from helpers import assert_engine_clean, collect, generate_all, hang_up_partway, tiny_config
 
 from verifypd.config import CacheConfig, SchedulerConfig
+from verifypd.engine.core import EngineCore
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.lanes.lane_steps import InFlight
 from verifypd.lanes.prompt_ahead import launch_prompt_ahead
@@ -82,10 +84,16 @@ async def test_prompt_ahead_is_token_identical_and_leaks_nothing():
     assert got == plain
 
 
-def test_config_is_validated_and_off_by_default():
-    assert tiny_config().prompt_ahead is False
+def test_config_is_validated_and_on_by_default_where_launches_only_enqueue():
+    assert tiny_config().prompt_ahead is None
     with pytest.raises(ValueError, match="prompt_ahead"):
         tiny_config(prompt_ahead=1)
+    on_gpu = {(None, True): True, (None, False): False, (False, True): False, (True, False): True}
+    for (field, cuda), want in on_gpu.items():
+        core = SimpleNamespace(config=SimpleNamespace(prompt_ahead=field), _is_cuda=cuda)
+        assert EngineCore.prompt_ahead.fget(core) is want, (field, cuda)
+    assert AsyncEngine(tiny_config()).dispatcher.prompt_ahead.enabled is False  # CPU: off
+    assert AsyncEngine(tiny_config(prompt_ahead=True)).dispatcher.prompt_ahead.enabled is True
     single = AsyncEngine(tiny_config(prompt_ahead=True, lane_mode="single"))
     assert single.dispatcher.prompt_ahead.enabled is False  # one lane: every step fused
 

@@ -66,7 +66,7 @@ class AsyncEngine:
             fuse_decode_backlog_s=config.fuse_decode_backlog_s,
             fuse_decode_backlog_tokens=config.fuse_decode_backlog_tokens,
             fuse_decode_hold_tokens=config.fuse_decode_hold_tokens,
-            prompt_ahead=config.prompt_ahead,
+            prompt_ahead=self.core.prompt_ahead,
             steps_land=not self.executor.enqueues,
         )
         if self.dispatcher.decode_ahead:

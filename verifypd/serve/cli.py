@@ -125,10 +125,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--fuse-decode-backlog-tokens", type=int, default=None, metavar="N",
         help="with --fuse-decode-backlog-s: only while the queued prompts hold at least N "
              "tokens (a burst, not one long prompt); default 4096; 0: any backlog")  # fmt: skip
-    add("--prompt-ahead", action="store_true",
-        help="launch the next prompt step behind the one running (GPU): the host's turnaround "
-             "between prompt steps overlaps the GPU; a burst's first tokens come sooner, decode "
-             "steps beside prompt steps get no gap of their own (docs/performance.md)")  # fmt: skip
+    add("--prompt-ahead", action=argparse.BooleanOptionalAction, default=None,
+        help="launch the next prompt step behind the one running (on by default on a GPU): "
+             "the host's turnaround between prompt steps overlaps the GPU; a burst's first "
+             "tokens come sooner, decode steps beside prompt steps get no gap of their own "
+             "(docs/performance.md); --no-prompt-ahead turns it off")  # fmt: skip
     add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
         help="a prompt whose rest is at most the largest size is computed inside the next plain "
              "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
@@ -287,8 +288,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["prefill_sm_carveout"] = args.prefill_sm_carveout
     if args.prefill_sm_carveout_in_backlog:
         out["prefill_sm_carveout_in_backlog"] = True
-    if args.prompt_ahead:
-        out["prompt_ahead"] = True
+    if args.prompt_ahead is not None:
+        out["prompt_ahead"] = args.prompt_ahead
     if args.prompt_in_decode_tokens is not None:
         out["prompt_in_decode_tokens"] = args.prompt_in_decode_tokens
     if hasattr(args, "fuse_decode_backlog_s"):  # given, "none" included
