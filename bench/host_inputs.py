@@ -94,7 +94,8 @@ def compare(a_path: str, b_path: str, out: str | None, tag: str) -> dict[str, An
     names = [n for n in ra if n in rb]
     rows = [[n, round(ra[n]["ms"], 4), round(rb[n]["ms"], 4), round(rb[n]["ms"] / ra[n]["ms"], 3)]
             for n in names]  # fmt: skip
-    labels = (f"A {a['git_commit']}", f"B {b['git_commit']}")
+    labels = tuple(f"{k} {r['params'].get('tag') or r['git_commit']}"
+                   for k, r in (("A", a), ("B", b)))  # fmt: skip
     keys = ("git_commit", "git_dirty", "date_utc", "device", "host", "command")
     report = {
         "script": SCRIPT, "compare": [a_path, b_path],
