@@ -11,7 +11,14 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
-from helpers import assert_engine_clean, collect, generate_all, hang_up_partway, tiny_config
+from helpers import (
+    assert_engine_clean,
+    collect,
+    generate_all,
+    hang_up_partway,
+    tiny_config,
+    tiny_draft_spec,
+)
 
 from verifypd.config import CacheConfig, SchedulerConfig
 from verifypd.engine.core import EngineCore
@@ -66,8 +73,8 @@ def _spy_plans(engine: AsyncEngine) -> list[tuple[bool, list[int]]]:
     return seen
 
 
-async def _run(ahead: bool) -> tuple[list[list[int]], AsyncEngine, Counter, list]:
-    engine, counter = _engine(ahead)
+async def _run(ahead: bool, **overrides) -> tuple[list[list[int]], AsyncEngine, Counter, list]:
+    engine, counter = _engine(ahead, **overrides)
     plans = _spy_plans(engine)
     params = [_params(i) for i in range(len(PROMPTS))]
     out = await generate_all(engine, PROMPTS, params)  # checks the engine clean, stops it
@@ -82,6 +89,24 @@ async def test_prompt_ahead_is_token_identical_and_leaks_nothing():
     assert num > 0 and counter.ahead == num  # the metric's hook
     assert sum(a for a, _ in plans) == num
     assert got == plain
+
+
+async def test_with_decode_ahead_and_a_drafter_as_on_a_gpu_greedy_tokens_are_identical():
+    """The combination a GPU engine runs by default: prompt steps ahead beside decode steps
+    ahead, with a drafter under the speculation policy (the drafter is the target, so every
+    draft is accepted and rounds carry several tokens). The greedy requests get the same
+    tokens as without prompt-ahead; the seeded sampled ones all their tokens (which rounds
+    the policy gives a sampled request depends on its batch-mates, and a speculative round
+    samples differently from a plain step, with the same distribution); every block back."""
+    gpu_like = {"decode_ahead": True, "spec": tiny_draft_spec(controller=True)}
+    plain, _, _, _ = await _run(False, **gpu_like)
+    got, engine, _, plans = await _run(True, **gpu_like)
+    assert engine.dispatcher.decode_ahead and engine.dispatcher.policy is not None
+    assert engine.dispatcher.prompt_ahead.num_steps > 0 and any(a for a, _ in plans)
+    assert engine.core.spec_stats()["drafted"] > 0
+    greedy = [i for i in range(len(PROMPTS)) if _params(i).temperature == 0]
+    assert [got[i] for i in greedy] == [plain[i] for i in greedy]
+    assert [len(t) for t in got] == [_params(i).max_tokens for i in range(len(PROMPTS))]
 
 
 def test_config_is_validated_and_on_by_default_where_launches_only_enqueue():
