@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 from helpers import (
@@ -21,10 +20,9 @@ from helpers import (
 )
 
 from verifypd.config import CacheConfig, SchedulerConfig
-from verifypd.engine.core import EngineCore
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.lanes.lane_steps import InFlight
-from verifypd.lanes.prompt_ahead import launch_prompt_ahead
+from verifypd.lanes.prompt_ahead import launch_prompt_ahead, prompt_ahead_on
 from verifypd.types import Observer, RequestFailure, SamplingParams, StepPlan
 
 # A burst: prompts longer than a step's budget (chunked over several steps) among short ones.
@@ -114,9 +112,8 @@ def test_config_is_validated_and_on_by_default_where_launches_only_enqueue():
     with pytest.raises(ValueError, match="prompt_ahead"):
         tiny_config(prompt_ahead=1)
     on_gpu = {(None, True): True, (None, False): False, (False, True): False, (True, False): True}
-    for (field, cuda), want in on_gpu.items():
-        core = SimpleNamespace(config=SimpleNamespace(prompt_ahead=field), _is_cuda=cuda)
-        assert EngineCore.prompt_ahead.fget(core) is want, (field, cuda)
+    for (field, enqueues), want in on_gpu.items():  # enqueues: a GPU's launches
+        assert prompt_ahead_on(field, enqueues) is want, (field, enqueues)
     assert AsyncEngine(tiny_config()).dispatcher.prompt_ahead.enabled is False  # CPU: off
     assert AsyncEngine(tiny_config(prompt_ahead=True)).dispatcher.prompt_ahead.enabled is True
     single = AsyncEngine(tiny_config(prompt_ahead=True, lane_mode="single"))

@@ -119,13 +119,6 @@ class EngineCore:
         return self._is_cuda if ahead is None else ahead
 
     @property
-    def prompt_ahead(self) -> bool:
-        """Whether the next prompt step is launched behind the one running (``EngineConfig.
-        prompt_ahead``; None: on a GPU, where a launch only enqueues)."""
-        ahead = self.config.prompt_ahead
-        return self._is_cuda if ahead is None else ahead
-
-    @property
     def prompt_in_decode_tokens(self) -> int:
         """The longest prompt rest a decode step computes (``EngineConfig.
         prompt_in_decode_tokens``, where its graphs were captured: three lanes on a GPU with

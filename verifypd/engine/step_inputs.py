@@ -14,14 +14,12 @@ from verifypd.engine.cuda_graphs import StepGraphs
 from verifypd.engine.device_drafts import device_ids
 from verifypd.engine.prompt_in_decode import PromptInDecodeGraphs
 from verifypd.kernels.metadata import AttentionMetadata, AttentionSplit, split_decode_rows
+from verifypd.kvcache.slots import block_slots, positions_and_slots
 from verifypd.types import ScheduledSeq, SeqStatus, StepPlan
 
 # Prompt steps of at most this many tokens are never padded (their GEMMs are GEMV-sized; at
 # most 16 rows never reach cuBLAS): EngineConfig.prompt_token_bucket.
 UNPADDED_ROWS = 16
-# Steps of at most this many rows find their positions and KV slots in a Python loop; longer
-# ones with array operations (``StepInputBuilder._positions_and_slots``).
-LOOPED_ROWS = 32
 
 
 @dataclass
@@ -102,7 +100,8 @@ class StepInputBuilder:
                 sample_seqs.append(i)
                 sample_rows.append(first)
         tables = self._tables(plan, seq_lens)
-        pos, slots = self._positions_and_slots(plan, tables, starts, qsl)
+        block_tables = [s.seq.block_table for s in plan.seqs]
+        pos, slots = positions_and_slots(block_tables, tables, starts, qsl, self.block_size)
         pad = self._prompt_padding(len(ids)) if _pads(plan) else 0
         # rows past query_start_loc[B] (``pad``): no sequence's, never read, KV stored nowhere
         inputs = self._upload(plan, ids, pos, slots, qsl, seq_lens, (on_device, ahead),
@@ -152,7 +151,7 @@ class StepInputBuilder:
         n = len(toks)
         ids += toks + [0] * (q - n)
         pos += [*range(start, start + n)] + [start + n - 1] * (q - n)
-        slots += self._slots(s.seq.block_table, start, start + n) + [-1] * (q - n)
+        slots += block_slots(s.seq.block_table, start, start + n, self.block_size) + [-1] * (q - n)
         seq_lens.append(start + q)
         return start, n
 
@@ -191,7 +190,7 @@ class StepInputBuilder:
                 ahead.append((i, s.ahead_index))
             ids += toks
             pos.append(start)
-            slots += self._slots(s.seq.block_table, start, start + 1)
+            slots += block_slots(s.seq.block_table, start, start + 1, self.block_size)
             seq_lens.append(start + 1)
         pad = b - len(rows)
         ids, pos, slots = ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad
@@ -313,32 +312,6 @@ class StepInputBuilder:
         )
         graphed = (1 + width) in self.graphs or self.always_pad_verify
         return width if reserved and graphed else 0
-
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
-
-    def _positions_and_slots(
-        self, plan: StepPlan, tables: np.ndarray, starts: list[int], qsl: list[int]
-    ) -> tuple[np.ndarray | list[int], np.ndarray | list[int]]:
-        """Every row's position (its entry's first query position onwards) and KV slot (the
-        entry's block table at that position). A step of more than ``LOOPED_ROWS`` rows takes
-        a few array operations (a prompt step of thousands of tokens: 1.9 -> 0.3 ms on a CPU of
-        this repo's machine), a shorter one a Python loop, which costs less there."""
-        bs = self.block_size
-        ends = [a + n - m for a, m, n in zip(starts, qsl, qsl[1:], strict=False)]
-        for e, (s, end) in enumerate(zip(plan.seqs, ends, strict=True)):
-            if (end - 1) // bs >= len(s.seq.block_table):
-                raise RuntimeError(f"step entry {e} (request {s.seq.request_id!r}) has no KV "
-                                   f"block for position {end - 1}")  # fmt: skip
-        if qsl[-1] <= LOOPED_ROWS:
-            spans = list(zip((s.seq.block_table for s in plan.seqs), starts, ends, strict=True))
-            return ([p for _, a, b in spans for p in range(a, b)],
-                    [x for t, a, b in spans for x in self._slots(t, a, b)])  # fmt: skip
-        entry = np.repeat(np.arange(len(starts)), np.diff(np.asarray(qsl, dtype=np.int64)))
-        offset = np.asarray(starts, dtype=np.int64) - np.asarray(qsl[:-1], dtype=np.int64)
-        pos = np.arange(qsl[-1], dtype=np.int64) + offset[entry]
-        return pos, tables[entry, pos // bs].astype(np.int64) * bs + pos % bs
 
     def _tables(self, plan: StepPlan, seq_lens: list[int]) -> np.ndarray:
         """[B, max_blocks] int32: every allocated block of each seq (blocks reserved for later

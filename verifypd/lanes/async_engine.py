@@ -19,6 +19,7 @@ from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.dispatcher import LaneDispatcher
 from verifypd.lanes.executor import executor_for
+from verifypd.lanes.prompt_ahead import prompt_ahead_on
 from verifypd.lanes.spec_policy import SpeculationPolicy
 from verifypd.types import Observer, RequestOutput, RequestTiming, SamplingParams
 
@@ -66,7 +67,7 @@ class AsyncEngine:
             fuse_decode_backlog_s=config.fuse_decode_backlog_s,
             fuse_decode_backlog_tokens=config.fuse_decode_backlog_tokens,
             fuse_decode_hold_tokens=config.fuse_decode_hold_tokens,
-            prompt_ahead=self.core.prompt_ahead,
+            prompt_ahead=prompt_ahead_on(config.prompt_ahead, self.executor.enqueues),
             steps_land=not self.executor.enqueues,
         )
         if self.dispatcher.decode_ahead:

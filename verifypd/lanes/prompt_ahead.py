@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 _DECODE_STATES = (SeqStatus.DECODING, SeqStatus.VERIFYING)
 
 
+def prompt_ahead_on(field: bool | None, enqueues: bool) -> bool:
+    """``EngineConfig.prompt_ahead``: None is on where a launch only enqueues (a GPU)."""
+    return enqueues if field is None else field
+
+
 class PromptAhead:
     """The prompt step launched behind the one in flight, if any."""
 
