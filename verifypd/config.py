@@ -257,11 +257,11 @@ class EngineConfig:
     # it takes only prompts the step in flight does not hold, and none while the decode rows
     # are to ride in the next prompt step). On an H200 (dummy 7B, bench/burst.py --trace,
     # f1cbf6c) the GPU sat idle 14 ms of a six-prompt burst's 209 ms between prompt steps.
-    # None = on where launches only enqueue (GPU). In four same-call H200 sweeps (a923aee,
-    # hetero) it took TTFT p99 down 5-9 % at 8 and 26 req/s and TPOT p99 2-4 % at 26, and ITL
-    # p99 up 10-19 % at 14-26 req/s in two or three of the four: it trades the decode tail, on
-    # which this engine leads vLLM by ~20 % there, for the first token's and TPOT's, on which
-    # it trailed vLLM at 20-26 req/s (six sittings, 762d7d1; docs/performance.md).
+    # None = on where launches only enqueue (GPU). In five same-call H200 sweeps (a923aee,
+    # ce1bd8f; hetero) it took TTFT p99 down 3-9 % at 8 and 26 req/s in all five, and ITL p99
+    # up 9-19 % at 14 req/s in four and 12-14 % at 26 in three: it trades the decode tail, on
+    # which this engine leads vLLM by ~20 % there, for the first token's, on which it trailed
+    # vLLM at 20-26 req/s (six sittings, 762d7d1; docs/performance.md).
     prompt_ahead: bool | None = None
     # An eager prompt step is enqueued this many layers at a time, the event loop free in
     # between (GPU; 0 = the whole step at once). Its launch is host-bound: on an H200 the
