@@ -72,6 +72,9 @@ class AsyncEngine:
         )
         if self.dispatcher.decode_ahead:
             logger.info("decode-ahead on: the next decode step is launched while one runs")
+        if self.dispatcher.prompt_ahead.enabled:
+            logger.info("prompt-ahead on: the next prompt step is launched while one runs "
+                        "(--no-prompt-ahead turns it off)")  # fmt: skip
         if self._frozen:
             _freeze_heap()  # after everything start-up made (EngineConfig.gc_freeze)
 
