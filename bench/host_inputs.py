@@ -1,9 +1,11 @@
 """The host time of building a step's inputs (``StepInputBuilder.prepare``: ids, positions, KV
 slots, attention metadata, the upload's host side), for prompt steps of 512 to 8,192 tokens and
-decode steps of 1 to 256 rows. Host time only: the engine is ``dummy:tiny`` on the CPU (the
-builder does the same work for any model; on a GPU the two copies are enqueued, not waited
-for). Each case is timed in ``--rounds`` rounds of ``--calls`` calls; the median round is its
-figure. To compare two versions of the code, run it at each and compare the files::
+decode steps of 1 to 256 rows; and of a landed prompt step's fold-back into the prefix cache
+(``KVCacheManager.cache_blocks`` over its full blocks: nearly all of ``apply_step`` there).
+Host time only: the engine is ``dummy:tiny`` on the CPU (the builder does the same work for
+any model; on a GPU the two copies are enqueued, not waited for). Each case is timed in
+``--rounds`` rounds of ``--calls`` calls; the median round is its figure. To compare two
+versions of the code, run it at each and compare the files::
 
     python bench/host_inputs.py --tag before        # at the old commit
     python bench/host_inputs.py --tag after
@@ -50,7 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _seq(core: EngineCore, name: str, tokens: int, computed: int) -> Sequence:
-    seq = Sequence(name, [(31 * k) % 500 + 1 for k in range(tokens)], SamplingParams(max_tokens=8))
+    first = sum(map(ord, name))  # each sequence its own tokens: no two share a cached block
+    seq = Sequence(name, [(31 * k + first) % 500 + 1 for k in range(tokens)], SamplingParams())
     if not core.kv.allocate(seq.block_table, tokens + core.kv.block_size):
         raise RuntimeError("the pool is too small for the case")
     seq.num_computed_tokens = computed
@@ -73,6 +76,30 @@ def cases(core: EngineCore) -> dict[str, StepPlan]:
         seqs = [_seq(core, f"d{rows}-{i}", 300 + i, 299 + i) for i in range(rows)]
         plans[f"decode {rows} rows"] = StepPlan("decode", [ScheduledSeq(s, 1) for s in seqs])
     return plans
+
+
+def time_fold_back(core: EngineCore, plan: StepPlan, rounds: int, calls: int) -> dict[str, Any]:
+    """``cache_blocks`` of every prompt in ``plan`` as its step lands (each call on blocks not
+    cached yet: between calls, untimed, the blocks are freed, evicted and allocated again)."""
+    kv, bs, per_call = core.kv, core.kv.block_size, []
+    seqs = [e.seq for e in plan.seqs]
+    for _ in range(rounds):
+        total = 0.0
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            for s in seqs:
+                kv.cache_blocks(s.block_table, s.token_ids, s.num_tokens, None)
+            total += time.perf_counter() - t0
+            if kv.prefix_cache.num_registered != sum(s.num_tokens // bs for s in seqs):
+                raise RuntimeError("the fold-back did not register every full block")
+            for s in seqs:
+                kv.free(s.block_table)
+            kv.reset_prefix_cache()
+            for s in seqs:
+                kv.allocate(s.block_table, s.num_tokens + bs)
+        per_call.append(total / calls * 1e3)
+    return {"tokens": plan.num_tokens, "rows": len(plan.seqs), "blocks": plan.num_tokens // bs,
+            "ms": statistics.median(per_call), "rounds_ms": per_call}  # fmt: skip
 
 
 def time_case(core: EngineCore, plan: StepPlan, rounds: int, calls: int) -> dict[str, Any]:
@@ -128,8 +155,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     core = EngineCore(config)
     results = run.report["results"] = {"block_size": core.kv.block_size, "cases": {}}
-    for name, plan in cases(core).items():
+    plans = cases(core)
+    for name, plan in plans.items():
         results["cases"][name] = time_case(core, plan, run.args.rounds, run.args.calls)
+        run.save()
+    for total in PROMPT_STEPS[1:]:
+        results["cases"][f"fold-back {total} in 6"] = time_fold_back(
+            core, plans[f"prompt {total} in 6"], run.args.rounds, run.args.calls
+        )
         run.save()
     table = [[n, r["tokens"], r["rows"], round(r["ms"], 4)] for n, r in results["cases"].items()]
     run.finish(format_table(["case", "tokens", "rows", "host ms"], table))

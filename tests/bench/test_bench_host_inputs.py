@@ -1,5 +1,6 @@
-"""bench/host_inputs.py on CPU: every case is timed on the plan it names, and two results
-compare case by case into a table, a JSON and a figure."""
+"""bench/host_inputs.py on CPU: every case is timed on the plan it names (the fold-back's again
+and again on blocks not cached yet), and two results compare case by case into a table, a JSON
+and a figure."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def test_host_inputs_times_every_case_and_compares_two_runs(tmp_path) -> None:
         **{f"prompt {t} in 6": (t, 6) for t in bench.PROMPT_STEPS},
         **{f"prompt {t} in 1": (t, 1) for t in bench.PROMPT_STEPS},
         **{f"decode {r} rows": (r, r) for r in bench.DECODE_ROWS},
+        **{f"fold-back {t} in 6": (t, 6) for t in bench.PROMPT_STEPS[1:]},
     }
+    assert cases["fold-back 8192 in 6"]["blocks"] == 8192 // a["results"]["block_size"]
     assert all(len(c["rounds_ms"]) == 2 and c["ms"] > 0 for c in cases.values())
     report = bench.main(["--compare", str(tmp_path / "host_inputs-cpu-a.json"),
                          str(tmp_path / "host_inputs-cpu-b.json"), "--out", str(tmp_path),

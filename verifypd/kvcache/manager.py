@@ -93,11 +93,12 @@ class KVCacheManager:
         if start >= num_full:
             return
         parent = self._content_hash[block_table[start - 1]] if start else root_hash(salt)
+        cache, memo = self.prefix_cache, self._content_hash  # hundreds of blocks a prompt step
         for i in range(start, num_full):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = self.prefix_cache.hash_block(parent, tokens)
-            self._content_hash[block_table[i]] = h
-            self.prefix_cache.insert(block_table[i], h, parent, tokens)
+            h = cache.hash_block(parent, tokens)
+            memo[block_table[i]] = h
+            cache.insert(block_table[i], h, parent, tokens)
             parent = h
 
     def reset_prefix_cache(self) -> None:

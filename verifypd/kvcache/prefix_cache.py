@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 ROOT_HASH = 0  # the "parent hash" of block 0
 
@@ -30,8 +30,7 @@ def block_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
+class CacheEntry(NamedTuple):  # a tuple: built ~3x faster than a frozen dataclass, per block
     block_id: int
     block_hash: int
     parent_hash: int
