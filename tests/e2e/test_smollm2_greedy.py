@@ -60,11 +60,11 @@ def _hf_greedy(model, ids: torch.Tensor, num_new: int) -> list[int]:
     return new
 
 
-def _llm(decode_ahead: bool | None = None, **sched) -> LLM:
+def _llm(decode_ahead: bool | None = None, prompt_ahead: bool | None = None, **sched) -> LLM:
     cache = sched.pop("cache", CacheConfig())
     cfg = EngineConfig(
         model="default", device="cpu", cache=cache, scheduler=SchedulerConfig(**sched),
-        decode_ahead=decode_ahead,
+        decode_ahead=decode_ahead, prompt_ahead=prompt_ahead,
     )  # fmt: skip
     return LLM(config=cfg)
 
@@ -121,6 +121,20 @@ def test_tiny_pool_forces_preemption(hf_reference, ahead):
     _assert_matches(llm, hf_reference)
     assert llm.core.scheduler.num_preemptions > 0
     assert (llm.engine.dispatcher.num_ahead_steps > 0) == ahead
+
+
+# The same with a GPU's defaults, decode-ahead and prompt-ahead, and prompt steps of at most
+# 24 tokens, so that prompts (and the recomputed ones after a preemption) take several steps
+# and steps go ahead; the prefix cache on.
+def test_tiny_pool_preemption_with_prompts_and_decode_ahead(hf_reference):
+    cache = CacheConfig(block_size=16, num_blocks=16)
+    llm = _llm(cache=cache, decode_ahead=True, prompt_ahead=True, max_num_batched_tokens=24,
+               max_prefill_chunk=24)  # fmt: skip
+    _assert_matches(llm, hf_reference)
+    d = llm.engine.dispatcher
+    assert llm.core.scheduler.num_preemptions > 0
+    assert d.num_ahead_steps > 0 and d.prompt_ahead.num_steps > 0
+    _assert_clean(llm)
 
 
 def test_tiny_pool_preemption_with_prefix_cache(hf_reference):
