@@ -1,6 +1,7 @@
-"""Open-loop load generator for ``AsyncEngine`` (in-process, no HTTP) and the client-side
-latency statistics of ``mixed.py``: seeded Poisson arrivals of short and long requests, one
-``Trace`` per request (the time and size of every delta), TTFT / ITL / TPOT / e2e percentiles.
+"""Load generators for ``AsyncEngine`` (in-process, or over HTTP through ``http_load``) and the
+client-side latency statistics of ``mixed.py``: seeded Poisson arrivals of short and long
+requests (open loop) or a fixed number of clients (closed loop), one ``Trace`` per request (the
+time and size of every delta), TTFT / ITL / TPOT / e2e percentiles.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +156,49 @@ async def run_load(
             task.cancel()  # leaving the iterator aborts the request
         await asyncio.gather(*tasks, return_exceptions=True)
     return traces, t_start
+
+
+async def closed_loop(
+    engine,
+    requests: list[Request],
+    params_of: Callable[[Request], SamplingParams],
+    concurrency: int,
+    timeout: float,
+    on_wave: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[list[Trace], float]:
+    """Closed loop: ``concurrency`` clients, each sending its next request when the last one
+    finished; a request's TTFT counts from when it was sent. ``on_wave``: awaited once every
+    request of the opening wave (the first ``concurrency``) has its first token or has failed.
+    Returns (traces, start time)."""
+    t_start = time.perf_counter()
+    traces = [Trace(r.request_id, r.kind, len(r.prompt), r.max_tokens, t_start) for r in requests]
+    gate = asyncio.Semaphore(concurrency)
+    watcher = asyncio.create_task(after_wave(traces[:concurrency], on_wave)) if on_wave else None
+
+    async def one(req: Request, trace: Trace) -> None:
+        async with gate:
+            trace.arrival = time.perf_counter()
+            await consume(engine, req, trace, params_of(req))
+
+    tasks = [asyncio.create_task(one(r, t)) for r, t in zip(requests, traces, strict=True)]
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if watcher is not None:
+        if not watcher.done():  # a request of the wave never answered (timeout, cancelled)
+            watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return traces, t_start
+
+
+async def after_wave(
+    wave: list[Trace], on_wave: Callable[[], Awaitable[None]], poll_s: float = 0.002
+) -> None:
+    """Awaits ``on_wave()`` once every trace of ``wave`` has a token or an error."""
+    while not all(t.deltas or t.error or t.finish_time for t in wave):
+        await asyncio.sleep(poll_s)
+    await on_wave()
 
 
 # ----------------------------------------------------------------------------- statistics

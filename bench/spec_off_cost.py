@@ -43,7 +43,7 @@ from common import (  # noqa: E402
     results_dir,
 )
 from http_load import HttpEngine, served_model, wait_ready  # noqa: E402
-from loadgen import Request, Trace, consume, latency_stats, load_stats  # noqa: E402
+from loadgen import Request, Trace, closed_loop, latency_stats, load_stats  # noqa: E402
 
 from verifypd.model_config import dummy_preset  # noqa: E402
 from verifypd.types import SamplingParams  # noqa: E402
@@ -108,26 +108,6 @@ def greedy(req: Request) -> SamplingParams:
     return SamplingParams(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True)
 
 
-async def closed_loop(engine, requests: list[Request], concurrency: int, timeout: float):
-    """``concurrency`` clients, each sending its next request when the last one finished; a
-    request's TTFT counts from when it was sent. Returns (traces, start time)."""
-    t_start = time.perf_counter()
-    traces = [Trace(r.request_id, r.kind, len(r.prompt), r.max_tokens, t_start) for r in requests]
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(req: Request, trace: Trace) -> None:
-        async with gate:
-            trace.arrival = time.perf_counter()
-            await consume(engine, req, trace, greedy(req))
-
-    tasks = [asyncio.create_task(one(r, t)) for r, t in zip(requests, traces, strict=True)]
-    _, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return traces, t_start
-
-
 # ----------------------------------------------------------------------------- servers
 def serve_command(args, server: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "verifypd", "serve", "--model", args.model, "--port", str(port),
@@ -174,14 +154,20 @@ async def drive(args, base: str, proc, t0: float, measured, warm) -> dict[str, A
     await wait_ready(base, args.server_timeout, proc)
     startup_s = time.perf_counter() - t0
     async with HttpEngine(base, await served_model(base)) as http:
-        await closed_loop(http, warm, args.concurrency, args.run_timeout)
-        before = await scrape(base)
-        traces, t_start = await closed_loop(http, measured, args.concurrency, args.run_timeout)
+        await closed_loop(http, warm, greedy, args.concurrency, args.run_timeout)
+        before, opening = await scrape(base), {}
+
+        async def at_wave() -> None:  # what the policy did while the opening wave prefilled
+            opening.update(await scrape(base))
+
+        traces, t_start = await closed_loop(http, measured, greedy, args.concurrency,
+                                            args.run_timeout, on_wave=at_wave)  # fmt: skip
         after = await scrape(base)
     return {
         "startup_s": startup_s,
         **run_stats(traces, t_start, args.concurrency),
         "spec": spec_deltas(before, after),
+        "spec_opening_wave": spec_deltas(before, opening) if opening else None,
     }
 
 
@@ -316,6 +302,8 @@ def _totals(runs: list[dict[str, Any]]) -> dict[str, float]:
     out = {k: sum(r.get(k, 0) for r in runs) for k in ("num_requests", "num_finished")}
     for k in ("drafted_tokens", "accepted_tokens", "draft_len_decisions", "draft_len_decisions_l0"):
         out[k] = sum(r.get("spec", {}).get(k, 0) for r in runs)
+    for k in ("draft_len_decisions", "policy_decide_s"):  # while the opening wave prefilled
+        out[f"opening_wave_{k}"] = sum((r.get("spec_opening_wave") or {}).get(k, 0) for r in runs)
     return out
 
 

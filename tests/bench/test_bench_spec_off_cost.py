@@ -4,8 +4,10 @@ ratios and verdicts; the verdict math and the /metrics deltas on hand-made input
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import load_bench
@@ -38,9 +40,15 @@ def test_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert off["spec"]["policy_decisions"] == {} and sum(on["spec"]["policy_decisions"].values())
     assert any("drafter" in line for line in on["server_log"] if "sizing the KV" in line)
     assert "--draft-model" in on["command"] and "--draft-model" not in off["command"]
+    # scraped once the opening wave had its first tokens: a part of the run's decisions
+    wave = on["spec_opening_wave"]
+    assert wave["draft_len_decisions"] <= on["spec"]["draft_len_decisions"]
+    assert wave["policy_decide_s"] <= on["spec"]["policy_decide_s"]
+    assert off["spec_opening_wave"]["policy_decisions"] == {}
     servers = report["servers"]
     assert servers["drafter"]["num_finished"] == servers["no-drafter"]["num_finished"] == 4
     assert servers["no-drafter"]["drafted_tokens"] == 0
+    assert servers["drafter"]["opening_wave_draft_len_decisions"] == wave["draft_len_decisions"]
     ratio = servers["drafter"]["output_tok_s"] / servers["no-drafter"]["output_tok_s"]
     assert report["ratios"]["output_tok_s"] == pytest.approx(ratio)
     assert set(report["verdicts"]) == {"throughput", "ttft_p99", "itl_p99"}
@@ -122,3 +130,52 @@ def test_the_bench_command_finds_it(capsys) -> None:
         main(["bench", "spec_off_cost", "--help"])
     assert exit_info.value.code == 0
     assert "Speculation that does not run must cost nothing" in capsys.readouterr().out
+
+
+class _HeldEngine:
+    """Logs each first token; "slow" requests wait 50 ms before theirs, "bad" ones fail
+    before any; every request finishes only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release, self.log = asyncio.Event(), []
+
+    async def generate(self, request_id, prompt, params):
+        if request_id.startswith("bad"):
+            raise RuntimeError("rejected")
+        if request_id.startswith("slow"):
+            await asyncio.sleep(0.05)
+        self.log.append(("first", request_id))
+        yield SimpleNamespace(new_token_ids=[1], finished=False, finish_reason=None)
+        await self.release.wait()
+        yield SimpleNamespace(new_token_ids=[2], finished=True, finish_reason="length")
+
+
+def _opening_wave(names: list[str]) -> tuple[list, list]:
+    loadgen = load_bench("loadgen")
+    engine = _HeldEngine()
+
+    async def on_wave() -> None:
+        engine.log.append(("wave",))
+        engine.release.set()
+
+    async def scenario():
+        requests = [loadgen.Request(n, "short", 0.0, [1, 2], 2) for n in names]
+        return await loadgen.closed_loop(engine, requests, bench.greedy, 2, 10.0, on_wave=on_wave)
+
+    traces, _ = asyncio.run(scenario())
+    return traces, engine.log
+
+
+def test_opening_wave_hook_waits_for_every_first_token_of_the_wave() -> None:
+    """``on_wave`` runs once, after every request of the opening wave (the first
+    ``concurrency``) has its first token, the slow one's too, and before any request ends."""
+    traces, log = _opening_wave(["a", "slow", "c", "d"])
+    assert log[:3] == [("first", "a"), ("first", "slow"), ("wave",)]
+    assert log.count(("wave",)) == 1
+    assert [len(t.deltas) for t in traces] == [2, 2, 2, 2]
+
+
+def test_opening_wave_hook_counts_a_failed_request_as_done() -> None:
+    traces, log = _opening_wave(["bad", "slow", "c"])
+    assert log.count(("wave",)) == 1 and log.index(("wave",)) > log.index(("first", "slow"))
+    assert traces[0].error == "RuntimeError: rejected" and len(traces[2].deltas) == 2
