@@ -330,8 +330,10 @@ class EngineConfig:
     # dropped without them keeps its memory until the process ends. None = on for CUDA (a
     # CPU process, e.g. the test suite building engine after engine, collects normally).
     gc_freeze: bool | None = None
-    # Time target and drafter forwards at start-up into ``EngineCore.cost_table`` (the
-    # speculation policy's prior, ``engine.calibrate``): None = on for CUDA with speculation.
+    # Time target and drafter forwards at start-up into ``EngineCore.cost_table``
+    # (``engine.calibrate``, ~1.5 s on an H200), the step costs the speculation policy, the
+    # prefill bound and decode-ahead's wait for a landing prompt plan with. None = on for CUDA
+    # where one of them reads it (``engine.setup.calibration_wanted``: with or without a drafter).
     calibrate_costs: bool | None = None
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from verifypd.config import CacheConfig, EngineConfig, SchedulerConfig
 from verifypd.costs import MIXED, CostTable
 from verifypd.engine.calibrate import measure_costs, mixed_rows, row_grid, verify_widths
 from verifypd.engine.core import EngineCore
+from verifypd.engine.setup import calibration_wanted
 from verifypd.lanes.sync_driver import SyncDriver
 
 
@@ -78,6 +79,27 @@ def test_target_only_calibration_measures_decode_and_prefill() -> None:
     assert set(table.target) == {(1, 1), (2, 1), (3, 1)}
     assert set(table.prefill) == {128} and table.draft == {}
     assert core.kv.num_free_blocks == 64
+
+
+def test_calibration_is_wanted_wherever_a_gpu_engine_plans_with_costs() -> None:
+    """None: on for CUDA with a drafter, with the prefill bound, or with decode-ahead waiting
+    for landing prompts (the default), so a server without a drafter plans decode-ahead with
+    the same measured costs as one with a drafter; never on a CPU unless asked; the knob wins."""
+    want = calibration_wanted
+    default = EngineConfig()
+    assert want(default, is_cuda=True, speculating=False)  # decode-ahead's landing rule reads it
+    assert want(default, is_cuda=True, speculating=True)
+    assert not want(default, is_cuda=False, speculating=True)
+    no_wait = EngineConfig(decode_ahead_waits_for_prompts=False)
+    assert not want(no_wait, is_cuda=True, speculating=False)
+    assert want(no_wait, is_cuda=True, speculating=True)
+    assert not want(EngineConfig(decode_ahead=False), is_cuda=True, speculating=False)
+    bound = EngineConfig(decode_ahead=False,
+                         scheduler=SchedulerConfig(prefill_step_target_s=0.02))  # fmt: skip
+    assert want(bound, is_cuda=True, speculating=False)
+    assert want(EngineConfig(decode_ahead=True), is_cuda=False, speculating=False) is False
+    assert want(EngineConfig(calibrate_costs=True), is_cuda=False, speculating=False)
+    assert not want(EngineConfig(calibrate_costs=False), is_cuda=True, speculating=True)
 
 
 def test_calibrate_costs_is_validated() -> None:

@@ -40,3 +40,16 @@ def test_calibration_replays_the_graphs_and_frees_its_blocks() -> None:
     assert core.kv.num_free_blocks == core.spec.drafter.kv.num_free_blocks == 1024
     core.check_integrity()
     assert core.runner.num_eager_steps == 0  # calibration's steps are not counted as steps
+
+
+def test_an_engine_without_a_drafter_calibrates_too() -> None:
+    """Decode-ahead's wait for a landing prompt reads the costs: measured without a drafter
+    as with one (the target's decode and prefill points, no drafter points)."""
+    core = EngineCore(EngineConfig(
+        model="dummy:tiny", device="cuda", cuda_graphs=True,
+        scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=512),
+        cache=CacheConfig(num_blocks=256),
+    ))  # fmt: skip
+    assert core.decode_ahead and core.cost_table is not None and core.costs.measured
+    assert core.cost_table.draft == {} and core.cost_table.prefill
+    assert core.kv.num_free_blocks == 256

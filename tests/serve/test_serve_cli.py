@@ -70,6 +70,9 @@ def test_all_options_reach_the_config() -> None:
     assert config.prompt_ahead is None  # on where launches only enqueue (GPU)
     assert config_from_args(parse("--prompt-ahead")).prompt_ahead is True
     assert config_from_args(parse("--no-prompt-ahead")).prompt_ahead is False
+    assert config.calibrate_costs is None  # on a GPU wherever something plans with costs
+    assert config_from_args(parse("--calibrate-costs")).calibrate_costs is True
+    assert config_from_args(parse("--no-calibrate-costs")).calibrate_costs is False
     assert config.prompt_in_decode_tokens == PROMPT_IN_DECODE_SIZES  # on by default
     inside = parse("--prompt-in-decode-tokens", "32,128")
     assert config_from_args(inside).prompt_in_decode_tokens == (32, 128)

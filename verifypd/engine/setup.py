@@ -291,13 +291,23 @@ def prompt_in_decode_graphs(parts: EngineParts, capture: bool) -> None:
         parts.runner.inputs.prompt_in_decode.insert(0, graphs)  # ascending q
 
 
+def calibration_wanted(config: EngineConfig, is_cuda: bool, speculating: bool) -> bool:
+    """``EngineConfig.calibrate_costs`` resolved. None: on a GPU where anything reads the
+    table: the speculation policy, the prefill bound (``prefill_step_target_s``), or
+    decode-ahead's rule of waiting for a landing prompt (``lanes.decode_ahead.lands_first``;
+    decode-ahead is on by default on a GPU). So a server without a drafter plans with the same
+    measured costs as one with a drafter whose policy speculates for no one."""
+    if config.calibrate_costs is not None:
+        return config.calibrate_costs
+    bound = config.scheduler.prefill_step_target_s is not None
+    ahead = is_cuda if config.decode_ahead is None else config.decode_ahead
+    waits = ahead and config.decode_ahead_waits_for_prompts
+    return is_cuda and (speculating or bound or waits)
+
+
 def calibrate(parts: EngineParts) -> CostTable | None:
     """Step costs measured after graph capture (``engine.calibrate``), or None when off."""
-    on = parts.config.calibrate_costs
-    if on is None:  # the policy and the prefill bound read it
-        bound = parts.config.scheduler.prefill_step_target_s is not None
-        on = parts.is_cuda and (parts.spec.enabled or bound)
-    if not on:
+    if not calibration_wanted(parts.config, parts.is_cuda, parts.spec.enabled):
         return None
     try:
         table = measure_costs(parts)

@@ -130,6 +130,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
              "the host's turnaround between prompt steps overlaps the GPU; a burst's first "
              "tokens come sooner, decode steps beside prompt steps get no gap of their own "
              "(docs/performance.md); --no-prompt-ahead turns it off")  # fmt: skip
+    add("--calibrate-costs", action=argparse.BooleanOptionalAction, default=None,
+        help="time the step costs at start-up (~1.5 s; on by default on a GPU): the speculation "
+             "policy and decode-ahead plan with them, with or without a drafter")  # fmt: skip
     add("--prompt-in-decode-tokens", type=token_sizes, default=None, metavar="N,N,...|none",
         help="a prompt whose rest is at most the largest size is computed inside the next plain "
              "decode step, padded to the smallest size that holds it (GPU with CUDA graphs; "
@@ -290,6 +293,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["prefill_sm_carveout_in_backlog"] = True
     if args.prompt_ahead is not None:
         out["prompt_ahead"] = args.prompt_ahead
+    if args.calibrate_costs is not None:
+        out["calibrate_costs"] = args.calibrate_costs
     if args.prompt_in_decode_tokens is not None:
         out["prompt_in_decode_tokens"] = args.prompt_in_decode_tokens
     if hasattr(args, "fuse_decode_backlog_s"):  # given, "none" included
