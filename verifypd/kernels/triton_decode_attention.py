@@ -29,17 +29,17 @@ import torch
 import triton
 import triton.language as tl
 
-from verifypd.kernels.pdl import launch_options, wait_for_previous
-from verifypd.kernels.triton_prefill_attention import (
+from verifypd.kernels.attention_tiles import (
+    LOG2E,
     attend_range,
     check_attention_inputs,
     dot_precision,
 )
+from verifypd.kernels.pdl import launch_options, wait_for_previous
 
 if TYPE_CHECKING:
     from verifypd.kernels.metadata import AttentionMetadata
 
-LOG2E = 1.4426950408889634
 MIN_TOKENS_PER_SPLIT = 64  # one key tile
 MAX_SPLITS = 32  # a power of two: the merge kernel pads every split count to it
 MAX_ROWS = 64  # (query token, head) rows per program: max_query_len * G must fit
