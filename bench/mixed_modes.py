@@ -86,6 +86,11 @@ MODES = {
     "policy-tail10": policy_with(spec=(("tail_tolerance", 0.10),)),
     "policy-notail": policy_with(spec=(("tail_tolerance", 0.0),)),
     "policy-cap15": policy_with(spec=(("max_step_ratio", 1.5),)),
+    # A TPOT target of 4 / 5 ms (SpecConfig.tpot_target_s, ``--spec-tpot-target-ms``): while a
+    # plain step is slower than it, the rider bound gives way to the rows that can make it by
+    # speculating. Read with the sweep's goodput at that TPOT (``goodput_by_tpot_slo``).
+    "policy-tpot4": policy_with(spec=(("tpot_target_s", 0.004),)),
+    "policy-tpot5": policy_with(spec=(("tpot_target_s", 0.005),)),
     # The policy with the drafter following prompt steps (SpecConfig.follow_prefill): its KV of
     # a prompt computed behind the prompt step on the follow stream (below every lane), in
     # replays of chunk graphs of its own since 2026-11-26 (eager before: 17-32 ms of host

@@ -96,6 +96,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="an oracle: every request's α̂ learned before its first step")  # fmt: skip
     p.add_argument("--spec", type=csv_list, default=[],
                    help="SpecConfig overrides KEY=VALUE,... (e.g. rider_slack=0.5)")  # fmt: skip
+    p.add_argument("--fixed-len", type=int, default=None,
+                   help="no policy: every request drafts L tokens a step, one fused forward "
+                        "(single-fixed), as a baseline on the same requests")  # fmt: skip
+    p.add_argument("--tpot-target-ms", type=float, default=None,
+                   help="also the share of requests whose time per token meets this target, "
+                        "per class, and at a rate the goodput it gives (req/s)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -132,7 +138,8 @@ def best_fixed(table: CostTable, alpha: float, max_draft_len: int) -> tuple[floa
 
 def simulate(
     table: CostTable, profile: str, batch: Batching, num_requests: int, tokens: tuple[int, int],
-    spec: SpecConfig, seed: int, known_alpha: bool = False,
+    spec: SpecConfig, seed: int, known_alpha: bool = False, fixed_len: int | None = None,
+    tpot_target_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One run: ``num_requests`` requests, either keeping ``batch.concurrency`` rows in the
     batch or arriving at ``batch.rate`` (Poisson), the policy configured as the engine
@@ -171,19 +178,25 @@ def simulate(
                         next_id, max_draft_len, _accepted(teach, alpha, max_draft_len)
                     )
             next_id += 1
-        d = policy.decide([SeqView(i, 1) for i in active])
         plain = table.target_time(len(active), 1)
-        step = d.predicted_step_s if any(d.draft_lens.values()) else plain
+        if fixed_len is None:
+            d = policy.decide([SeqView(i, 1) for i in active])
+            lens = d.draft_lens
+            step = d.predicted_step_s if any(lens.values()) else plain
+        else:  # every row drafts fixed_len, one fused forward (single-fixed)
+            lens = dict.fromkeys(active, fixed_len)
+            step = fixed_step(table, len(active), fixed_len)
         num_steps += 1
         rows_sum += len(active)
-        num_speculating += any(d.draft_lens.values())
+        num_speculating += any(lens.values())
         clock.t += step
         for i, r in list(active.items()):
-            n = d.draft_lens.get(i, 0)
+            n = lens.get(i, 0)
             got = 1
             if n:
                 k = _accepted(accept, r["alpha"], n)
-                policy.observe_acceptance(i, n, k)
+                if fixed_len is None:
+                    policy.observe_acceptance(i, n, k)
                 got, r["drafted"] = k + 1, r["drafted"] + n
             got = min(got, r["left"] - r["tokens"])
             r["tokens"] += got
@@ -210,12 +223,15 @@ def simulate(
             "drafts_per_step": sum(r["drafted"] for r in mine) / sum(r["steps"] for r in mine),
             "best_fixed_speedup": bound,
             "best_fixed_len": bound_len,
+            "meets_target": _meets(mine, tpot_target_s),
         }
     all_speedups = [_speedup(r) for r in done]
     return {"batching": batch.label, "num_requests": len(done), "num_steps": num_steps,
             "mean_rows": rows_sum / num_steps, "speculating_share": num_speculating / num_steps,
             "speedup_p50": statistics.median(all_speedups),
             "itl_p99_ms": 1e3 * _p99(itl), "plain_itl_p99_ms": 1e3 * _p99(itl_plain),
+            "meets_target": (share := _meets(done, tpot_target_s)),
+            "goodput_rps": share * batch.rate if share is not None and batch.rate else None,
             "by_class": by_class}  # fmt: skip
 
 
@@ -228,6 +244,18 @@ def _accepted(rng: random.Random, alpha: float, drafted: int) -> int:
     while k < drafted and rng.random() < alpha:
         k += 1
     return k
+
+
+def fixed_step(table: CostTable, rows: int, draft_len: int) -> float:
+    """A single-fixed round: ``draft_len`` drafter steps for every row, then one verify."""
+    return table.target_time(rows, draft_len + 1) + draft_len * table.draft_time(rows)
+
+
+def _meets(requests: list[dict[str, float]], target_s: float | None) -> float | None:
+    """The share of ``requests`` whose time per token is within ``target_s`` (None: no target)."""
+    if target_s is None or not requests:
+        return None
+    return sum(r["seconds"] / r["tokens"] <= target_s for r in requests) / len(requests)
 
 
 def _speedup(r: dict[str, float]) -> float:
@@ -252,19 +280,23 @@ def main(argv: list[str] | None = None) -> Path:
     batchings += [Batching(rate=float(r)) for r in args.rates]
     results = {}
     for b in batchings:
+        target = None if args.tpot_target_ms is None else args.tpot_target_ms / 1e3
         results[b.label] = simulate(table, args.profile, b, args.requests, tuple(args.tokens),
-                                    spec, args.seed, args.known_alpha)  # fmt: skip
+                                    spec, args.seed, args.known_alpha, args.fixed_len,
+                                    target)  # fmt: skip
         progress(SCRIPT, b.label, results[b.label], ("mean_rows", "speedup_p50"))
     report["results"] = results
     rows = []
     for label, res in results.items():
         for alpha, k in res["by_class"].items():
             rows.append([label, alpha, k["num"], k["speedup_p50"], k["best_fixed_speedup"],
-                         k["best_fixed_len"], k["drafts_per_step"], ""])  # fmt: skip
+                         k["best_fixed_len"], k["drafts_per_step"], "", k["meets_target"],
+                         ""])  # fmt: skip
         itl = res["itl_p99_ms"] / res["plain_itl_p99_ms"]
-        rows.append([label, "all", res["num_requests"], res["speedup_p50"], "", "", "", itl])
+        rows.append([label, "all", res["num_requests"], res["speedup_p50"], "", "", "", itl,
+                     res["meets_target"], res["goodput_rps"]])  # fmt: skip
     headers = ["batch", "alpha", "requests", "speedup p50", "best fixed (alone)", "at L",
-               "drafts/step", "ITL p99 / plain"]  # fmt: skip
+               "drafts/step", "ITL p99 / plain", "meets TPOT target", "goodput req/s"]  # fmt: skip
     return run.finish(format_table(headers, rows), lambda png: plot(png, results))
 
 

@@ -165,6 +165,10 @@ class SpecConfig:
     # may wait up to (1 + ``rider_slack``) plain steps for its token.
     guard_slack: float = 0.0
     rider_slack: float = 0.05
+    # The TPOT target requests are served to (goodput's Y; GoodputConfig.tpot_target_s,
+    # ``--spec-tpot-target-ms``; None: none, the default): while a plain step is slower than it,
+    # the rider bound gives way to the rows that can make it by speculating.
+    tpot_target_s: float | None = None
     # ... and no speculating step may take longer than this many plain steps (None: no cap).
     # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the
     # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
@@ -330,6 +334,8 @@ class SpecConfig:
             raise ValueError(f"draft_window_sink must be an int >= 0, got {sink!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if self.tpot_target_s is not None and not self.tpot_target_s > 0.0:
+            raise ValueError(f"tpot_target_s must be > 0 or None, got {self.tpot_target_s!r}")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:

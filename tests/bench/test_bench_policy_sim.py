@@ -111,3 +111,28 @@ def test_report_from_a_mixed_result(tmp_path) -> None:
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(SystemExit):
         sim.main(["--from", str(tmp_path / "empty.json"), "--device", "cpu"])
+
+
+def test_a_tpot_target_below_the_plain_step_and_the_fixed_baseline() -> None:
+    """With a TPOT target below a plain step (4.04 ms here), plain rows miss it anyway: the
+    policy told so lets more requests meet it than the default policy does, the α ≈ 0.2 ones
+    never. The fixed baseline drafts L for every row, every step; at a rate the goodput is
+    the share meeting the target times the rate."""
+    sim = load_bench("policy_sim")
+    table, four, target = CostTable.from_dict(TABLE), sim.Batching(concurrency=4), 3.5e-3
+
+    def run(overrides, batching=four, **kw):
+        spec = sim.spec_config(overrides, 4)
+        kw.setdefault("tpot_target_s", target)
+        return sim.simulate(table, "hetero", batching, 120, (64, 128), spec, seed=3, **kw)
+
+    default, aimed = run([]), run(["tpot_target_s=0.0035"])
+    assert 0.0 <= default["meets_target"] < aimed["meets_target"] <= 1.0
+    assert aimed["by_class"]["0.2"]["meets_target"] == 0.0
+    assert default["goodput_rps"] is None  # rows kept busy: no rate to scale by
+    fixed = run([], fixed_len=4)
+    assert fixed["by_class"]["0.2"]["drafts_per_step"] == pytest.approx(4.0)
+    assert fixed["by_class"]["0.9"]["meets_target"] > 0.9
+    arrivals = run(["tpot_target_s=0.0035"], sim.Batching(rate=8.0))
+    assert arrivals["goodput_rps"] == pytest.approx(8.0 * arrivals["meets_target"])
+    assert run([], tpot_target_s=None)["meets_target"] is None

@@ -194,6 +194,7 @@ def test_policy_knobs_reach_the_server_config_from_the_environment(
     [
         ("--spec-tail-budget", "tail_budget", "0.005", 0.005, "1.5"),
         ("--draft-window", "draft_window", "256", 256, "0"),
+        ("--spec-tpot-target-ms", "tpot_target_s", "4", 0.004, "0"),
     ],
 )
 def test_spec_policy_flags(flag, field, good, value, bad) -> None:

@@ -146,6 +146,10 @@ class GoodputConfig:
     tail_budget: float | None = None
     tail_ratio: float = 1.05
     tail_window_tokens: int = 2048
+    # The deployment's TPOT target (goodput's Y; None: none). While a plain step is predicted
+    # slower than it, a plain row misses it whatever is decided, so the rider bound does not
+    # hold a round back for it: the rows that can still make the target by speculating do.
+    tpot_target_s: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -174,6 +178,7 @@ class GoodputConfig:
                 "tail ratio >= 1, window >= 1",
             ),
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
+            (self.tpot_target_s is None or self.tpot_target_s > 0.0, "tpot_target_s > 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

@@ -155,6 +155,7 @@ class PlanSearch:
         limit = (1.0 + g.latency_slack) * t0
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = (waiting if g.waiting_riders_exempt else 0) + outside
+        rider_bound = self._rider_bound(t0)
         groups = group_candidates(
             cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up), g.amortize_steps,
             self.max_draft_len if g.amortize_within_request else None,
@@ -191,7 +192,7 @@ class PlanSearch:
                 bound = min(limit * least, cap)
                 # plain rows wait for their one token: the whole step, or (drafts beside the
                 # decode step) their own decode step
-                riders = (1.0 + g.rider_slack) * t0 if k + exempt < rows else math.inf
+                riders = rider_bound if k + exempt < rows else math.inf
                 for fused, step_s in self._step_times(rows, k, L, draft_s, others_s, whole):
                     step_s += g.round_overhead_s
                     value = tokens / (step_s + share)
@@ -220,6 +221,15 @@ class PlanSearch:
             return best
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
+
+    def _rider_bound(self, t0: float) -> float:
+        """How long a plain row riding in a round may wait for its token: (1 + rider_slack)
+        plain steps; no bound while the plain step ``t0`` misses the TPOT target
+        (``GoodputConfig.tpot_target_s``): the row misses it whatever the plan."""
+        g = self.goodput
+        if g.tpot_target_s is not None and t0 > g.tpot_target_s:
+            return math.inf
+        return (1.0 + g.rider_slack) * t0
 
     def _one_off(self, grp: CandidateGroup) -> tuple[float, float]:
         """(seconds, seconds a round) of a group's set's one-off: its far drafters' context

@@ -76,6 +76,7 @@ def goodput_config_for(
         amortize_within_request=spec.amortize_within_request,
         tail_budget=spec.tail_budget,
         tail_ratio=spec.tail_ratio,
+        tpot_target_s=spec.tpot_target_s,
     )
 
 

@@ -88,6 +88,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "rounds are longer than that; default: no budget",
     )
     add(
+        "--spec-tpot-target-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="the TPOT target requests are served to: while a plain decode step is slower than "
+        "it, the speculation policy lets the requests that can make it speculate even if the "
+        "others' tokens wait longer (they miss it anyway); default: none",
+    )
+    add(
         "--synthetic-acceptance",
         type=float,
         default=None,
@@ -253,6 +262,7 @@ def config_from_args(
         synthetic_acceptance=args.synthetic_acceptance,
         draft_window=args.draft_window,
         tail_budget=args.spec_tail_budget,
+        tpot_target_s=None if args.spec_tpot_target_ms is None else args.spec_tpot_target_ms / 1e3,
         **fixed,
         **spec_env_overrides(os.environ),
     )
