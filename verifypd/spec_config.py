@@ -167,7 +167,7 @@ class SpecConfig:
     rider_slack: float = 0.05
     # The TPOT target requests are served to (goodput's Y; GoodputConfig.tpot_target_s,
     # ``--spec-tpot-target-ms``; None: none, the default): while a plain step is slower than it,
-    # the rider bound gives way to the rows that can make it by speculating.
+    # the latency guard and the rider bound give way to the plan with the most tokens/s.
     tpot_target_s: float | None = None
     # ... and no speculating step may take longer than this many plain steps (None: no cap).
     # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the

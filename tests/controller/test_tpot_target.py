@@ -1,8 +1,8 @@
 """The goodput policy with a TPOT target (``GoodputConfig.tpot_target_s``): while a plain step
-misses the target, the rider bound gives way to the rows that can make it by speculating."""
+misses the target, neither the rider bound nor the latency guard holds a plan back."""
 
 import pytest
-from test_goodput_policy import _add, _policy, _teach, _views
+from test_goodput_policy import Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens
@@ -24,11 +24,27 @@ def test_a_tpot_target_lifts_the_rider_bound_only_while_plain_steps_miss_it(targ
     d = policy.decide(_views(fast + riders))
     assert d.plain_step_s == pytest.approx(10.08e-3)
     assert (d.draft_len > 0) is speculates
-    if speculates:  # the latency guard still holds for the speculators
+    if speculates:
         assert {i for i, n in d.draft_lens.items() if n} == set(fast)
-        assert d.predicted_step_s / expected_tokens(0.9, d.draft_len) <= 1.1 * d.plain_step_s
     else:
         assert d.reason == "no_gain"
+
+
+@pytest.mark.parametrize(("target_ms", "draft_len"), [(None, 1), (10.5, 1), (10.0, 2)])
+def test_a_tpot_target_lifts_the_latency_guard_only_while_plain_steps_miss_it(target_ms, draft_len):
+    """Two requests at 0.9 and two at 0.3 with a dear drafter: two drafts a round would make
+    the 0.3 ones' time per token 1.16 plain steps, past the guard, so the round drafts one.
+    With a TPOT target below the plain step they miss it plainly too: the round drafts two,
+    the most tokens per second. A target above the plain step changes nothing."""
+    target = None if target_ms is None else target_ms / 1e3
+    policy = _policy(Shape(draft=3e-3), tpot_target_s=target)
+    ids = _add(policy, 4)
+    for i, alpha in zip(ids, (0.9, 0.9, 0.3, 0.3), strict=True):
+        _teach(policy, i, alpha)
+    d = policy.decide(_views(ids))
+    assert d.draft_len == draft_len and all(n == draft_len for n in d.draft_lens.values())
+    slow = d.predicted_step_s / expected_tokens(policy.acceptance(ids[2]), draft_len)
+    assert (slow > 1.1 * d.plain_step_s) is (draft_len == 2)
 
 
 def test_tpot_target_is_validated():

@@ -16,7 +16,7 @@ It picks the plan with the most tokens per second, among the plans that pass the
 guard**: no speculating request's expected time per token, step / E(α̂ᵢ, L), may exceed
 (1 + ε)·t₀, and a plain request riding in the step (one waiting for its drafter's catch-up
 round, or one that may not speculate) waits at most (1 + ``rider_slack``)·t₀ for its one token
-(with a TPOT target Y, ``tpot_target_s``, no bound while t₀ > Y: that row misses Y anyway).
+(with a TPOT target Y, ``tpot_target_s``, neither bound while t₀ > Y: all miss Y when plain).
 So speculation is chosen only where it makes the batch faster and makes nobody's tokens much
 slower than plain decoding would. A plan must also beat plain
 decoding's tokens per second by ``gain_margin``. Candidate sets S are prefixes of the

@@ -147,8 +147,8 @@ class GoodputConfig:
     tail_ratio: float = 1.05
     tail_window_tokens: int = 2048
     # The deployment's TPOT target (goodput's Y; None: none). While a plain step is predicted
-    # slower than it, a plain row misses it whatever is decided, so the rider bound does not
-    # hold a round back for it: the rows that can still make the target by speculating do.
+    # slower than it, every row misses it at its plain rate, so neither the latency guard nor
+    # the rider bound holds a plan back: the most tokens per second, for whoever it speeds up.
     tpot_target_s: float | None = None
 
     def __post_init__(self) -> None:

@@ -152,10 +152,9 @@ class PlanSearch:
         O(B · L_max): it runs on the host before every decode step (with a ``tail``,
         O(buckets² · L_max) on rounds longer than its bound)."""
         g, c = self.goodput, self.contended
-        limit = (1.0 + g.latency_slack) * t0
+        limit, rider_bound = self._bounds(t0)
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = (waiting if g.waiting_riders_exempt else 0) + outside
-        rider_bound = self._rider_bound(t0)
         groups = group_candidates(
             cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up), g.amortize_steps,
             self.max_draft_len if g.amortize_within_request else None,
@@ -222,14 +221,16 @@ class PlanSearch:
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
 
-    def _rider_bound(self, t0: float) -> float:
-        """How long a plain row riding in a round may wait for its token: (1 + rider_slack)
-        plain steps; no bound while the plain step ``t0`` misses the TPOT target
-        (``GoodputConfig.tpot_target_s``): the row misses it whatever the plan."""
+    def _bounds(self, t0: float) -> tuple[float, float]:
+        """(latency guard, rider bound): a speculating request's expected time per token at
+        most (1 + latency_slack)·t0, a plain row riding in a round waiting at most
+        (1 + rider_slack)·t0 for its token. Neither while the plain step ``t0`` misses the TPOT
+        target (``GoodputConfig.tpot_target_s``): every row misses it at its plain rate, so
+        the plan with the most tokens per second speeds up whoever it can."""
         g = self.goodput
         if g.tpot_target_s is not None and t0 > g.tpot_target_s:
-            return math.inf
-        return (1.0 + g.rider_slack) * t0
+            return math.inf, math.inf
+        return (1.0 + g.latency_slack) * t0, (1.0 + g.rider_slack) * t0
 
     def _one_off(self, grp: CandidateGroup) -> tuple[float, float]:
         """(seconds, seconds a round) of a group's set's one-off: its far drafters' context
