@@ -93,8 +93,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         metavar="MS",
         help="the TPOT target requests are served to: while a plain decode step is slower than "
-        "it, the speculation policy lets the requests that can make it speculate even if the "
-        "others' tokens wait longer (they miss it anyway); default: none",
+        "it, every request misses it plainly, so the speculation policy drops its latency "
+        "guard and rider bound and speculates for the most tokens per second (requests that "
+        "accept little may then run slower than plain); default: none",
     )
     add(
         "--synthetic-acceptance",
