@@ -27,7 +27,7 @@ from verifypd.engine.model import drain
 from verifypd.engine.outputs import OutputProcessor, SeqOutputState
 from verifypd.engine.runner import PendingStep
 from verifypd.engine.sampling_controls import resolve_bad_words
-from verifypd.engine.setup import build_engine, resolve_device, resolve_dtype
+from verifypd.engine.setup import build_engine, decode_ahead_on, resolve_device, resolve_dtype
 from verifypd.engine.timing import step_cost_kind
 from verifypd.types import (
     Observer,
@@ -115,8 +115,7 @@ class EngineCore:
     def decode_ahead(self) -> bool:
         """Whether decode steps run ahead (``EngineConfig.decode_ahead``; None: on a GPU, where
         a launch only enqueues). The lane dispatcher and the speculation policy both read it."""
-        ahead = self.config.decode_ahead
-        return self._is_cuda if ahead is None else ahead
+        return decode_ahead_on(self.config, self._is_cuda)
 
     @property
     def prompt_in_decode_tokens(self) -> int:

@@ -291,6 +291,11 @@ def prompt_in_decode_graphs(parts: EngineParts, capture: bool) -> None:
         parts.runner.inputs.prompt_in_decode.insert(0, graphs)  # ascending q
 
 
+def decode_ahead_on(config: EngineConfig, is_cuda: bool) -> bool:
+    """``EngineConfig.decode_ahead`` resolved: None is on a GPU, where a launch only enqueues."""
+    return is_cuda if config.decode_ahead is None else config.decode_ahead
+
+
 def calibration_wanted(config: EngineConfig, is_cuda: bool, speculating: bool) -> bool:
     """``EngineConfig.calibrate_costs`` resolved. None: on a GPU where anything reads the
     table: the speculation policy, the prefill bound (``prefill_step_target_s``), or
@@ -300,8 +305,7 @@ def calibration_wanted(config: EngineConfig, is_cuda: bool, speculating: bool) -
     if config.calibrate_costs is not None:
         return config.calibrate_costs
     bound = config.scheduler.prefill_step_target_s is not None
-    ahead = is_cuda if config.decode_ahead is None else config.decode_ahead
-    waits = ahead and config.decode_ahead_waits_for_prompts
+    waits = decode_ahead_on(config, is_cuda) and config.decode_ahead_waits_for_prompts
     return is_cuda and (speculating or bound or waits)
 
 
