@@ -36,6 +36,10 @@ MODES = {
         spec=(("draft_window", 128), ("follow_prefill", True), ("follow_prefill_max_rows", 4))
     ),
     "three-fixed-win128": Mode("three", True, spec_options=(("draft_window", 128),)),
+    # The fixed designs at L = 2 (the sweep's fixed modes draft 4): the best fixed length in
+    # policy_sim at a TPOT target below a plain step, a stronger baseline for policy-tpot4.
+    "single-fixed-l2": Mode("single", True, spec_options=(("initial_draft_len", 2),)),
+    "three-fixed-l2": Mode("three", True, spec_options=(("initial_draft_len", 2),)),
     # The ITL tail's budget (SpecConfig.tail_budget, --spec-tail-budget): speculation's late
     # tokens (more than 1.05 plain steps after the one before) kept to 0.2 / 0.5 / 1 % of all.
     "policy-budget2": policy_with(spec=(("tail_budget", 0.002),)),

@@ -214,3 +214,21 @@ def test_horizon_and_chunk_modes_reach_the_engine() -> None:
     assert chunks == (16, 64, 256, 512, 1024)
     assert mixed.mode_config(args, "policy-fdec-beside").spec.feeds_beside_decode
     assert not mixed.mode_config(args, "policy-fdec").spec.feeds_beside_decode
+
+
+def test_fixed_l2_modes_draft_two_in_their_lane_mode() -> None:
+    """``single-fixed-l2`` / ``three-fixed-l2``: the fixed controller at L = 2 (graphs for the
+    sweep's L_max kept), otherwise the sweep's fixed modes."""
+    from verifypd.lanes.async_engine import AsyncEngine
+
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny",
+                             "--draft-model", "dummy:tiny"])  # fmt: skip
+    for lane in ("single", "three"):
+        cfg = mixed.mode_config(args, f"{lane}-fixed-l2")
+        base = mixed.mode_config(args, f"{lane}-fixed")
+        assert cfg.spec.initial_draft_len == 2 != base.spec.initial_draft_len
+        assert cfg.replace(spec=base.spec) == base
+        controller = AsyncEngine(cfg).core.controller
+        controller.add_request(7, True, 0.0)
+        assert controller.step() == {7: 2}
