@@ -95,6 +95,10 @@ MODES = {
     # speculating. Read with the sweep's goodput at that TPOT (``goodput_by_tpot_slo``).
     "policy-tpot4": policy_with(spec=(("tpot_target_s", 0.004),)),
     "policy-tpot5": policy_with(spec=(("tpot_target_s", 0.005),)),
+    # ... read against the predicted plain step only (before the measured one, 68152e4).
+    "policy-tpot4-pred": policy_with(
+        spec=(("tpot_target_s", 0.004), ("tpot_target_measured", False))
+    ),
     # The policy with the drafter following prompt steps (SpecConfig.follow_prefill): its KV of
     # a prompt computed behind the prompt step on the follow stream (below every lane), in
     # replays of chunk graphs of its own since 2026-11-26 (eager before: 17-32 ms of host

@@ -2,7 +2,7 @@
 misses the target, neither the rider bound nor the latency guard holds a plan back."""
 
 import pytest
-from test_goodput_policy import Shape, _add, _policy, _teach, _views
+from test_goodput_policy import FakeClock, Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens
@@ -47,10 +47,40 @@ def test_a_tpot_target_lifts_the_latency_guard_only_while_plain_steps_miss_it(ta
     assert (slow > 1.1 * d.plain_step_s) is (draft_len == 2)
 
 
+@pytest.mark.parametrize("measured", [True, False])
+def test_the_target_reads_the_plain_step_requests_are_measured_to_see(measured):
+    """A target of 10.5 ms above the predicted plain step (10.08 ms) but below the one
+    requests see (11 ms between plain decisions: prompt steps beside them): with
+    ``tpot_target_measured`` the seen step misses the target, so the two fast requests
+    speculate once it is learnt; reading the prediction only, the riders' bound holds."""
+    clock = FakeClock()
+    policy = _policy(clock=clock, tpot_target_s=10.5e-3, tpot_target_measured=measured)
+    fast = _add(policy, 2)
+    riders = _add(policy, 2, start=2, speculate=False)
+    for i in fast:
+        _teach(policy, i, 0.9)
+    decisions = []
+    for _ in range(24):
+        d = policy.decide(_views(fast + riders))
+        decisions.append(d)
+        if d.draft_len:
+            break
+        clock.advance(11e-3)
+    assert decisions[0].reason == "no_gain"
+    assert decisions[0].plain_step_s == pytest.approx(10.08e-3)
+    assert policy.plain_seen_s == pytest.approx(11e-3)
+    assert (decisions[-1].draft_len > 0) is measured
+    if measured:
+        assert {i for i, n in decisions[-1].draft_lens.items() if n} == set(fast)
+    assert policy.snapshot()["plain_seen_s"] == policy.plain_seen_s
+
+
 def test_tpot_target_is_validated():
     with pytest.raises(ValueError, match="tpot_target_s"):
         GoodputConfig(tpot_target_s=0.0)
     with pytest.raises(ValueError, match="tpot_target_s"):
         SpecConfig(tpot_target_s=-1e-3)
     g = goodput_config_for(SchedulerConfig(), SpecConfig(tpot_target_s=4e-3), True, True)
-    assert g.tpot_target_s == 4e-3
+    assert g.tpot_target_s == 4e-3 and g.tpot_target_measured
+    off = SpecConfig(tpot_target_s=4e-3, tpot_target_measured=False)
+    assert not goodput_config_for(SchedulerConfig(), off, True, True).tpot_target_measured

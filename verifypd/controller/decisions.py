@@ -5,6 +5,7 @@ prompt work (``LoadSignals``), its decision (``BatchDecision``) and the reasons 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 REASONS = (
     "speculate",  # a plan beat plain decoding and passed the guard
@@ -51,3 +52,14 @@ class BatchDecision:
     predicted_tokens: float = 0.0
     plain_step_s: float = 0.0
     late_tokens: float = 0.0  # expected tokens later than the ITL tail's bound (tail_budget)
+
+
+class HeldVerdict(NamedTuple):
+    """A verdict of no plan, held while the candidates stay (``key``) up to step ``until``;
+    a ``tail_budget`` refusal ends sooner, once the credit covers ``needed`` (the cheapest
+    refused plan's late tokens)."""
+
+    key: tuple
+    until: int
+    reason: str
+    needed: float

@@ -50,11 +50,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import SpecConfig
-from verifypd.controller.decisions import REASONS, BatchDecision, LoadSignals, SeqView
+from verifypd.controller.decisions import REASONS, BatchDecision, HeldVerdict, LoadSignals, SeqView
 from verifypd.controller.draft_controller import (
     ControllerConfig,
     DraftController,
@@ -64,17 +64,6 @@ from verifypd.controller.goodput_config import GoodputConfig
 from verifypd.controller.plan_search import Candidate, PlanSearch, Tail, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
 from verifypd.controller.tail_budget import TailBudget
-
-
-class HeldVerdict(NamedTuple):
-    """A verdict of no plan, held while the candidates stay (``key``) up to step ``until``;
-    a ``tail_budget`` refusal ends sooner, once the credit covers ``needed`` (the cheapest
-    refused plan's late tokens)."""
-
-    key: tuple
-    until: int
-    reason: str
-    needed: float
 
 
 class GoodputPolicy(DraftController):
@@ -115,6 +104,9 @@ class GoodputPolicy(DraftController):
         # speculating and plain steps (what a request waits between its decode steps).
         self.cadence = {k: [0, 0.0, 0.0] for k in ("spec", "plain")}  # steps, actual, predicted
         self._last_decision: tuple[float, str, float] | None = None
+        # The plain step requests see: an EWMA of the gap from a plain decision to the next
+        # (read against the TPOT target with ``tpot_target_measured``). None: none seen yet.
+        self.plain_seen_s: float | None = None
 
     # ------------------------------------------------------------------ requests, learning
     def add_request(
@@ -184,6 +176,9 @@ class GoodputPolicy(DraftController):
             if now - at < 10 * predicted:  # not an idle gap between requests
                 c = self.cadence[kind]
                 c[0], c[1], c[2] = c[0] + 1, c[1] + now - at, c[2] + predicted
+                if kind == "plain":
+                    seen, gap = self.plain_seen_s, now - at
+                    self.plain_seen_s = gap if seen is None else seen + 0.1 * (gap - seen)
         kind = "spec" if d.draft_len else "plain"
         self._last_decision = (now, kind, d.predicted_step_s if d.draft_len else t0)
 
@@ -218,7 +213,9 @@ class GoodputPolicy(DraftController):
         tail = None
         if self.tail.share is not None:
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail)
+        seen = self.plain_seen_s if g.tpot_target_measured else None
+        seen = t0 if seen is None else max(t0, seen)
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen)
         if best is None:
             if tail is not None and tail.refused:
                 no_gain.reason = "tail_budget"
@@ -369,6 +366,7 @@ class GoodputPolicy(DraftController):
                 "last_draft_len": d.draft_len if d else None,
                 "predicted_step_s": d.predicted_step_s if d else None,
                 "plain_step_s": d.plain_step_s if d else None,
+                "plain_seen_s": self.plain_seen_s,
                 "probe_interval": self._probe_interval,
                 "tail_credit": self.tail.available() if self.tail.share is not None else None,
                 "cost_levels": levels,

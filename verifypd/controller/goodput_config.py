@@ -150,6 +150,10 @@ class GoodputConfig:
     # slower than it, every row misses it at its plain rate, so neither the latency guard nor
     # the rider bound holds a plan back: the most tokens per second, for whoever it speeds up.
     tpot_target_s: float | None = None
+    # ... the plain step taken as the slower of the predicted one and the one requests are
+    # measured to see (``GoodputPolicy.plain_seen_s``: an EWMA of the gap from one plain
+    # decision to the next, prompt steps beside it included). False: the predicted one only.
+    tpot_target_measured: bool = True
 
     def __post_init__(self) -> None:
         checks = [

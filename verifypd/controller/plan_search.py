@@ -141,6 +141,7 @@ class PlanSearch:
         waiting: int,
         outside: int = 0,
         tail: Tail | None = None,
+        seen: float | None = None,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
@@ -148,11 +149,12 @@ class PlanSearch:
         tokens per second (None: none does); ``waiting`` rows wait for their drafter, and
         ``outside`` more rows ride outside the rider bound whatever the setting. With a
         ``tail`` (the ITL tail's budget), a plan whose expected late tokens exceed its credit
-        is not taken (counted in ``tail.refused``). Work per step is O(buckets · L_max), not
-        O(B · L_max): it runs on the host before every decode step (with a ``tail``,
-        O(buckets² · L_max) on rounds longer than its bound)."""
+        is not taken (counted in ``tail.refused``). ``seen``: the plain step requests are
+        measured to see, read against the TPOT target (default ``t0``). Work per step is
+        O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step
+        (with a ``tail``, O(buckets² · L_max) on rounds longer than its bound)."""
         g, c = self.goodput, self.contended
-        limit, rider_bound = self._bounds(t0)
+        limit, rider_bound = self._bounds(t0, t0 if seen is None else seen)
         cap = math.inf if g.max_step_ratio is None else g.max_step_ratio * t0
         exempt = (waiting if g.waiting_riders_exempt else 0) + outside
         groups = group_candidates(
@@ -221,14 +223,15 @@ class PlanSearch:
         close = (p for p in plans if p.value >= (1.0 - g.tail_tolerance) * best.value)
         return min(close, key=lambda p: (p.step_s, -p.value))
 
-    def _bounds(self, t0: float) -> tuple[float, float]:
+    def _bounds(self, t0: float, seen: float) -> tuple[float, float]:
         """(latency guard, rider bound): a speculating request's expected time per token at
         most (1 + latency_slack)·t0, a plain row riding in a round waiting at most
-        (1 + rider_slack)·t0 for its token. Neither while the plain step ``t0`` misses the TPOT
-        target (``GoodputConfig.tpot_target_s``): every row misses it at its plain rate, so
-        the plan with the most tokens per second speeds up whoever it can."""
+        (1 + rider_slack)·t0 for its token. Neither while the plain step ``seen`` (``t0``, or
+        the one requests are measured to see) misses the TPOT target
+        (``GoodputConfig.tpot_target_s``): every row misses it at its plain rate, so the plan
+        with the most tokens per second speeds up whoever it can."""
         g = self.goodput
-        if g.tpot_target_s is not None and t0 > g.tpot_target_s:
+        if g.tpot_target_s is not None and seen > g.tpot_target_s:
             return math.inf, math.inf
         return (1.0 + g.latency_slack) * t0, (1.0 + g.rider_slack) * t0
 

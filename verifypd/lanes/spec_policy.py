@@ -77,6 +77,7 @@ def goodput_config_for(
         tail_budget=spec.tail_budget,
         tail_ratio=spec.tail_ratio,
         tpot_target_s=spec.tpot_target_s,
+        tpot_target_measured=spec.tpot_target_measured,
     )
 
 
