@@ -95,6 +95,11 @@ MODES = {
     # speculating. Read with the sweep's goodput at that TPOT (``goodput_by_tpot_slo``).
     "policy-tpot4": policy_with(spec=(("tpot_target_s", 0.004),)),
     "policy-tpot5": policy_with(spec=(("tpot_target_s", 0.005),)),
+    # ... and learning a new request's α faster (SpecConfig.request_prior_count 2,
+    # explore_alpha 0.8): under load the policy otherwise never drafts for a new request.
+    "policy-tpot4-learn": policy_with(
+        spec=(("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
+    ),
     # ... read against the predicted plain step only (before the measured one, 68152e4).
     "policy-tpot4-pred": policy_with(
         spec=(("tpot_target_s", 0.004), ("tpot_target_measured", False))

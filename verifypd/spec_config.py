@@ -175,6 +175,13 @@ class SpecConfig:
     # plain step hovered at the 4 ms target while requests saw 4.2-4.4 ms, and the target
     # lifted the bounds on some steps only).
     tpot_target_measured: bool = True
+    # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
+    # explore_alpha): its prior, the population's α, counting as this many verifies, and its
+    # first verify planned at this α at least. None (the default): as before. Simulated only
+    # (bench/policy_sim.py --draft-level 1.5, TPOT target 4 ms: goodput at 8 / 14 req/s 2.38
+    # / 1.01 req/s without, 3.18 / 3.54 with 2 and 0.8); not yet measured in the engine.
+    request_prior_count: float | None = None
+    explore_alpha: float | None = None
     # ... and no speculating step may take longer than this many plain steps (None: no cap).
     # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the
     # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
@@ -340,6 +347,11 @@ class SpecConfig:
             raise ValueError(f"draft_window_sink must be an int >= 0, got {sink!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if self.request_prior_count is not None and not self.request_prior_count > 0.0:
+            raise ValueError(f"request_prior_count must be > 0 or None, got "
+                             f"{self.request_prior_count!r}")  # fmt: skip
+        if self.explore_alpha is not None and not 0.0 < self.explore_alpha < 1.0:
+            raise ValueError(f"explore_alpha must be in (0, 1) or None, got {self.explore_alpha!r}")
         if self.tpot_target_s is not None and not self.tpot_target_s > 0.0:
             raise ValueError(f"tpot_target_s must be > 0 or None, got {self.tpot_target_s!r}")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:

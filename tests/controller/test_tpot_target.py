@@ -75,6 +75,44 @@ def test_the_target_reads_the_plain_step_requests_are_measured_to_see(measured):
     assert policy.snapshot()["plain_seen_s"] == policy.plain_seen_s
 
 
+def test_a_request_prior_count_lets_a_new_requests_first_verifies_move_its_estimate():
+    """With ``request_prior_count`` 1 a new request's α̂ (the population's prior) moves half
+    way to its first verify's evidence; without, by ``request_weight`` (0.15)."""
+    estimates = []
+    for count in (None, 1.0):
+        policy = _policy(request_prior_count=count)
+        (i,) = _add(policy, 1)
+        start = policy.acceptance(i)
+        policy.observe_acceptance(i, 4, 0)  # one position tested, none accepted
+        estimates.append((start, policy.acceptance(i)))
+    (start, slow), (start_fast, fast) = estimates
+    assert start == start_fast > 0.5
+    assert slow == pytest.approx(start * (1.0 - 0.15))
+    assert fast == pytest.approx(start * 0.5)
+
+
+@pytest.mark.parametrize("explore", [None, 0.8])
+def test_explore_alpha_plans_a_new_requests_first_verify_optimistically(explore):
+    """Four new requests at a population α of 0.3 with a dear drafter, beside a TPOT target
+    the plain step misses: planned at 0.3 no plan pays; with ``explore_alpha`` 0.8 the
+    policy drafts for them, and once their own verifies say 0.1, it stops."""
+    policy = _policy(Shape(draft=3e-3), tpot_target_s=5e-3, explore_alpha=explore,
+                     population_prior_count=1.0)  # fmt: skip
+    seed = _add(policy, 1, start=99)
+    _teach(policy, seed[0], 0.3, verifies=200)  # the population learns 0.3 from it
+    policy.remove_request(seed[0])
+    ids = _add(policy, 4)
+    assert policy.acceptance(ids[0]) == pytest.approx(0.3, abs=0.05)
+    first = policy.decide(_views(ids))
+    assert (first.draft_len > 0) is (explore is not None)
+    if explore is None:
+        return
+    for i in ids:
+        _teach(policy, i, 0.1)
+    later = policy.decide(_views(ids))
+    assert later.draft_len == 0 and later.reason == "no_gain"
+
+
 def test_tpot_target_is_validated():
     with pytest.raises(ValueError, match="tpot_target_s"):
         GoodputConfig(tpot_target_s=0.0)
@@ -82,5 +120,13 @@ def test_tpot_target_is_validated():
         SpecConfig(tpot_target_s=-1e-3)
     g = goodput_config_for(SchedulerConfig(), SpecConfig(tpot_target_s=4e-3), True, True)
     assert g.tpot_target_s == 4e-3 and g.tpot_target_measured
+    for field, bad in (("request_prior_count", 0.0), ("explore_alpha", 1.0)):
+        with pytest.raises(ValueError, match=field):
+            SpecConfig(**{field: bad})
+        with pytest.raises(ValueError, match=field):
+            GoodputConfig(**{field: bad})
+    learn = SpecConfig(request_prior_count=2.0, explore_alpha=0.8)
+    g = goodput_config_for(SchedulerConfig(), learn, True, True)
+    assert (g.request_prior_count, g.explore_alpha) == (2.0, 0.8)
     off = SpecConfig(tpot_target_s=4e-3, tpot_target_measured=False)
     assert not goodput_config_for(SchedulerConfig(), off, True, True).tpot_target_measured

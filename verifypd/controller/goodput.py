@@ -55,11 +55,7 @@ from typing import Any
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import SpecConfig
 from verifypd.controller.decisions import REASONS, BatchDecision, HeldVerdict, LoadSignals, SeqView
-from verifypd.controller.draft_controller import (
-    ControllerConfig,
-    DraftController,
-    build_controller,
-)
+from verifypd.controller.draft_controller import ControllerConfig, DraftController, build_controller
 from verifypd.controller.goodput_config import GoodputConfig
 from verifypd.controller.plan_search import Candidate, PlanSearch, Tail, split_by_round_budget
 from verifypd.controller.signals import AcceptanceEstimate
@@ -116,8 +112,9 @@ class GoodputPolicy(DraftController):
         super().add_request(seq_id, greedy, temperature, speculate)
         if not known:  # starts at the population's acceptance
             st = self._requests[seq_id]
-            w = self.goodput.request_weight
-            st.acceptance = AcceptanceEstimate(w, self.population.value)
+            g = self.goodput
+            st.acceptance = AcceptanceEstimate(g.request_weight, self.population.value,
+                                               g.request_prior_count)  # fmt: skip
             st.drafter_temperature = self._drafter_temperature(st)
 
     def observe_acceptance(self, seq_id: int, num_drafted: int, num_accepted: int) -> None:
@@ -170,7 +167,7 @@ class GoodputPolicy(DraftController):
         return decision
 
     def _time_cadence(self, d: BatchDecision, t0: float) -> None:
-        now = self.clock()
+        now = self.clock()  # the gap since the last decision, against its prediction
         if self._last_decision is not None:
             at, kind, predicted = self._last_decision
             if now - at < 10 * predicted:  # not an idle gap between requests
@@ -303,6 +300,8 @@ class GoodputPolicy(DraftController):
                 out.append(Candidate(v.seq_id, 1.0, v.drafter_behind, v.tokens_left, last=True))
                 continue
             alpha = st.acceptance.value
+            if g.explore_alpha is not None and not parked and not st.acceptance.num_updates:
+                alpha = max(alpha, g.explore_alpha)  # its first verify planned optimistically
             if self._exploring and not st.acceptance.num_updates and alpha < g.probe_alpha:
                 out.append(Candidate(v.seq_id, g.probe_alpha, v.drafter_behind, v.tokens_left,
                                       probe=True, far=far))  # fmt: skip

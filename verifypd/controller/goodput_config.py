@@ -30,6 +30,14 @@ class GoodputConfig:
     # of a drafter that accepts nothing is a slow step for its whole batch).
     population_prior_count: float = 4.0
     request_weight: float = 0.15  # EWMA weight of one verify in a request's α̂
+    # A new request's α̂ starts at the population's, which counts as this many verifies (its
+    # own first ones then move it fast); None: the EWMA starts from it at ``request_weight``.
+    request_prior_count: float | None = None
+    # A request with no verify of its own is planned at this α at least (None: at its α̂,
+    # the population's): under load, plans at a hetero population's α (0.33-0.45 on an H200,
+    # 8-14 req/s) do not pay, so a new request is never drafted for and its α never learnt.
+    # Not while the population is parked (the drafter does not predict the traffic).
+    explore_alpha: float | None = None
     prefill_wait_guard_s: float | None = None  # None: no prefill-pressure rule
     max_spec_rows: int | None = None  # None: no row limit (no verify graphs, e.g. CPU)
     alpha_bucket: float = 0.05  # α̂ within one bucket enter the speculating set together
@@ -165,6 +173,14 @@ class GoodputConfig:
             (0.0 < self.population_weight <= 1.0, "population_weight in (0, 1]"),
             (self.population_prior_count > 0.0, "population_prior_count > 0"),
             (0.0 < self.request_weight <= 1.0, "request_weight in (0, 1]"),
+            (
+                self.request_prior_count is None or self.request_prior_count > 0.0,
+                "request_prior_count > 0",
+            ),  # fmt: skip
+            (
+                self.explore_alpha is None or 0.0 < self.explore_alpha < 1.0,
+                "explore_alpha in (0, 1)",
+            ),  # fmt: skip
             (0.0 < self.alpha_bucket <= 1.0, "alpha_bucket in (0, 1]"),
             (self.catch_up_every_steps >= 1, "catch_up_every_steps >= 1"),
             (self.eager_draft_s >= 0.0 and self.amortize_steps >= 1, "eager >= 0, amortize >= 1"),

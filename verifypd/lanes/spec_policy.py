@@ -78,6 +78,8 @@ def goodput_config_for(
         tail_ratio=spec.tail_ratio,
         tpot_target_s=spec.tpot_target_s,
         tpot_target_measured=spec.tpot_target_measured,
+        request_prior_count=spec.request_prior_count,
+        explore_alpha=spec.explore_alpha,
     )
 
 
