@@ -28,23 +28,36 @@ def _plt():
     return plt
 
 
-def plot_rates(stem: Path, rows: list[dict[str, Any]]) -> list[Path]:
-    """One PNG per (profile, temperature): the PANELS against rate, one line per mode."""
+def panel_value(row: dict[str, Any], key: str) -> float | None:
+    """A row's value for a panel: a column, or ``goodput@Y`` (its goodput at TPOT <= Y ms, from
+    ``goodput_by_tpot_slo``)."""
+    if key.startswith("goodput@"):
+        return (row.get("goodput_by_tpot_slo") or {}).get(key.removeprefix("goodput@"))
+    return row.get(key)
+
+
+def plot_rates(
+    stem: Path, rows: list[dict[str, Any]], tpot_slos: tuple[str, ...] = ()
+) -> list[Path]:
+    """One PNG per (profile, temperature): the PANELS against rate, one line per mode, and a
+    panel of goodput at each TPOT target of ``tpot_slos`` (ms, as ``goodput_by_tpot_slo`` keys
+    them: "4") with the plan's TTFT target."""
     plt = _plt()
     if plt is None:
         return []
+    panels = PANELS + tuple((f"goodput@{y}", f"goodput req/s, TPOT <= {y} ms") for y in tpot_slos)
     paths = []
     keys = sorted({(r["acceptance_profile"], r["temperature"]) for r in rows})
     for profile, temp in keys:
         sel = [r for r in rows if (r["acceptance_profile"], r["temperature"]) == (profile, temp)]
-        fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.3))
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.3))
         for mode in dict.fromkeys(r["mode"] for r in sel):
-            pts = sorted((r["rate"], r) for r in sel if r["mode"] == mode)
-            for ax, (key, _) in zip(axes, PANELS, strict=True):
-                xy = [(x, r.get(key)) for x, r in pts if r.get(key) is not None]
+            pts = sorted(((r["rate"], r) for r in sel if r["mode"] == mode), key=lambda p: p[0])
+            for ax, (key, _) in zip(axes, panels, strict=True):
+                xy = [(x, v) for x, r in pts if (v := panel_value(r, key)) is not None]
                 if xy:
                     ax.plot(*zip(*xy, strict=True), marker="o", label=mode)
-        for ax, (_, title) in zip(axes, PANELS, strict=True):
+        for ax, (_, title) in zip(axes, panels, strict=True):
             ax.set(xlabel="arrival rate req/s", title=f"{title}: {profile}, T={temp}")
             ax.legend(fontsize=8)
         fig.tight_layout()

@@ -179,7 +179,7 @@ class SpecConfig:
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
     # first verify planned at this α at least. None (the default): as before. Simulated only
     # (bench/policy_sim.py --draft-level 1.5, TPOT target 4 ms: goodput at 8 / 14 req/s 2.38
-    # / 1.01 req/s without, 3.18 / 3.54 with 2 and 0.8); not yet measured in the engine.
+    # / 1.01 req/s without, 3.12 / 3.22 with 2 and 0.8); not yet measured in the engine.
     request_prior_count: float | None = None
     explore_alpha: float | None = None
     # ... and no speculating step may take longer than this many plain steps (None: no cap).

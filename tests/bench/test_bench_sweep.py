@@ -901,3 +901,20 @@ def test_engine_process_sweep_drives_a_remote_engine(tmp_path: Path) -> None:
     assert inner.got.cache_salt == "run-1" and inner.got.temperature == 0.5
     assert salted.timings["r"] is inner.timing
     assert original.cache_salt is None  # the trace's own params are left as they were
+
+
+def test_rate_plots_read_goodput_at_a_tpot_target(tmp_path: Path) -> None:
+    """``goodput@Y`` panels read ``goodput_by_tpot_slo``; a row without the ladder has no
+    point there; one PNG per (profile, temperature) with or without them."""
+    plots = load_bench("sweep_plots")
+    row = {"rate": 2.0, "acceptance_profile": "hetero", "temperature": 0.0, "mode": "policy",
+           "itl_p99_ms": 5.0, "ttft_p99_ms": 40.0, "goodput_rps": 2.0,
+           "goodput_by_tpot_slo": {"4": 1.5, "5": 2.0}}  # fmt: skip
+    assert plots.panel_value(row, "goodput@4") == 1.5
+    assert plots.panel_value(row, "goodput@3") is None
+    assert plots.panel_value(row, "itl_p99_ms") == 5.0
+    bare = {k: v for k, v in row.items() if k != "goodput_by_tpot_slo"}
+    assert plots.panel_value(bare, "goodput@4") is None
+    rows = [row, dict(bare, mode="off", rate=8.0), dict(row, rate=8.0)]
+    paths = plots.plot_rates(tmp_path / "sweep", rows, tpot_slos=("4", "5"))
+    assert [p.name for p in paths] == ["sweep-hetero-t0.0.png"] and paths[0].stat().st_size > 0
