@@ -165,6 +165,13 @@ class SpecConfig:
     # may wait up to (1 + ``rider_slack``) plain steps for its token.
     guard_slack: float = 0.0
     rider_slack: float = 0.05
+    # ... and no speculating step may take longer than this many plain steps (None: no cap).
+    # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the
+    # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
+    # 13/20; p99s of 10-83 requests a run are noisy at that margin). 1.4 on an H100 (mode
+    # policy-cap14, a4c9fdc; the cap counts a catch-up round's feed since then) was `off`:
+    # 10 drafted tokens at 2-8 req/s.
+    max_step_ratio: float | None = None
     # The TPOT target requests are served to (goodput's Y; GoodputConfig.tpot_target_s,
     # ``--spec-tpot-target-ms``; None: none, the default): while a plain step is slower than it,
     # the latency guard and the rider bound give way to the plan with the most tokens/s.
@@ -182,13 +189,6 @@ class SpecConfig:
     # / 1.01 req/s without, 3.12 / 3.22 with 2 and 0.8); not yet measured in the engine.
     request_prior_count: float | None = None
     explore_alpha: float | None = None
-    # ... and no speculating step may take longer than this many plain steps (None: no cap).
-    # Off by default: on two H200s (hetero, 61bc74b) a cap of 1.25 did not beat no cap on the
-    # sweep's criteria (9/20 and 10/20 checks within 5 % of the best mode, against 11/20 and
-    # 13/20; p99s of 10-83 requests a run are noisy at that margin). 1.4 on an H100 (mode
-    # policy-cap14, a4c9fdc; the cap counts a catch-up round's feed since then) was `off`:
-    # 10 drafted tokens at 2-8 req/s.
-    max_step_ratio: float | None = None
     # The goodput policy speculates for nobody while prompt work is in flight or queued (a
     # prefill chunk sharing the GPU with the round). Off by default: in four same-run H100
     # sweeps (2026-11-24) it was within 5 % of the best other mode in 55 of 80 checks against
@@ -347,6 +347,10 @@ class SpecConfig:
             raise ValueError(f"draft_window_sink must be an int >= 0, got {sink!r}")
         if self.round_overhead_s < 0:
             raise ValueError(f"round_overhead_s must be >= 0, got {self.round_overhead_s!r}")
+        if not isinstance(self.tpot_target_measured, bool):
+            raise ValueError(
+                f"tpot_target_measured must be a bool, got {self.tpot_target_measured!r}"
+            )
         if self.request_prior_count is not None and not self.request_prior_count > 0.0:
             raise ValueError(f"request_prior_count must be > 0 or None, got "
                              f"{self.request_prior_count!r}")  # fmt: skip

@@ -120,7 +120,8 @@ def test_tpot_target_is_validated():
         SpecConfig(tpot_target_s=-1e-3)
     g = goodput_config_for(SchedulerConfig(), SpecConfig(tpot_target_s=4e-3), True, True)
     assert g.tpot_target_s == 4e-3 and g.tpot_target_measured
-    for field, bad in (("request_prior_count", 0.0), ("explore_alpha", 1.0)):
+    bad_values = (("request_prior_count", 0.0), ("explore_alpha", 1.0), ("tpot_target_measured", 1))
+    for field, bad in bad_values:
         with pytest.raises(ValueError, match=field):
             SpecConfig(**{field: bad})
         with pytest.raises(ValueError, match=field):

@@ -200,6 +200,7 @@ class GoodputConfig:
             (self.rider_slack >= 0.0, "rider_slack >= 0"),
             (self.tpot_target_s is None or self.tpot_target_s > 0.0, "tpot_target_s > 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
+            (isinstance(self.tpot_target_measured, bool), "tpot_target_measured a bool"),
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),
