@@ -1,6 +1,7 @@
-"""Shared pieces of the benchmark scripts: run metadata, JSON/PNG output, timing, hardware
-ceilings (copy GB/s, bf16 matmul TFLOP/s) and the ModelConfig -> transformers config converter.
-The engine-side harness is in ``harness.py``.
+"""Shared pieces of the benchmark scripts: run metadata, JSON output, tables, timing. The
+hardware ceilings (copy GB/s, bf16 matmul TFLOP/s) are in ``hw_ceilings.py``, the bar charts and
+the PNG writer in ``bar_plots.py`` (both re-exported here), the transformers reference in
+``hf_reference.py`` and the engine-side harness in ``harness.py``.
 
 Every script runs on CPU with tiny settings (``--device cpu --model dummy:tiny``) so its logic is
 tested in CI; numbers only mean something on a GPU.
@@ -30,8 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from verifypd.config import ModelConfig
+from bar_plots import Panel, bar_chart, bar_panels, draw_bars, save_figure  # noqa: F401
+from hw_ceilings import hardware_ceilings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_ROOT = REPO_ROOT / "bench" / "results"
@@ -319,70 +320,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def bar_chart(
-    path: Path, labels: list[str], series: dict[str, list[float | None]], ylabel: str, title: str
-) -> Path | None:
-    """Grouped bars (one group per label, one bar per series); None values are left out."""
-    return bar_panels(path, [(title, ylabel, labels, series)])
-
-
-Panel = tuple[str, str, list[str], dict[str, list[float | None]]]  # title, ylabel, labels, series
-
-
-def bar_panels(path: Path, panels: list[Panel], ncols: int = 2) -> Path | None:
-    """A grid of grouped bar charts (Agg backend); None if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    ncols = min(ncols, len(panels))
-    nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.5 * ncols, 4.2 * nrows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        _draw_panel(ax, *panel)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def save_figure(fig, path: Path, dpi: int) -> Path:
-    """Save a matplotlib figure as a 256-colour PNG (about a third of the RGBA file, the plots
-    unchanged to the eye), so the results folder stays small enough to travel with the
-    repository to the GPU machine."""
-    fig.savefig(path, dpi=dpi)
-    from PIL import Image  # matplotlib's own dependency
-
-    with Image.open(path) as image:
-        palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-    palette.save(path, optimize=True)
-    return path
-
-
-def draw_bars(ax, title: str, ylabel: str, labels: list[str], series) -> None:
-    """Grouped bars on an existing matplotlib axis (one panel of ``bar_panels``)."""
-    _draw_panel(ax, title, ylabel, labels, series)
-
-
-def _draw_panel(ax, title: str, ylabel: str, labels: list[str], series) -> None:
-    width = 0.8 / max(1, len(series))
-    x = np.arange(len(labels))
-    for k, (name, values) in enumerate(series.items()):
-        ys = [np.nan if v is None else v for v in values]
-        bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, ys, width, label=name)
-        ax.bar_label(bars, fmt="%.3g", fontsize=7)
-    ax.set_xticks(x, labels, rotation=15, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if len(series) > 1:
-        ax.legend(fontsize=8)
-
-
 # ----------------------------------------------------------------------------- timing
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -435,129 +372,6 @@ def kernel_kind(name: str) -> str:
     if "attention" in n or "split_kv" in n or "merge" in n or "sdpa" in n:
         return "attention"
     return "other"
-
-
-# ----------------------------------------------------------------------------- ceilings
-def copy_bandwidth_gbps(
-    device: torch.device, nbytes: int = 1 << 30, repeats: int = 10
-) -> float | None:
-    """Device-to-device copy GB/s counting read + write bytes; None on CPU."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    seconds = _cuda_event_times(lambda: dst.copy_(src), repeats)
-    return 2 * nbytes / median(seconds) / 1e9
-
-
-def matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
-    """bf16 [n, n] @ [n, n] TFLOP/s; None on CPU."""
-    if device.type != "cuda":
-        return None
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    c = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    seconds = _cuda_event_times(lambda: torch.matmul(a, b, out=c), repeats)
-    return 2 * n**3 / median(seconds) / 1e12
-
-
-def _cuda_event_times(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
-
-
-def hardware_ceilings(device: torch.device, skip: bool = False) -> dict[str, Any]:
-    if skip or device.type != "cuda":
-        return {"copy_gbps": None, "bf16_matmul_tflops": None, "skipped": skip}
-    out = {
-        "copy_gbps": copy_bandwidth_gbps(device),
-        "copy_note": "1 GiB device-to-device copy, read+write bytes, CUDA events, median of 10",
-        "bf16_matmul_tflops": matmul_tflops(device),
-        "matmul_note": "bf16 8192^3 matmul, CUDA events, median of 10",
-    }
-    release_memory()
-    return out
-
-
-# ----------------------------------------------------------------------------- transformers
-_HF_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-
-
-def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
-    """transformers config fields (``config.json`` names) describing the same architecture."""
-    kw: dict[str, Any] = {
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "hidden_act": "silu",
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": list(cfg.eos_token_ids) or None,
-        "use_sliding_window": False,
-    }
-    if cfg.rope_scaling:
-        kw["rope_scaling"] = {**cfg.rope_scaling_dict, "rope_theta": cfg.rope_theta}
-    if cfg.arch != "qwen2":  # Qwen2 always has q/k/v bias in transformers
-        kw["attention_bias"] = cfg.attention_bias
-    return kw
-
-
-def hf_config(cfg: ModelConfig) -> Any:
-    """A transformers ``PretrainedConfig`` (Llama/Qwen2/Qwen3) for a verifypd ``ModelConfig``."""
-    from transformers import AutoConfig
-
-    hf = AutoConfig.for_model(_HF_TYPES[cfg.arch], **hf_config_kwargs(cfg))
-    theta = hf_rope_theta(hf)
-    if theta is not None and abs(theta - cfg.rope_theta) > 1e-6 * cfg.rope_theta:
-        raise ValueError(f"rope_theta did not carry over: {theta} != {cfg.rope_theta}")
-    return hf
-
-
-def hf_rope_theta(hf: Any) -> float | None:
-    params = getattr(hf, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    theta = getattr(hf, "rope_theta", None)
-    return None if theta is None else float(theta)
-
-
-def build_hf_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, attn: str):
-    """Random-init HF causal LM of the same shape, created in ``dtype`` directly on ``device``."""
-    from transformers import AutoModelForCausalLM
-
-    hf = hf_config(cfg)
-    errors = []
-    for dtype_kw in ("dtype", "torch_dtype"):
-        try:
-            with torch.device(device):
-                model = AutoModelForCausalLM.from_config(
-                    hf, attn_implementation=attn, **{dtype_kw: dtype}
-                )
-            return model.eval()
-        except TypeError as exc:  # older/newer transformers name the dtype argument differently
-            errors.append(exc)
-    raise errors[-1]
-
-
-def hf_dtype_of(model: Any) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def argv_or_sys(argv: Sequence[str] | None) -> list[str]:

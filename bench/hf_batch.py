@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import torch
-from common import build_hf_model, error_record, hf_dtype_of, release_memory, sync
+from common import error_record, release_memory, sync
+from hf_reference import build_hf_model, hf_dtype_of
 
 from verifypd.config import ModelConfig
 

@@ -56,7 +56,6 @@ from common import (  # noqa: E402
     device_slug,
     error_record,
     format_table,
-    hf_config,
     metadata,
     release_memory,
     resolve_device,
@@ -66,6 +65,7 @@ from common import (  # noqa: E402
     write_json,
 )
 from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
+from hf_reference import hf_config  # noqa: E402
 from http_load import HttpEngine, served_model, wait_ready  # noqa: E402
 from loadgen import Mix, latency_stats, load_stats, make_requests, run_load  # noqa: E402
 from result_files import write_result  # noqa: E402

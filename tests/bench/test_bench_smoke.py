@@ -104,18 +104,18 @@ def test_reference_scorer_agrees_with_greedy_engine() -> None:
 
 
 def test_hf_config_matches_model_shape() -> None:
-    common = load_bench("common")
+    ref = load_bench("hf_reference")
     import torch
 
     from verifypd.config import PRESETS
 
     cfg = PRESETS["tiny"]
-    model = common.build_hf_model(cfg, torch.device("cpu"), torch.float32, "sdpa")
+    model = ref.build_hf_model(cfg, torch.device("cpu"), torch.float32, "sdpa")
     assert sum(p.numel() for p in model.parameters()) == cfg.num_params
     for name in ("qwen2.5-7b", "qwen3-0.6b"):
-        hf = common.hf_config(PRESETS[name])
+        hf = ref.hf_config(PRESETS[name])
         assert hf.num_key_value_heads == PRESETS[name].num_kv_heads
-        assert common.hf_rope_theta(hf) == PRESETS[name].rope_theta
+        assert ref.hf_rope_theta(hf) == PRESETS[name].rope_theta
 
 
 def test_compare_reports_prefix_and_divergence() -> None:
