@@ -33,7 +33,7 @@ from common import (  # noqa: E402
     write_json,
 )
 from harness import AsyncLLM, engine_config, engine_info, random_prompts  # noqa: E402
-from peer_vllm import Batch, write_id_tokenizer  # noqa: E402
+from peer_engines import Batch, write_id_tokenizer  # noqa: E402
 
 from verifypd.config import PRESETS  # noqa: E402
 from verifypd.types import SamplingParams, StructuredOutput  # noqa: E402

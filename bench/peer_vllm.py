@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -49,36 +47,45 @@ from typing import Any
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-import numpy as np  # noqa: E402
 from common import (  # noqa: E402
     add_common_args,
     csv_list,
     device_slug,
     error_record,
-    format_table,
     metadata,
     release_memory,
     resolve_device,
     result_path,
     results_dir,
-    save_figure,
     write_json,
 )
-from harness import AsyncLLM, engine_config, engine_info, random_prompts, spec_stats  # noqa: E402
-from hf_reference import hf_config  # noqa: E402
+from harness import AsyncLLM, engine_config, engine_info, spec_stats  # noqa: E402
 from http_load import HttpEngine, served_model, wait_ready  # noqa: E402
-from loadgen import Mix, latency_stats, load_stats, make_requests, run_load  # noqa: E402
+from loadgen import make_requests, run_load  # noqa: E402
+from peer_engines import (  # noqa: E402
+    Batch,
+    StepLog,  # noqa: F401 (peer_sweep reads it from this module)
+    VllmFront,
+    greedy,
+    vllm_spec_counters,
+    write_model_dir,
+)
+from peer_report import combine, plot, table  # noqa: E402
+from peer_workloads import (  # noqa: E402
+    MIXES,
+    measure_decode,
+    measure_mixed,
+    measure_offline,
+    mixed_stats,
+    mixed_trace,
+    vocab_of,
+)
 from result_files import write_result  # noqa: E402
 
-from verifypd.config import PRESETS, SpecConfig  # noqa: E402
-from verifypd.types import SamplingParams  # noqa: E402
+from verifypd.config import SpecConfig  # noqa: E402
 
 SCRIPT = "peer_vllm"
 PARTS = ("decode", "offline", "mixed", "spec-draft", "spec-ngram")
-MIXES = {
-    "default": Mix((64, 256), (64, 256), (1024, 3072), (32, 128), 0.2),  # bench/mixed.py's
-    "tiny": Mix((4, 16), (2, 6), (24, 48), (2, 4), 0.2),  # CPU smoke tests
-}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -125,275 +132,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.step == "sweep" and not args.source:
         p.error("sweep needs --from OURS.json (a bench/mixed.py --sweep result)")
     return args
-
-
-# ----------------------------------------------------------------------------- workloads
-def vocab_of(model: str) -> int:
-    return PRESETS[model.removeprefix("dummy:")].vocab_size
-
-
-def decode_prompts(args, batch: int, salt: int) -> list[list[int]]:
-    rng = np.random.default_rng(args.seed * 7919 + batch * 31 + salt)
-    return random_prompts(rng, [args.prompt_len] * batch, vocab_of(args.model))
-
-
-def offline_workload(args) -> tuple[list[list[int]], list[int]]:
-    rng = np.random.default_rng(args.seed + 17)
-    lo, hi = args.offline_lens
-    n = args.offline_requests
-    in_lens, out_lens = rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)
-    return random_prompts(rng, in_lens, vocab_of(args.model)), [int(x) for x in out_lens]
-
-
-def mixed_trace(args, rate: float) -> list:
-    count = args.mixed_requests
-    return make_requests(
-        MIXES[args.mix], vocab_of(args.model), args.seed + int(rate * 1000), count, rate
-    )
-
-
-def greedy(n: int, detokenize: bool = False) -> SamplingParams:
-    # No text by default: vLLM runs with skip_tokenizer_init (ids in, ids out), so neither
-    # engine detokenizes.
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=detokenize)
-
-
-# ----------------------------------------------------------------------------- engines
-class Batch:
-    """Runs a list of prompts to completion through an async ``generate`` front."""
-
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine, self.loop, self.next_id = engine, loop, 0
-
-    def run(self, prompts: list[list[int]], max_tokens: list[int]) -> tuple[float, int]:
-        """(wall seconds, output tokens)."""
-        return self.loop.run_until_complete(self._run(prompts, max_tokens))
-
-    async def _run(self, prompts, max_tokens) -> tuple[float, int]:
-        base, self.next_id = self.next_id, self.next_id + len(prompts)
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(
-            self._one(f"peer-{base + i}", p, n)
-            for i, (p, n) in enumerate(zip(prompts, max_tokens, strict=True))
-        ))  # fmt: skip
-        return time.perf_counter() - t0, sum(counts)
-
-    async def _one(self, rid: str, prompt: list[int], n: int) -> int:
-        got = 0
-        async for out in self.engine.generate(rid, prompt, greedy(n)):
-            got += len(out.new_token_ids)
-        return got
-
-
-class StepLog:
-    """vLLM's engine steps as its output handler sees them (the stat-logger interface: one
-    ``record`` per step's outputs, in this process): when (``time.perf_counter``, the clock of
-    our traces), the tokens generated, the prompts that finished (their count and tokens: vLLM
-    counts a prompt's tokens at its first token, not per chunk) and the queues. Step ``i``'s
-    time is the gap to step ``i - 1`` while the engine is busy: what the TTFT tail of a burst of
-    long prompts is made of on the peer's side."""
-
-    FIELDS = ("t_s", "gen_tokens", "prompts_done", "prompt_tokens_done", "running", "waiting")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[float, ...]] = []
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any, *_: Any, **__: Any) -> None:
-        if iteration_stats is None:
-            return
-        firsts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or []
-        self.rows.append((
-            time.perf_counter(),
-            getattr(iteration_stats, "num_generation_tokens", 0),
-            len(firsts),
-            getattr(iteration_stats, "num_prompt_tokens", 0),
-            getattr(scheduler_stats, "num_running_reqs", None),
-            getattr(scheduler_stats, "num_waiting_reqs", None),
-        ))  # fmt: skip
-
-    def between(self, start: float, end: float) -> list[dict[str, Any]]:
-        """The steps recorded in [start, end], ``t_ms`` from ``start`` and ``step_ms`` from the
-        step before (None for the first)."""
-        out: list[dict[str, Any]] = []
-        last = None
-        for row in self.rows:
-            if start <= row[0] <= end:
-                step = dict(zip(self.FIELDS, row, strict=True))
-                t = step.pop("t_s")
-                gap = None if last is None else round((t - last) * 1e3, 3)
-                out.append({"t_ms": round((t - start) * 1e3, 3), "step_ms": gap, **step})
-                last = t
-        return out
-
-
-def vllm_step_logger(log: StepLog) -> type:
-    """A vLLM stat-logger class (its ``StatLoggerFactory``: called with the config and the
-    engine index) that hands every step's stats to ``log``."""
-    try:
-        from vllm.v1.metrics.loggers import StatLoggerBase
-    except ImportError:  # moved in later releases
-        from vllm.metrics.loggers import StatLoggerBase
-
-    class _StepLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any, *a: Any, **k: Any) -> None:
-            log.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _StepLogger
-
-
-class VllmFront:
-    """vLLM's ``AsyncLLM`` behind the ``generate(request_id, prompt_ids, params)`` interface of
-    our ``AsyncEngine`` (deltas with ``new_token_ids``, ``finished``, ``finish_reason``).
-    ``steps``: a ``StepLog`` that records vLLM's engine steps."""
-
-    def __init__(
-        self, args, model_dir: Path, spec: dict | None, max_num_seqs: int,
-        steps: StepLog | None = None,
-    ) -> None:  # fmt: skip
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM as VAsyncLLM
-
-        self.engine_args = dict(
-            model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-            seed=args.seed, max_model_len=args.max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, block_size=16,
-            num_gpu_blocks_override=args.num_kv_blocks, enable_prefix_caching=True,
-            gpu_memory_utilization=args.gpu_memory_utilization, speculative_config=spec,
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        extra = {"stat_loggers": [vllm_step_logger(steps)]} if steps is not None else {}
-        self.engine = VAsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args), **extra)
-        self.startup_s = time.perf_counter() - t0
-        self.steps = steps
-
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams):
-        from vllm import SamplingParams as VParams
-        from vllm import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        sp = VParams(
-            max_tokens=params.max_tokens, temperature=params.temperature, ignore_eos=True,
-            detokenize=False, output_kind=RequestOutputKind.DELTA,
-            seed=params.seed if params.temperature > 0 else None,
-        )  # fmt: skip
-        async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=prompt), sp, request_id
-        ):
-            c = out.outputs[0]
-            yield _Delta(list(c.token_ids), out.finished, c.finish_reason)
-
-    def close(self) -> None:
-        self.engine.shutdown()
-
-
-class _Delta:
-    def __init__(self, ids: list[int], finished: bool, reason: str | None) -> None:
-        self.new_token_ids, self.finished, self.finish_reason = ids, finished, reason
-
-
-def vllm_spec_counters() -> dict[str, float]:
-    from vllm.v1.metrics.reader import get_metrics_snapshot
-
-    out: dict[str, float] = {}
-    for m in get_metrics_snapshot():
-        if m.name.startswith("vllm:spec_decode_num") and hasattr(m, "value"):
-            out[m.name.removeprefix("vllm:spec_decode_")] = out.get(m.name, 0) + m.value
-    return out
-
-
-def write_model_dir(
-    args, model: str, root: Path, tokenizer: bool = False, vocab_size: int | None = None
-) -> Path:
-    """An HF config directory of ``model``'s preset (vLLM loads it with dummy weights);
-    ``vocab_size`` overrides the preset's (vLLM refuses a drafter whose vocabulary size differs
-    from the target's, as Qwen2.5-0.5B's 151,936 does from 7B's 152,064)."""
-    cfg = PRESETS[model.removeprefix("dummy:")]
-    if vocab_size is not None:
-        cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
-    path = root / model.removeprefix("dummy:")
-    path.mkdir(parents=True, exist_ok=True)
-    hf = hf_config(cfg)
-    hf.torch_dtype = "bfloat16"
-    hf.save_pretrained(path)
-    if tokenizer:
-        write_id_tokenizer(path, cfg.vocab_size, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
-    return path
-
-
-def write_id_tokenizer(path: Path, vocab: int, eos: int) -> None:
-    """A word-level tokenizer with one token ``<i>`` per id, so ``vllm serve`` can detokenize
-    every id a random-weight model emits (prompts are sent as token ids)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab)}, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<0>", eos_token=f"<{eos}>")
-    fast.save_pretrained(path)
-
-
-# ----------------------------------------------------------------------------- measurements
-def measure_decode(batch_run: Batch, args, salt: int = 0) -> list[dict[str, Any]]:
-    short, long = args.decode_lens
-    rows = []
-    for b in args.batches:
-        batch_run.run(decode_prompts(args, b, salt + 99), [8] * b)  # warm-up at this batch
-        times = {short: [], long: []}
-        for r in range(args.repeats):
-            for n in (short, long):
-                secs, got = batch_run.run(decode_prompts(args, b, salt + r * 2 + n), [n] * b)
-                if got != b * n:
-                    raise RuntimeError(f"batch {b}: expected {b * n} tokens, got {got}")
-                times[n].append(secs)
-        ts, tl = float(np.median(times[short])), float(np.median(times[long]))
-        # Noise can make T(long) <= T(short) on tiny CPU runs: fall back to the end-to-end step.
-        fallback = tl <= ts
-        step = tl / long if fallback else (tl - ts) / (long - short)
-        rows.append({"batch": b, "t_short_s": ts, "t_long_s": tl, "times": times,
-                     "step_ms": step * 1e3, "decode_tok_s": b / step,
-                     "step_is_e2e_fallback": fallback})  # fmt: skip
-    return rows
-
-
-def measure_offline(run: Any, args) -> dict[str, Any]:
-    prompts, out_lens = offline_workload(args)
-    warm = [p[:16] for p in prompts[:8]]
-    run(warm, [16] * len(warm))  # warm-up
-    secs, got = run(prompts, out_lens)
-    return {"num_requests": len(prompts), "wall_s": secs, "output_tokens": got,
-            "requested_tokens": sum(out_lens), "input_tokens": sum(map(len, prompts)),
-            "output_tok_s": got / secs}  # fmt: skip
-
-
-def measure_mixed(engine: Any, loop: asyncio.AbstractEventLoop, args) -> list[dict[str, Any]]:
-    rows = []
-    warm = make_requests(
-        MIXES[args.mix], vocab_of(args.model), args.seed + 5, 8, None, prefix="warm"
-    )
-    loop.run_until_complete(run_load(engine, warm, lambda i, r: greedy(r.max_tokens), 120.0))
-    for rate in args.rates:
-        reqs = mixed_trace(args, rate)
-        traces, t0 = loop.run_until_complete(
-            run_load(engine, reqs, lambda i, r: greedy(r.max_tokens), args.drain_timeout)
-        )
-        rows.append({"rate": rate, **mixed_stats(traces, t0, args)})
-    return rows
-
-
-def mixed_stats(traces: list, t_start: float, args) -> dict[str, Any]:
-    load = load_stats(traces, t_start)
-    ok = [t for t in traces if t.finish_reason in ("length", "stop") and t.ttft_s is not None
-          and t.ttft_s * 1e3 <= args.slo_ttft_ms
-          and (t.tpot_s is None or t.tpot_s * 1e3 <= args.slo_tpot_ms)]  # fmt: skip
-    goodput = len(ok) / load["span_s"] if load["span_s"] else None
-    return {"latency": latency_stats(traces), "load": load, "goodput_rps": goodput,
-            "slo": {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms}}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- run step
@@ -576,86 +314,6 @@ async def http_load(args, cmd: list[str], proc, t0: float) -> dict[str, Any]:
     return res
 
 
-# ----------------------------------------------------------------------------- combine
-def combine(args) -> dict[str, Any]:
-    parts: dict[str, dict[str, Any]] = {"verifypd": {}, "vllm": {}}
-    http: dict[str, Any] = {}
-    sources, meta = [], None
-    for f in args.files:
-        data = json.loads(Path(f).read_text())
-        m = data["meta"]
-        sources.append({"file": Path(f).name, "git_commit": m["git_commit"],
-                        "date_utc": m["date_utc"], "device": m["device"]})  # fmt: skip
-        meta = meta or data["meta"]
-        if data["step"] == "http":
-            http[data["engine"]] = data["result"]
-        else:
-            parts[data["engine"]].update(data["result"])
-    rows = ratio_rows(parts, http)
-    return {"meta": meta, "sources": sources, "verifypd": parts["verifypd"],
-            "vllm": parts["vllm"], "http": http, "table": rows}  # fmt: skip
-
-
-def _get(d: Any, *keys: Any) -> Any:
-    for k in keys:
-        if isinstance(d, dict):
-            d = d.get(k)
-        elif isinstance(d, list) and isinstance(k, int) and k < len(d):
-            d = d[k]
-        else:
-            return None
-    return d
-
-
-def _decode(res: dict, part: str, batch: int) -> float | None:
-    for row in _get(res, part, "decode") or []:
-        if row.get("batch") == batch:
-            return row["decode_tok_s"]
-    return None
-
-
-def ratio_rows(ours: dict, theirs: dict) -> list[dict[str, Any]]:
-    """One row per comparison: (what, unit, verifypd, vLLM, verifypd / vLLM, higher_is_better)."""
-    rows = []
-
-    def add(what, unit, a, b, higher=True):
-        ratio = (a / b if higher else b / a) if a and b else None
-        rows.append({"what": what, "unit": unit, "verifypd": a, "vllm": b,
-                     "advantage": ratio, "higher_is_better": higher})  # fmt: skip
-
-    for part in ("decode", "spec-draft", "spec-ngram"):
-        for b in (1, 64):
-            add(f"{part} batch {b}", "tok/s", _decode(ours.get("verifypd", {}), part, b),
-                _decode(ours.get("vllm", {}), part, b))  # fmt: skip
-    off_ours = max(
-        (_get(ours, "verifypd", "offline", f, "output_tok_s") or 0) for f in ("async", "llm")
-    )
-    add(
-        "offline 256 req",
-        "out tok/s",
-        off_ours or None,
-        _get(ours, "vllm", "offline", "async", "output_tok_s"),
-    )
-    for label, a_rates, b_rates in (
-        (
-            "in-process",
-            _get(ours, "verifypd", "mixed", "rates"),
-            _get(ours, "vllm", "mixed", "rates"),
-        ),
-        ("http", _get(theirs, "verifypd", "rates"), _get(theirs, "vllm", "rates")),
-    ):
-        for i, row in enumerate(a_rates or []):
-            other = _get(b_rates, i)
-            for key in ("ttft_ms", "itl_ms", "tpot_ms"):
-                for q in ("p50", "p99"):
-                    what = f"mixed {label} {row['rate']:g} req/s {key[:-3]} {q}"
-                    add(what, "ms", _get(row, "latency", key, q), _get(other, "latency", key, q),
-                        higher=False)  # fmt: skip
-            add(f"mixed {label} {row['rate']:g} req/s goodput", "req/s", row.get("goodput_rps"),
-                _get(other, "goodput_rps"))  # fmt: skip
-    return rows
-
-
 def print_part(part: str, res: dict[str, Any]) -> None:
     if "error" in res:
         print(f"[{SCRIPT}] {part}: ERROR {res['error'].get('message', res['error'])}", flush=True)
@@ -673,36 +331,6 @@ def print_part(part: str, res: dict[str, Any]) -> None:
             print(
                 f"[{SCRIPT}] {part} {front}: {res[front]['output_tok_s']:.1f} out tok/s", flush=True
             )
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    body = [
-        [r["what"], r["unit"], r["verifypd"], r["vllm"],
-         None if r["advantage"] is None else f"{r['advantage']:.2f}x"]
-        for r in rows
-    ]  # fmt: skip
-    return format_table(["what", "unit", "verifypd", "vLLM", "verifypd advantage"], body)
-
-
-def plot(path: Path, rows: list[dict[str, Any]]) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    good = [r for r in rows if r["advantage"]]
-    fig, ax = plt.subplots(figsize=(9, 0.28 * len(good) + 1.5))
-    ax.barh([r["what"] for r in good], [r["advantage"] for r in good],
-            color=["tab:green" if r["advantage"] >= 1 else "tab:red" for r in good])  # fmt: skip
-    ax.axvline(1.0, color="black", lw=1)
-    ax.set_xlabel("verifypd advantage over vLLM (>1: verifypd better)")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # ----------------------------------------------------------------------------- main

@@ -30,8 +30,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import torch  # noqa: E402
 from common import format_table, metadata, result_path, write_json  # noqa: E402
 from harness import AsyncLLM  # noqa: E402
-from peer_vllm import greedy, offline_workload, verifypd_config  # noqa: E402
+from peer_engines import greedy  # noqa: E402
 from peer_vllm import parse_args as peer_args  # noqa: E402
+from peer_vllm import verifypd_config  # noqa: E402
+from peer_workloads import offline_workload  # noqa: E402
 from torch.profiler import ProfilerActivity  # noqa: E402
 from torch.profiler import profile as torch_profile  # noqa: E402
 

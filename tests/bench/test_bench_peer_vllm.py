@@ -13,6 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import peer_report  # noqa: E402
 import peer_vllm  # noqa: E402
 
 TINY = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dummy:tiny",
@@ -72,7 +73,7 @@ def test_ratio_rows_direction() -> None:
                  "mixed": {"rates": [{"rate": 2.0, "goodput_rps": 2.0,
                                       "latency": {"ttft_ms": {"p50": 20.0, "p99": 20.0}}}]}},
     }  # fmt: skip
-    rows = {r["what"]: r for r in peer_vllm.ratio_rows(ours, {})}
+    rows = {r["what"]: r for r in peer_report.ratio_rows(ours, {})}
     assert rows["decode batch 1"]["advantage"] == pytest.approx(1.2)  # higher tok/s wins
     assert rows["offline 256 req"]["verifypd"] == 80.0  # our best front
     assert rows["offline 256 req"]["advantage"] == pytest.approx(0.8)

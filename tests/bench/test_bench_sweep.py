@@ -642,10 +642,10 @@ def test_peer_sweep_replays_the_same_traces(
 
 
 def test_vllm_step_log_keeps_each_run_s_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """peer_vllm.StepLog (vLLM's per-step stats, --trace-steps): a run's steps with their times
-    from its start and from the step before; steps outside the run and stats without an
-    iteration are dropped; missing fields do not fail the run."""
-    peer = load_bench("peer_vllm")
+    """peer_engines.StepLog (vLLM's per-step stats, peer_vllm.py --trace-steps): a run's steps
+    with their times from its start and from the step before; steps outside the run and stats
+    without an iteration are dropped; missing fields do not fail the run."""
+    peer = load_bench("peer_engines")
     log = peer.StepLog()
     clock = iter([9.0, 10.010, 10.030, 10.032, 11.5])
     monkeypatch.setattr(peer.time, "perf_counter", lambda: next(clock))

@@ -3,8 +3,8 @@
 source bench/tools/gpu/setup.sh
 source bench/tools/gpu/plan.sh
 bash /root/stash/assemble.sh || exit 1
-python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import peer_vllm; \
-print(peer_vllm.write_model_dir(None, 'dummy:qwen2.5-7b', Path('/tmp/vm'), tokenizer=True))"
+python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import peer_engines; \
+print(peer_engines.write_model_dir(None, 'dummy:qwen2.5-7b', Path('/tmp/vm'), tokenizer=True))"
 env PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m \
   vllm.entrypoints.openai.api_server --model /tmp/vm/qwen2.5-7b --load-format dummy \
   --dtype bfloat16 --seed 0 --num-gpu-blocks-override 16384 --max-num-batched-tokens 8192 \
