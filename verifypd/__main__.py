@@ -87,7 +87,14 @@ BENCH_LIBRARIES = frozenset(
         "process_counters",
         "sweep_plots",
         "peer_sweep",
+        "peer_engines",
+        "peer_report",
+        "peer_workloads",
         "result_files",
+        "bar_plots",
+        "hw_ceilings",
+        "hf_reference",
+        "decode_timing",
     }
 )
 
