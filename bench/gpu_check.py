@@ -32,12 +32,11 @@ from common import (  # noqa: E402
     release_memory,
     start_run,
 )
+from decode_timing import VARIANTS, measure_decode  # noqa: E402
 from harness import (  # noqa: E402
-    VARIANTS,
     blocks_for,
     engine_config,
     engine_info,
-    measure_decode,
     random_prompts,
     run_generate,
 )

@@ -30,16 +30,14 @@ from common import (  # noqa: E402
     release_memory,
     start_run,
 )
+from decode_timing import VARIANTS, decode_floor, measure_decode  # noqa: E402
 from harness import (  # noqa: E402
-    VARIANTS,
     attach_recorder,
     blocks_for,
     build_engine,
     close_engine,
-    decode_floor,
     engine_config,
     engine_info,
-    measure_decode,
 )
 
 SCRIPT = "latency"

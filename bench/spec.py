@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     release_memory,
     start_run,
 )
+from decode_timing import measure_decode  # noqa: E402
 from harness import (  # noqa: E402
     attach_recorder,
     blocks_for,
@@ -38,7 +39,6 @@ from harness import (  # noqa: E402
     close_engine,
     engine_config,
     engine_info,
-    measure_decode,
     spec_stats,
     synthetic_note,
     synthetic_spec,

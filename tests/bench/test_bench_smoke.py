@@ -150,10 +150,11 @@ def test_kernel_variants_are_engine_config_fields(tmp_path: Path) -> None:
     from verifypd.config import KernelConfig, SpecConfig
 
     harness, common = load_bench("harness"), load_bench("common")
-    assert harness.VARIANTS["graphs-cublas"]["kernels"] == KernelConfig(gemv_max_rows=0)
-    unfused = harness.VARIANTS["graphs-unfused"]["kernels"]
+    variants = load_bench("decode_timing").VARIANTS
+    assert variants["graphs-cublas"]["kernels"] == KernelConfig(gemv_max_rows=0)
+    unfused = variants["graphs-unfused"]["kernels"]
     assert not unfused.fuse_norm and not unfused.fuse_silu and unfused.fuse_silu_epilogue
-    assert "kernels" not in harness.VARIANTS["graphs"]  # the default choice
+    assert "kernels" not in variants["graphs"]  # the default choice
     knobs = KernelConfig(gemv_max_rows=1, fuse_silu_epilogue=False, pdl=False)
     spec = SpecConfig(method="ngram", always_pad_verify=True)
     cfg = harness.engine_config("dummy:tiny", "cpu", "float32", kernels=knobs, spec=spec)
@@ -162,7 +163,7 @@ def test_kernel_variants_are_engine_config_fields(tmp_path: Path) -> None:
         info = harness.engine_info(llm)
     finally:
         harness.close_engine(llm)
-    path = common.write_json(tmp_path / "info.json", {"engine": info, "variants": harness.VARIANTS})
+    path = common.write_json(tmp_path / "info.json", {"engine": info, "variants": variants})
     data = json.loads(path.read_text())
     assert data["engine"]["kernels"] == dataclasses.asdict(knobs)
     assert data["engine"]["spec"]["always_pad_verify"] is True
