@@ -136,3 +136,20 @@ def test_a_tpot_target_below_the_plain_step_and_the_fixed_baseline() -> None:
     arrivals = run(["tpot_target_s=0.0035"], sim.Batching(rate=8.0))
     assert arrivals["goodput_rps"] == pytest.approx(8.0 * arrivals["meets_target"])
     assert run([], tpot_target_s=None)["meets_target"] is None
+
+
+def test_a_dearer_drafter_scales_its_steps_only_and_speculation_falls() -> None:
+    """``--draft-level``: the drafter's steps ``level`` times the table's (as truth and as the
+    policy's model), the target's unchanged; with drafts five times dearer the policy drafts
+    less per step than at the table's cost."""
+    sim = load_bench("policy_sim")
+    table = CostTable.from_dict(TABLE)
+    dear = sim.DraftScaled(table, 5.0)
+    assert dear.draft_time(4) == pytest.approx(5.0 * table.draft_time(4))
+    assert dear.target_time(4, 3) == table.target_time(4, 3)
+    spec, two = SpecConfig(max_draft_len=4, initial_draft_len=4), sim.Batching(concurrency=2)
+    cheap = sim.simulate(table, "uniform-0.8", two, 60, (64, 128), spec, seed=3)
+    costly = sim.simulate(dear, "uniform-0.8", two, 60, (64, 128), spec, seed=3)
+    drafts = [r["by_class"]["0.8"]["drafts_per_step"] for r in (cheap, costly)]
+    assert drafts[0] > drafts[1] >= 0.0
+    assert costly["speedup_p50"] < cheap["speedup_p50"]
