@@ -100,6 +100,14 @@ MODES = {
     "policy-tpot4-learn": policy_with(
         spec=(("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
     ),
+    # ... on the fused single lane: prompt chunks ride in the decode step instead of beside it
+    # on another stream, so the drafter's steps never share the GPU with a prompt step (on
+    # three lanes they cost 1.3-1.6x their calibration there under load, 8f9f1c6).
+    "policy-single-tpot4-learn": Mode(
+        "single", True, True, policy="goodput",
+        spec_options=(("tpot_target_s", 0.004), ("request_prior_count", 2.0),
+                      ("explore_alpha", 0.8)),
+    ),  # fmt: skip
     # ... read against the predicted plain step only (before the measured one, 68152e4).
     "policy-tpot4-pred": policy_with(
         spec=(("tpot_target_s", 0.004), ("tpot_target_measured", False))
