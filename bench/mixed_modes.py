@@ -14,6 +14,11 @@ from mixed_modes_ab import AB_MODES
 
 from verifypd.config import PROMPT_IN_DECODE_SIZES
 
+# The TPOT target of 4 ms with a new request's α learnt faster; and with the plans ranked by
+# the rows they bring under the target.
+TPOT4_LEARN = (("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
+TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
+
 MODES = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
@@ -97,17 +102,17 @@ MODES = {
     "policy-tpot5": policy_with(spec=(("tpot_target_s", 0.005),)),
     # ... and learning a new request's α faster (SpecConfig.request_prior_count 2,
     # explore_alpha 0.8): under load the policy otherwise never drafts for a new request.
-    "policy-tpot4-learn": policy_with(
-        spec=(("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
-    ),
+    "policy-tpot4-learn": policy_with(spec=TPOT4_LEARN),
     # ... on the fused single lane: prompt chunks ride in the decode step instead of beside it
     # on another stream, so the drafter's steps never share the GPU with a prompt step (on
     # three lanes they cost 1.3-1.6x their calibration there under load, 8f9f1c6).
     "policy-single-tpot4-learn": Mode(
-        "single", True, True, policy="goodput",
-        spec_options=(("tpot_target_s", 0.004), ("request_prior_count", 2.0),
-                      ("explore_alpha", 0.8)),
-    ),  # fmt: skip
+        "single", True, True, policy="goodput", spec_options=TPOT4_LEARN
+    ),
+    # ... and its plans ranked by the rows they bring under the target, then tokens a second
+    # (SpecConfig.tpot_objective), on three lanes and on the fused single lane.
+    "policy-tpot4-obj": policy_with(spec=TPOT4_OBJ),
+    "policy-single-tpot4-obj": Mode("single", True, True, policy="goodput", spec_options=TPOT4_OBJ),
     # ... read against the predicted plain step only (before the measured one, 68152e4).
     "policy-tpot4-pred": policy_with(
         spec=(("tpot_target_s", 0.004), ("tpot_target_measured", False))

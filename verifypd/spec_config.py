@@ -182,6 +182,10 @@ class SpecConfig:
     # plain step hovered at the 4 ms target while requests saw 4.2-4.4 ms, and the target
     # lifted the bounds on some steps only).
     tpot_target_measured: bool = True
+    # ... and the policy's plans ranked by the tokens a second delivered within that target,
+    # then by tokens a second (GoodputConfig.tpot_objective; False, the default: by tokens a
+    # second, the target only lifting the bounds).
+    tpot_objective: bool = False
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
     # first verify planned at this α at least. None (the default): as before. Simulated only
@@ -358,6 +362,10 @@ class SpecConfig:
             raise ValueError(f"explore_alpha must be in (0, 1) or None, got {self.explore_alpha!r}")
         if self.tpot_target_s is not None and not self.tpot_target_s > 0.0:
             raise ValueError(f"tpot_target_s must be > 0 or None, got {self.tpot_target_s!r}")
+        if not isinstance(self.tpot_objective, bool):
+            raise ValueError(f"tpot_objective must be a bool, got {self.tpot_objective!r}")
+        if self.tpot_objective and self.tpot_target_s is None:
+            raise ValueError("tpot_objective needs a TPOT target (tpot_target_s)")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:

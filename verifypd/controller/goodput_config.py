@@ -162,6 +162,11 @@ class GoodputConfig:
     # measured to see (``GoodputPolicy.plain_seen_s``: an EWMA of the gap from one plain
     # decision to the next, prompt steps beside it included). False: the predicted one only.
     tpot_target_measured: bool = True
+    # With a target: plans ranked by the tokens a second delivered to rows whose expected time
+    # per token meets it (goodput's own measure; ``plan_search.TargetGoal``), then by tokens a
+    # second, not by tokens a second alone: a round that brings some rows under the target
+    # beats a plain step that leaves all above it, even where it slows the batch.
+    tpot_objective: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -201,6 +206,11 @@ class GoodputConfig:
             (self.tpot_target_s is None or self.tpot_target_s > 0.0, "tpot_target_s > 0"),
             (isinstance(self.probe_when_stale, bool), "probe_when_stale a bool"),
             (isinstance(self.tpot_target_measured, bool), "tpot_target_measured a bool"),
+            (isinstance(self.tpot_objective, bool), "tpot_objective a bool"),
+            (
+                self.tpot_objective is False or self.tpot_target_s is not None,
+                "tpot_objective needs tpot_target_s",
+            ),  # fmt: skip
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),
             (self.max_step_ratio is None or self.max_step_ratio >= 1.0, "max_step_ratio >= 1"),

@@ -161,6 +161,10 @@ class PlanSearch:
             cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up), g.amortize_steps,
             self.max_draft_len if g.amortize_within_request else None,
         )  # fmt: skip
+        goal = self._goal(rows, t0, t0 if seen is None else seen)
+        if goal is not None and floor > 0.0:
+            floor = goal.floor(floor)
+        spec_groups: list[tuple[int, float]] = []  # (rows, mean α̂) speculating so far
         best: Plan | None = None
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
@@ -180,6 +184,7 @@ class PlanSearch:
             tokens, least = float(rows), math.inf
             if tail is not None:
                 tail.groups.clear()
+            spec_groups.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
             for grp, (one_off, share, draft_step_s, steady_s, others_s) in zip(
                 groups, fixed, strict=True
@@ -188,6 +193,7 @@ class PlanSearch:
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 if tail is not None:
                     tail.groups.append((grp.count, grp.mean_alpha))
+                spec_groups.append((grp.count, grp.mean_alpha))
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
@@ -196,10 +202,13 @@ class PlanSearch:
                 riders = rider_bound if k + exempt < rows else math.inf
                 for fused, step_s in self._step_times(rows, k, L, draft_s, others_s, whole):
                     step_s += g.round_overhead_s
-                    value = tokens / (step_s + share)
                     wait = step_s
                     if g.drafts_beside_decode and not fused:
                         wait = others_s + g.round_overhead_s
+                    if goal is None:
+                        value = tokens / (step_s + share)
+                    else:
+                        value = goal.value(rows, spec_groups, L, tokens, step_s + share, wait)
                     # the cap bounds the whole step: a catch-up round's context feed too
                     if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue
@@ -235,6 +244,14 @@ class PlanSearch:
             return math.inf, math.inf
         return (1.0 + g.latency_slack) * t0, (1.0 + g.rider_slack) * t0
 
+    def _goal(self, rows: int, t0: float, seen: float) -> TargetGoal | None:
+        """The TPOT target's ranking of plans (``GoodputConfig.tpot_objective``), or None."""
+        g = self.goodput
+        if not g.tpot_objective or g.tpot_target_s is None:
+            return None
+        y = g.tpot_target_s
+        return TargetGoal(y, max(1.0, seen / t0), seen <= y, rows / t0)
+
     def _one_off(self, grp: CandidateGroup) -> tuple[float, float]:
         """(seconds, seconds a round) of a group's set's one-off: its far drafters' context
         feed, each request's share spread over the rounds it can pay it back in
@@ -255,6 +272,51 @@ class PlanSearch:
         fwd = whole_s if uniform else c.mixed(rows, rows + k * L, busy)
         separate = draft_s + others_s + c.verify(k, 1 + L, busy)
         return (True, draft_s + fwd), (False, separate)
+
+
+@dataclass(frozen=True)
+class TargetGoal:
+    """Plans ranked by goodput's own measure (``GoodputConfig.tpot_objective``): first the share
+    of rows whose time per token meets the TPOT target, then (weighted by ``TIE_WEIGHT``, so
+    one row more always counts for more) tokens a second over plain decoding's. Rows, not
+    tokens: goodput counts requests that make the target, and a row far under it gains nothing
+    by a longer draft that leaves another above it. A speculating group's time per token is
+    the round over E(α̂, L), a plain rider's its wait; both scaled by ``inflation``, what
+    requests are measured to see over the predicted plain step (prompt steps beside decode,
+    the host). Plain decoding counts its rows only where its step meets the target
+    (``plain_meets``): a plan that brings some rows under it beats one that leaves every row
+    above it, whatever it does to the batch's tokens a second."""
+
+    TIE_WEIGHT = 1e-3
+
+    target_s: float
+    inflation: float
+    plain_meets: bool
+    plain_rate: float  # plain decoding's tokens a second
+
+    def floor(self, tokens_floor: float) -> float:
+        """Plain decoding's value with the caller's bar on tokens a second (``tokens_floor``)."""
+        return float(self.plain_meets) + self.TIE_WEIGHT * tokens_floor / self.plain_rate
+
+    def value(
+        self,
+        rows: int,
+        groups: list[tuple[int, float]],
+        L: int,
+        tokens: float,
+        round_s: float,
+        wait_s: float,
+    ) -> float:
+        """A round of ``round_s`` with ``groups`` (rows, mean α̂) speculating at ``L`` and the
+        other rows waiting ``wait_s`` for their one token; ``tokens`` in all."""
+        within, spec = 0, 0
+        for count, alpha in groups:
+            spec += count
+            if self.inflation * round_s <= self.target_s * expected_tokens(alpha, L):
+                within += count
+        if self.inflation * wait_s <= self.target_s:
+            within += rows - spec
+        return within / rows + self.TIE_WEIGHT * tokens / round_s / self.plain_rate
 
 
 @dataclass

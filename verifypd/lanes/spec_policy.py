@@ -78,6 +78,7 @@ def goodput_config_for(
         tail_ratio=spec.tail_ratio,
         tpot_target_s=spec.tpot_target_s,
         tpot_target_measured=spec.tpot_target_measured,
+        tpot_objective=spec.tpot_objective,
         request_prior_count=spec.request_prior_count,
         explore_alpha=spec.explore_alpha,
     )

@@ -1,0 +1,103 @@
+"""The goodput policy ranking its plans by goodput's own measure (``GoodputConfig.tpot_objective``,
+``plan_search.TargetGoal``): the share of rows whose time per token meets the TPOT target
+first, tokens a second only between plans that bring as many rows under it."""
+
+import pytest
+from test_goodput_policy import Shape, _add, _policy, _teach, _views
+
+from verifypd.config import SchedulerConfig, SpecConfig
+from verifypd.controller import GoodputConfig, expected_tokens
+from verifypd.controller.plan_search import TargetGoal
+from verifypd.lanes.spec_policy import goodput_config_for
+
+
+def _decide(alphas, target_s, objective, draft=3e-3):
+    policy = _policy(Shape(draft=draft), tpot_target_s=target_s, tpot_objective=objective)
+    ids = _add(policy, len(alphas))
+    for i, alpha in zip(ids, alphas, strict=True):
+        _teach(policy, i, alpha)
+    return policy, ids, policy.decide(_views(ids))
+
+
+def _within(policy, ids, d, target_s):
+    """Rows whose expected time per token under decision ``d`` meets ``target_s``."""
+    out = 0
+    for i in ids:
+        if d.draft_lens[i]:
+            per_token = d.predicted_step_s / expected_tokens(policy.acceptance(i), d.draft_len)
+        else:
+            per_token = d.predicted_step_s if d.draft_len else d.plain_step_s
+        out += per_token <= target_s
+    return out
+
+
+def test_the_objective_brings_more_rows_under_the_target_than_the_most_tokens_a_second():
+    """Four requests at 0.9 and four at 0.6, a dear drafter, a 9 ms target below the plain step
+    (10.16 ms). The most tokens a second drafts two a round: the 0.9 ones make the target, the
+    0.6 ones do not. Ranked by rows within the target, one draft a round brings all eight
+    under it, for a few per cent fewer tokens a second."""
+    target = 9e-3
+    alphas = [0.9] * 4 + [0.6] * 4
+    p_tok, ids, by_tokens = _decide(alphas, target, objective=False)
+    p_obj, _, by_rows = _decide(alphas, target, objective=True)
+    assert by_tokens.plain_step_s > target
+    assert by_tokens.draft_len == 2 and by_rows.draft_len == 1
+    assert all(by_rows.draft_lens.values()) and all(by_tokens.draft_lens.values())
+    assert _within(p_tok, ids, by_tokens, target) == 4
+    assert _within(p_obj, ids, by_rows, target) == 8
+    rate = lambda d: d.predicted_tokens / d.predicted_step_s  # noqa: E731
+    assert 0.9 * rate(by_tokens) < rate(by_rows) < rate(by_tokens)
+
+
+def test_the_objective_speculates_where_no_plan_beats_plain_tokens_a_second():
+    """One request at 0.9, two at 0.6 and four at 0.2 with a dearer drafter, a 10 ms target
+    the plain step (10.14 ms) misses: no plan has more tokens a second than plain decoding,
+    but a round of one draft brings the three that accept well under the target."""
+    target = 10e-3
+    alphas = [0.9] + [0.6] * 2 + [0.2] * 4
+    _, _, by_tokens = _decide(alphas, target, objective=False, draft=4e-3)
+    policy, ids, by_rows = _decide(alphas, target, objective=True, draft=4e-3)
+    assert by_tokens.draft_len == 0 and by_tokens.reason == "no_gain"
+    assert by_rows.draft_len == 1 and by_rows.reason == "speculate"
+    assert _within(policy, ids, by_rows, target) == 3
+
+
+@pytest.mark.parametrize("target_ms", [12.0, 30.0])
+def test_with_a_target_the_plain_step_meets_the_objective_changes_nothing_here(target_ms):
+    """With the plain step under the target the bounds hold and every row of these plans
+    meets it, so the ranking falls to tokens a second: the same decision as without."""
+    alphas = [0.9] * 4 + [0.6] * 4
+    _, _, plain = _decide(alphas, target_ms / 1e3, objective=False)
+    _, _, obj = _decide(alphas, target_ms / 1e3, objective=True)
+    assert (obj.draft_len, obj.draft_lens, obj.fused) == (plain.draft_len, plain.draft_lens,
+                                                          plain.fused)  # fmt: skip
+
+
+def test_target_goal_counts_rows_not_tokens_and_reads_the_inflation():
+    """Two rows at 0.9 and two at 0.3 speculating with L = 2 in a 10 ms round, two plain rows
+    waiting; target 5 ms. E(0.9, 2) = 2.71 makes 3.7 ms a token, E(0.3, 2) = 1.39 7.2 ms: the
+    0.9 rows count, the 0.3 ones do not, the plain ones only while their wait meets it."""
+    goal = TargetGoal(5e-3, 1.0, False, 100.0)
+    groups = [(2, 0.9), (2, 0.3)]
+    tokens = 2 * expected_tokens(0.9, 2) + 2 * expected_tokens(0.3, 2) + 2
+    tie = TargetGoal.TIE_WEIGHT * tokens / 10e-3 / 100.0
+    assert goal.value(6, groups, 2, tokens, 10e-3, 6e-3) == pytest.approx(2 / 6 + tie)
+    assert goal.value(6, groups, 2, tokens, 10e-3, 4e-3) == pytest.approx(4 / 6 + tie)
+    # requests see 1.5x the predicted steps: the 0.9 rows (5.5 ms a token) miss it too
+    slow = TargetGoal(5e-3, 1.5, False, 100.0)
+    assert slow.value(6, groups, 2, tokens, 10e-3, 4e-3) == pytest.approx(tie)
+    # plain decoding's floor: its rows count only where its step meets the target
+    assert goal.floor(100.0) == pytest.approx(TargetGoal.TIE_WEIGHT)
+    assert TargetGoal(5e-3, 1.0, True, 100.0).floor(105.0) == pytest.approx(1.00105)
+
+
+def test_tpot_objective_is_validated_and_passed_on():
+    with pytest.raises(ValueError, match="tpot_objective"):
+        SpecConfig(tpot_objective=True)
+    with pytest.raises(ValueError, match="tpot_objective"):
+        GoodputConfig(tpot_objective=True)
+    with pytest.raises(ValueError, match="tpot_objective"):
+        SpecConfig(tpot_target_s=4e-3, tpot_objective=1)
+    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True)
+    assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_objective
+    assert not goodput_config_for(SchedulerConfig(), SpecConfig(), True, True).tpot_objective
