@@ -3,10 +3,11 @@
 first, tokens a second only between plans that bring as many rows under it."""
 
 import pytest
-from test_goodput_policy import Shape, _add, _policy, _teach, _views
+from test_goodput_policy import FakeClock, Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens
+from verifypd.controller.cadence import Cadence
 from verifypd.controller.plan_search import TargetGoal
 from verifypd.lanes.spec_policy import goodput_config_for
 
@@ -101,3 +102,43 @@ def test_tpot_objective_is_validated_and_passed_on():
     spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True)
     assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_objective
     assert not goodput_config_for(SchedulerConfig(), SpecConfig(), True, True).tpot_objective
+
+
+def test_the_objective_reads_rounds_at_what_they_are_measured_to_take():
+    """The first test's batch: one draft a round (13.36 ms predicted) brings the 0.6 rows
+    under 9 ms a token (8.35 ms). Rounds measured 1.1x their prediction make that 9.2 ms:
+    only the 0.9 rows can make it, and between plans that bring four, tokens a second decide
+    (two drafts, as without the objective)."""
+    decisions = []
+    for ratio in (None, 1.1):
+        policy = _policy(Shape(draft=3e-3), tpot_target_s=9e-3, tpot_objective=True)
+        ids = _add(policy, 8)
+        for i, alpha in zip(ids, [0.9] * 4 + [0.6] * 4, strict=True):
+            _teach(policy, i, alpha)
+        policy.cadence.round_seen_ratio = ratio
+        decisions.append(policy.decide(_views(ids)))
+    assert [d.draft_len for d in decisions] == [1, 2]
+    assert decisions[0].predicted_step_s == pytest.approx(13.36e-3)
+
+
+def test_cadence_learns_the_plain_gap_and_the_rounds_ratio():
+    """Gaps from a decision to the next: plain ones into ``plain_seen_s``, a round's over its
+    prediction into ``round_seen_ratio`` (EWMAs of weight 0.1); an idle gap (over ten
+    predictions) into neither."""
+    clock = FakeClock()
+    cadence = Cadence(clock)
+    cadence.decided(False, 4e-3)
+    clock.advance(5e-3)
+    cadence.decided(True, 10e-3)  # the plain step took 5 ms
+    clock.advance(12e-3)
+    cadence.decided(True, 10e-3)  # the round took 1.2x its prediction
+    clock.advance(15e-3)
+    cadence.decided(False, 4e-3)  # ... this one 1.5x
+    clock.advance(1.0)
+    cadence.decided(False, 4e-3)  # idle: not counted
+    assert cadence.plain_seen_s == pytest.approx(5e-3)
+    assert cadence.round_seen_ratio == pytest.approx(1.2 + 0.1 * (1.5 - 1.2))
+    snap = cadence.snapshot()
+    assert snap["cadence_spec_steps"] == 2 and snap["cadence_plain_steps"] == 1
+    assert snap["cadence_spec_s"] == pytest.approx(13.5e-3)
+    assert snap["round_seen_ratio"] == cadence.round_seen_ratio

@@ -68,11 +68,11 @@ def test_the_target_reads_the_plain_step_requests_are_measured_to_see(measured):
         clock.advance(11e-3)
     assert decisions[0].reason == "no_gain"
     assert decisions[0].plain_step_s == pytest.approx(10.08e-3)
-    assert policy.plain_seen_s == pytest.approx(11e-3)
+    assert policy.cadence.plain_seen_s == pytest.approx(11e-3)
     assert (decisions[-1].draft_len > 0) is measured
     if measured:
         assert {i for i, n in decisions[-1].draft_lens.items() if n} == set(fast)
-    assert policy.snapshot()["plain_seen_s"] == policy.plain_seen_s
+    assert policy.snapshot()["plain_seen_s"] == policy.cadence.plain_seen_s
 
 
 def test_a_request_prior_count_lets_a_new_requests_first_verifies_move_its_estimate():

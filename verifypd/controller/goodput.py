@@ -54,6 +54,7 @@ from typing import Any
 
 from verifypd.batch_costs import BatchCostModel
 from verifypd.config import SpecConfig
+from verifypd.controller.cadence import Cadence
 from verifypd.controller.decisions import REASONS, BatchDecision, HeldVerdict, LoadSignals, SeqView
 from verifypd.controller.draft_controller import ControllerConfig, DraftController, build_controller
 from verifypd.controller.goodput_config import GoodputConfig
@@ -96,13 +97,9 @@ class GoodputPolicy(DraftController):
         # seq id -> the decision from which it has waited for its drafter (rows of the last
         # batch only: one that stops waiting starts afresh the next time)
         self._waiting_since: dict[int, int] = {}
-        # Decode cadence: the time from one decision to the next against the prediction, for
-        # speculating and plain steps (what a request waits between its decode steps).
-        self.cadence = {k: [0, 0.0, 0.0] for k in ("spec", "plain")}  # steps, actual, predicted
-        self._last_decision: tuple[float, str, float] | None = None
-        # The plain step requests see: an EWMA of the gap from a plain decision to the next
-        # (read against the TPOT target with ``tpot_target_measured``). None: none seen yet.
-        self.plain_seen_s: float | None = None
+        # the gaps between decisions against their predictions (plain_seen_s and
+        # round_seen_ratio read against the TPOT target with ``tpot_target_measured``)
+        self.cadence = Cadence(self.clock)
 
     # ------------------------------------------------------------------ requests, learning
     def add_request(
@@ -163,21 +160,9 @@ class GoodputPolicy(DraftController):
         else:
             self.tail.spend(len(batch), 0.0)
         self._record(decision, batch)
-        self._time_cadence(decision, t0)
+        self.cadence.decided(bool(decision.draft_len),
+                             decision.predicted_step_s if decision.draft_len else t0)  # fmt: skip
         return decision
-
-    def _time_cadence(self, d: BatchDecision, t0: float) -> None:
-        now = self.clock()  # the gap since the last decision, against its prediction
-        if self._last_decision is not None:
-            at, kind, predicted = self._last_decision
-            if now - at < 10 * predicted:  # not an idle gap between requests
-                c = self.cadence[kind]
-                c[0], c[1], c[2] = c[0] + 1, c[1] + now - at, c[2] + predicted
-                if kind == "plain":
-                    seen, gap = self.plain_seen_s, now - at
-                    self.plain_seen_s = gap if seen is None else seen + 0.1 * (gap - seen)
-        kind = "spec" if d.draft_len else "plain"
-        self._last_decision = (now, kind, d.predicted_step_s if d.draft_len else t0)
 
     def _decide(
         self, batch: list[SeqView], load: LoadSignals, t0: float, contended: bool
@@ -210,9 +195,10 @@ class GoodputPolicy(DraftController):
         tail = None
         if self.tail.share is not None:
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
-        seen = self.plain_seen_s if g.tpot_target_measured else None
+        seen = self.cadence.plain_seen_s if g.tpot_target_measured else None
         seen = t0 if seen is None else max(t0, seen)
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen)
+        rounds = self.cadence.round_seen_ratio if g.tpot_target_measured else None
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen, rounds)
         if best is None:
             if tail is not None and tail.refused:
                 no_gain.reason = "tail_budget"
@@ -365,17 +351,12 @@ class GoodputPolicy(DraftController):
                 "last_draft_len": d.draft_len if d else None,
                 "predicted_step_s": d.predicted_step_s if d else None,
                 "plain_step_s": d.plain_step_s if d else None,
-                "plain_seen_s": self.plain_seen_s,
                 "probe_interval": self._probe_interval,
                 "tail_credit": self.tail.available() if self.tail.share is not None else None,
                 "cost_levels": levels,
                 # the same as scalars (benchmark timelines keep scalars only)
                 **{f"cost_{k}": v for k, v in levels.items()},
-                **{
-                    f"cadence_{k}_{name}": (v[i] / v[0] if i else v[0]) if v[0] else None
-                    for k, v in self.cadence.items()
-                    for i, name in enumerate(("steps", "s", "predicted_s"))
-                },
+                **self.cadence.snapshot(),
             }
         )
         return snap

@@ -159,7 +159,7 @@ class GoodputConfig:
     # the rider bound holds a plan back: the most tokens per second, for whoever it speeds up.
     tpot_target_s: float | None = None
     # ... the plain step taken as the slower of the predicted one and the one requests are
-    # measured to see (``GoodputPolicy.plain_seen_s``: an EWMA of the gap from one plain
+    # measured to see (``GoodputPolicy.cadence.plain_seen_s``: an EWMA of the gap from one plain
     # decision to the next, prompt steps beside it included). False: the predicted one only.
     tpot_target_measured: bool = True
     # With a target: plans ranked by the tokens a second delivered to rows whose expected time
