@@ -112,6 +112,9 @@ MODES = {
     # ... and its plans ranked by the rows they bring under the target, then tokens a second
     # (SpecConfig.tpot_objective), on three lanes and on the fused single lane.
     "policy-tpot4-obj": policy_with(spec=TPOT4_OBJ),
+    # ... with every step read at its prediction (tpot_target_measured off: neither the plain
+    # step requests see nor what rounds take over their prediction).
+    "policy-tpot4-obj-pred": policy_with(spec=(*TPOT4_OBJ, ("tpot_target_measured", False))),
     "policy-single-tpot4-obj": Mode("single", True, True, policy="goodput", spec_options=TPOT4_OBJ),
     # ... read against the predicted plain step only (before the measured one, 68152e4).
     "policy-tpot4-pred": policy_with(
