@@ -106,14 +106,20 @@ MODES = {
     # ... on the fused single lane: prompt chunks ride in the decode step instead of beside it
     # on another stream, so the drafter's steps never share the GPU with a prompt step (on
     # three lanes they cost 1.3-1.6x their calibration there under load, 8f9f1c6).
+    # Goodput at 4 ms, 2 / 8 / 14 req/s (H200, 9c9c2ec): 1.61 / 3.19 / 0.48 against
+    # policy-tpot4-learn's 1.38 / 2.28 / 0.40 and single-fixed-l2's 1.61 / 3.73 / 1.67.
     "policy-single-tpot4-learn": Mode(
         "single", True, True, policy="goodput", spec_options=TPOT4_LEARN
     ),
     # ... and its plans ranked by the rows they bring under the target, then tokens a second
-    # (SpecConfig.tpot_objective), on three lanes and on the fused single lane.
+    # (SpecConfig.tpot_objective), on three lanes and on the fused single lane. Goodput at
+    # TPOT <= 4 ms on an H200, hetero, 2 / 8 / 14 req/s (4be552b): 1.63 / 3.44 / 0.72 on three
+    # lanes, 1.45 / 1.92 / 0.39 on the single lane; single-fixed-l2 1.61 / 3.65 / 2.00. With
+    # rounds read at what they took over their prediction (6a4b949, fa9bc26; not kept): 1.80
+    # at 8 req/s twice.
     "policy-tpot4-obj": policy_with(spec=TPOT4_OBJ),
-    # ... with every step read at its prediction (tpot_target_measured off: neither the plain
-    # step requests see nor what rounds take over their prediction).
+    # ... with every step read at its prediction (tpot_target_measured off): 1.54 / 3.12 /
+    # 1.12 beside single-fixed-l2's 1.61 / 3.41 / 1.92 (fa9bc26).
     "policy-tpot4-obj-pred": policy_with(spec=(*TPOT4_OBJ, ("tpot_target_measured", False))),
     "policy-single-tpot4-obj": Mode("single", True, True, policy="goodput", spec_options=TPOT4_OBJ),
     # ... read against the predicted plain step only (before the measured one, 68152e4).

@@ -104,21 +104,25 @@ def test_tpot_objective_is_validated_and_passed_on():
     assert not goodput_config_for(SchedulerConfig(), SpecConfig(), True, True).tpot_objective
 
 
-def test_the_objective_reads_rounds_at_what_they_are_measured_to_take():
+def test_the_objective_reads_steps_at_what_plain_steps_are_measured_to_take():
     """The first test's batch: one draft a round (13.36 ms predicted) brings the 0.6 rows
-    under 9 ms a token (8.35 ms). Rounds measured 1.1x their prediction make that 9.2 ms:
-    only the 0.9 rows can make it, and between plans that bring four, tokens a second decide
-    (two drafts, as without the objective)."""
+    under 9 ms a token (8.35 ms). Plain steps measured 1.1x their prediction (prompt steps
+    beside them) make that 9.2 ms: only the 0.9 rows can make it, and between plans that bring
+    four, tokens a second decide (two drafts, as without the objective). Without
+    ``tpot_target_measured`` the prediction stands."""
     decisions = []
-    for ratio in (None, 1.1):
-        policy = _policy(Shape(draft=3e-3), tpot_target_s=9e-3, tpot_objective=True)
+    for seen, measured in ((None, True), (1.1, True), (1.1, False)):
+        policy = _policy(Shape(draft=3e-3), tpot_target_s=9e-3, tpot_objective=True,
+                         tpot_target_measured=measured)  # fmt: skip
         ids = _add(policy, 8)
         for i, alpha in zip(ids, [0.9] * 4 + [0.6] * 4, strict=True):
             _teach(policy, i, alpha)
-        policy.cadence.round_seen_ratio = ratio
+        policy.cadence.plain_seen_s = None if seen is None else seen * 10.16e-3
+        policy.cadence.round_seen_ratio = 2.0  # exported, not read
         decisions.append(policy.decide(_views(ids)))
-    assert [d.draft_len for d in decisions] == [1, 2]
+    assert [d.draft_len for d in decisions] == [1, 2, 1]
     assert decisions[0].predicted_step_s == pytest.approx(13.36e-3)
+    assert decisions[0].plain_step_s == pytest.approx(10.16e-3)
 
 
 def test_cadence_learns_the_plain_gap_and_the_rounds_ratio():

@@ -203,3 +203,15 @@ def test_spec_policy_flags(flag, field, good, value, bad) -> None:
     assert getattr(config_from_args(parse()).spec, field) is None
     with pytest.raises(ValueError, match=field):
         config_from_args(parse("--draft-model", "dummy:tiny", flag, bad))
+
+
+def test_spec_tpot_objective_flag_needs_a_target() -> None:
+    """``--spec-tpot-objective`` sets ``SpecConfig.tpot_objective`` beside a target; alone it
+    is refused with the reason."""
+    args = parse("--draft-model", "dummy:tiny", "--spec-tpot-target-ms", "4",
+                 "--spec-tpot-objective")  # fmt: skip
+    spec = config_from_args(args).spec
+    assert spec.tpot_objective and spec.tpot_target_s == 0.004
+    assert not config_from_args(parse("--draft-model", "dummy:tiny")).spec.tpot_objective
+    with pytest.raises(ValueError, match="tpot_objective needs a TPOT target"):
+        config_from_args(parse("--draft-model", "dummy:tiny", "--spec-tpot-objective"))

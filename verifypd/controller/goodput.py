@@ -97,8 +97,8 @@ class GoodputPolicy(DraftController):
         # seq id -> the decision from which it has waited for its drafter (rows of the last
         # batch only: one that stops waiting starts afresh the next time)
         self._waiting_since: dict[int, int] = {}
-        # the gaps between decisions against their predictions (plain_seen_s and
-        # round_seen_ratio read against the TPOT target with ``tpot_target_measured``)
+        # the gaps between decisions against their predictions (plain_seen_s read against
+        # the TPOT target with ``tpot_target_measured``; round_seen_ratio exported only)
         self.cadence = Cadence(self.clock)
 
     # ------------------------------------------------------------------ requests, learning
@@ -197,8 +197,7 @@ class GoodputPolicy(DraftController):
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
         seen = self.cadence.plain_seen_s if g.tpot_target_measured else None
         seen = t0 if seen is None else max(t0, seen)
-        rounds = self.cadence.round_seen_ratio if g.tpot_target_measured else None
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen, rounds)
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen)
         if best is None:
             if tail is not None and tail.refused:
                 no_gain.reason = "tail_budget"

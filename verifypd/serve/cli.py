@@ -98,6 +98,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "accept little may then run slower than plain); default: none",
     )
     add(
+        "--spec-tpot-objective",
+        action="store_true",
+        help="with --spec-tpot-target-ms: the policy ranks its plans by the requests they bring "
+        "under the target, then by tokens per second (not by tokens per second alone): it "
+        "speculates where that makes some requests meet the target even when the batch's "
+        "throughput falls",
+    )
+    add(
         "--synthetic-acceptance",
         type=float,
         default=None,
@@ -264,6 +272,7 @@ def config_from_args(
         draft_window=args.draft_window,
         tail_budget=args.spec_tail_budget,
         tpot_target_s=None if args.spec_tpot_target_ms is None else args.spec_tpot_target_ms / 1e3,
+        tpot_objective=args.spec_tpot_objective,
         **fixed,
         **spec_env_overrides(os.environ),
     )
