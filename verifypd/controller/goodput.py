@@ -19,7 +19,9 @@ round, or one that may not speculate) waits at most (1 + ``rider_slack``)·t₀ 
 (with a TPOT target Y, ``tpot_target_s``, neither bound while t₀ > Y: all miss Y when plain).
 So speculation is chosen only where it makes the batch faster and makes nobody's tokens much
 slower than plain decoding would. A plan must also beat plain
-decoding's tokens per second by ``gain_margin``. Candidate sets S are prefixes of the
+decoding's tokens per second by ``gain_margin``. With ``tpot_objective`` (and a target) plans
+are ranked first by the share of rows whose time per token meets Y, then by tokens per second
+(``plan_search.TargetGoal``). Candidate sets S are prefixes of the
 eligible requests sorted by α̂ (requests with α̂ bucketed alike enter together).
 
 No speculation at all when the measured p95 decode step is above its target, when a prompt has

@@ -162,10 +162,10 @@ class GoodputConfig:
     # measured to see (``GoodputPolicy.cadence.plain_seen_s``: an EWMA of the gap from one plain
     # decision to the next, prompt steps beside it included). False: the predicted one only.
     tpot_target_measured: bool = True
-    # With a target: plans ranked by the tokens a second delivered to rows whose expected time
-    # per token meets it (goodput's own measure; ``plan_search.TargetGoal``), then by tokens a
-    # second, not by tokens a second alone: a round that brings some rows under the target
-    # beats a plain step that leaves all above it, even where it slows the batch.
+    # With a target: plans ranked by the share of rows whose expected time per token meets it
+    # (goodput's own measure; ``plan_search.TargetGoal``), then by tokens a second, not by
+    # tokens a second alone: a round that brings some rows under the target beats a plain step
+    # that leaves all above it, even where it slows the batch.
     tpot_objective: bool = False
 
     def __post_init__(self) -> None:
