@@ -368,7 +368,9 @@ class SpecConfig:
         if not isinstance(self.tpot_objective, bool):
             raise ValueError(f"tpot_objective must be a bool, got {self.tpot_objective!r}")
         if self.tpot_objective and self.tpot_target_s is None:
-            raise ValueError("tpot_objective needs a TPOT target (tpot_target_s)")
+            raise ValueError(
+                "tpot_objective needs a TPOT target (tpot_target_s, --spec-tpot-target-ms)"
+            )
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:
