@@ -81,6 +81,7 @@ BENCH_LIBRARIES = frozenset(
         "mixed_modes",
         "mixed_modes_ab",
         "mixed_report",
+        "overlap_report",
         "front_sweeps",
         "itl_anatomy",
         "ttft_anatomy",
