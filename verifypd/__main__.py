@@ -82,6 +82,7 @@ BENCH_LIBRARIES = frozenset(
         "mixed_modes_ab",
         "mixed_report",
         "overlap_report",
+        "kernel_shapes",
         "front_sweeps",
         "itl_anatomy",
         "ttft_anatomy",
