@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# sweep_helpers.py is not a test module: rewrite its asserts as pytest does in test files.
+pytest.register_assert_rewrite("sweep_helpers")
+
 
 @pytest.fixture
 def one_thread():

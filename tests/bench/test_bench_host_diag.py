@@ -8,7 +8,7 @@ import json
 
 import pytest
 from helpers import load_bench
-from test_bench_sweep import SWEEP_TINY
+from sweep_helpers import SWEEP_TINY
 
 from verifypd.engine import speculative
 from verifypd.engine.runner import ModelRunner

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import load_bench
-from test_bench_sweep import tiny_policy_row
+from sweep_helpers import tiny_policy_row
 
 
 def _modules():

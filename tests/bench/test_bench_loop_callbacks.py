@@ -11,7 +11,7 @@ import time
 
 import pytest
 from helpers import load_bench
-from test_bench_sweep import SWEEP_TINY
+from sweep_helpers import SWEEP_TINY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
