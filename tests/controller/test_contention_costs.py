@@ -4,7 +4,7 @@ them while prompt work is in flight (``GoodputConfig.contention_costs``)."""
 
 import pytest
 from controller_sim import FakeClock
-from test_goodput_policy import Shape, _add, _teach, _views
+from goodput_helpers import Shape, _add, _teach, _views
 
 from verifypd.config import SpecConfig
 from verifypd.controller import BatchCostModel, GoodputConfig, LoadSignals, build_policy

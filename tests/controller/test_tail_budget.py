@@ -5,9 +5,9 @@ while it still speculates where rounds are short or the credit allows."""
 import random
 
 import pytest
+from goodput_helpers import Shape, _add, _policy, _teach, _views
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_goodput_policy import Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens

@@ -3,7 +3,7 @@
 first, tokens a second only between plans that bring as many rows under it."""
 
 import pytest
-from test_goodput_policy import FakeClock, Shape, _add, _policy, _teach, _views
+from goodput_helpers import FakeClock, Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens

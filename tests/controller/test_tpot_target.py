@@ -2,7 +2,7 @@
 misses the target, neither the rider bound nor the latency guard holds a plan back."""
 
 import pytest
-from test_goodput_policy import FakeClock, Shape, _add, _policy, _teach, _views
+from goodput_helpers import FakeClock, Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, expected_tokens
