@@ -153,3 +153,24 @@ def test_a_dearer_drafter_scales_its_steps_only_and_speculation_falls() -> None:
     drafts = [r["by_class"]["0.8"]["drafts_per_step"] for r in (cheap, costly)]
     assert drafts[0] > drafts[1] >= 0.0
     assert costly["speedup_p50"] < cheap["speedup_p50"]
+
+
+def test_steps_slower_than_predicted_scale_the_truth_only() -> None:
+    """``--plain-level`` / ``--round-level``: steps take that many times their predicted time,
+    the cost model unchanged. Both doubled: every time doubles and the fixed baseline's speedup
+    (its rounds over plain steps of the same batches) stays; rounds alone doubled: it falls,
+    and the policy's speedup with it."""
+    sim = load_bench("policy_sim")
+    table, two = CostTable.from_dict(TABLE), sim.Batching(concurrency=2)
+    spec = SpecConfig(max_draft_len=4, initial_draft_len=4)
+
+    def run(levels, fixed_len=None):
+        return sim.simulate(table, "uniform-0.8", two, 40, (64, 128), spec, seed=3,
+                            fixed_len=fixed_len, levels=levels)  # fmt: skip
+
+    base, both, rounds = (run(lv, fixed_len=2) for lv in ((1.0, 1.0), (2.0, 2.0), (1.0, 2.0)))
+    assert both["speedup_p50"] == pytest.approx(base["speedup_p50"])
+    assert both["itl_p99_ms"] == pytest.approx(2.0 * base["itl_p99_ms"])
+    assert both["plain_itl_p99_ms"] == pytest.approx(2.0 * base["plain_itl_p99_ms"])
+    assert rounds["speedup_p50"] == pytest.approx(base["speedup_p50"] / 2.0)
+    assert run((1.0, 2.0))["speedup_p50"] < run((1.0, 1.0))["speedup_p50"]
