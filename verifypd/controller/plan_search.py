@@ -164,7 +164,9 @@ class PlanSearch:
         goal = self._goal(rows, t0, t0 if seen is None else seen)
         if goal is not None and floor > 0.0:
             floor = goal.floor(floor)
-        spec_groups: list[tuple[int, float]] = []  # (rows, mean α̂) speculating so far
+        # (rows, mean α̂) of the groups speculating so far, kept only where it is read: the
+        # tail's pricing and the TPOT objective share one list
+        in_set = tail.groups if tail is not None else [] if goal is not None else None
         best: Plan | None = None
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
@@ -182,18 +184,16 @@ class PlanSearch:
         ]
         for L in range(1, self.max_draft_len + 1):
             tokens, least = float(rows), math.inf
-            if tail is not None:
-                tail.groups.clear()
-            spec_groups.clear()
+            if in_set is not None:
+                in_set.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
             for grp, (one_off, share, draft_step_s, steady_s, others_s) in zip(
                 groups, fixed, strict=True
             ):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
-                if tail is not None:
-                    tail.groups.append((grp.count, grp.mean_alpha))
-                spec_groups.append((grp.count, grp.mean_alpha))
+                if in_set is not None:
+                    in_set.append((grp.count, grp.mean_alpha))
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
@@ -208,7 +208,7 @@ class PlanSearch:
                     if goal is None:
                         value = tokens / (step_s + share)
                     else:
-                        value = goal.value(rows, spec_groups, L, tokens, step_s + share, wait)
+                        value = goal.value(rows, in_set, L, tokens, step_s + share, wait)
                     # the cap bounds the whole step: a catch-up round's context feed too
                     if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue
