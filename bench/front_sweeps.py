@@ -11,10 +11,12 @@ between the load generator and the engine, whose prompt-step launches hold it (a
 arrival then reaches the engine's queue up to ~20 ms late: docs/performance.md). The
 ``--engine-process`` rows are the like-for-like pair of vLLM's, labelled ``MODE-proc``.
 
-The engine's internals are in the child, so those rows carry the client's measurements only
-(no policy timeline, spec columns or anatomy); the prefix cache is kept apart per run by a
-``cache_salt`` per run (the in-process rows reset the cache instead), and the policy's
-population estimate is not reset between runs (as over HTTP).
+The engine's internals are in the child. Its observer calls cross to the front, which gives
+those rows their spec columns, and the policy's timeline is its snapshot asked of the child
+(``RemoteEngine.policy_snapshot``) every ``--snapshot-interval``; the step anatomies are
+in-process only. The prefix cache is kept apart per run by a ``cache_salt`` per run (the
+in-process rows reset the cache instead), and the policy's population estimate is not reset
+between runs (as over HTTP).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from common import error_record
 from http_load import HttpEngine, served_model, server_info, server_means, server_totals
 from loadgen import run_load
-from mixed_sweep import out_of_time, record_run, warm_params
+from mixed_sweep import out_of_time, record_run, since, spec_columns, warm_params
 from request_times import client_times, with_engine_times
 from sweep import SweepPlan, burn_in, run_trace, summary_row
 
@@ -59,9 +61,10 @@ async def remote_engine_sweep(
     every temperature, then every run of the plan; a mode that cannot start is a result."""
     report, label = run.report, name + LABEL_SUFFIX
     config = bench.mode_config(run.args, name)
+    recorder = bench.LoadRecorder()  # the engine's observer calls, replayed in this process
     t0 = time.perf_counter()
     try:
-        engine = RemoteEngine(config)
+        engine = RemoteEngine(config, recorder)
     except Exception as exc:  # noqa: BLE001 - a mode that cannot start is a result
         report["sweep_engines"][label] = error_record(exc)
         return
@@ -79,9 +82,15 @@ async def remote_engine_sweep(
             if out_of_time(run, deadline, plan.run_estimate_s(rate), (rate, profile, temp, label)):
                 continue
             salted = SaltedEngine(engine, f"{nonce}-{rate}-{profile}-{temp}")
+            recorder.reset()
             try:
-                res = await run_trace(salted, plan, rate, profile, temp, send_alpha)
-                row = summary_row(res, plan, rate, profile, temp, label, front="engine-process")
+                snapshot = None
+                if bench.MODES[name].controller:  # counters of this run only
+                    snapshot = run_view(engine, await engine.policy_snapshot())
+                res = await run_trace(salted, plan, rate, profile, temp, send_alpha,
+                                      snapshot, run.args.snapshot_interval)  # fmt: skip
+                row = summary_row(res, plan, rate, profile, temp, label, front="engine-process",
+                                  **spec_columns(recorder))  # fmt: skip
                 times = client_times(res["traces"], res["t_start"])
                 row["request_times"] = with_engine_times(times, salted.timings)
             except Exception as exc:  # noqa: BLE001 - record and go on
@@ -91,6 +100,16 @@ async def remote_engine_sweep(
             record_run(run, row, res["samples"])
     finally:
         await engine.stop()
+
+
+def run_view(engine: RemoteEngine, base: dict) -> Any:
+    """The engine process's policy snapshot as one run sees it (``mixed_sweep.since``), a
+    coroutine function for ``run_trace``'s sampler."""
+
+    async def view() -> dict:
+        return since(await engine.policy_snapshot(), base)
+
+    return view
 
 
 async def http_sweep(run, plan: SweepPlan, warmup: list, deadline: float | None) -> None:

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from common import csv_list, error_record, progress, release_memory
@@ -230,7 +229,7 @@ def engine_sweep(
             ahead = (disp.num_ahead_steps, disp.num_ahead_held, disp.deltas.num_ahead)
             snapshot = None
             if MODES[name].controller:  # counters of this run only (the engine serves them all)
-                snapshot = partial(since, partial(policy_snapshot, core), policy_snapshot(core))
+                snapshot = run_view(llm.engine.policy_snapshot, llm.engine.policy_snapshot())
             base = counters.begin()
             try:
                 res = llm.loop.run_until_complete(run_trace(
@@ -352,11 +351,10 @@ LIFE_MEANS = ("cadence_spec_s", "cadence_spec_predicted_s", "cadence_plain_s",
               "cadence_plain_predicted_s")  # fmt: skip
 
 
-def since(snapshot: Callable[[], dict], base: dict) -> dict:
-    """``snapshot()`` with its counters (``RUN_COUNTERS`` prefixes and the cadence step counts)
-    counted from ``base``, a snapshot taken when the run started, and the engine-life means
-    left out; the rest (levels, estimates, last decision) as it is now."""
-    snap = snapshot()
+def since(snap: dict, base: dict) -> dict:
+    """``snap`` (a policy snapshot) with its counters (``RUN_COUNTERS`` prefixes and the
+    cadence step counts) counted from ``base``, a snapshot taken when the run started, and the
+    engine-life means left out; the rest (levels, estimates, last decision) as it is now."""
     out = {}
     for key, value in snap.items():
         if key in LIFE_MEANS:
@@ -371,17 +369,6 @@ def since(snapshot: Callable[[], dict], base: dict) -> dict:
     return out
 
 
-def policy_snapshot(core) -> dict:
-    """The policy's snapshot with the drafter's step counts (graph replays against eager
-    forwards: catch-ups that missed the graphs show here) and what it was fed behind prompt
-    steps (``SpecConfig.follow_prefill``)."""
-    snap = core.controller.snapshot()
-    drafter = core.spec.drafter
-    if drafter is not None:
-        snap["drafter_graph_steps"] = drafter.runner.num_graph_steps
-        snap["drafter_eager_steps"] = drafter.runner.num_eager_steps
-        follower = drafter.follower
-        snap["drafter_followed_tokens"] = follower.num_followed_tokens
-        snap["drafter_follows_stopped"] = follower.num_follows_stopped
-        snap["drafter_follow_replays"] = follower.num_follow_replays
-    return snap
+def run_view(snapshot: Callable[[], dict], base: dict) -> Callable[[], dict]:
+    """``snapshot`` (``AsyncEngine.policy_snapshot``) as one run sees it: ``since(base)``."""
+    return lambda: since(snapshot(), base)

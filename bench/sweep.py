@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import time
@@ -156,11 +157,18 @@ def plan_fingerprint(plan: SweepPlan, rate: float, profile: str) -> str:
     return plan_trace(plan, rate, profile)[2]
 
 
-async def _sample(snapshot: Callable[[], dict[str, Any]], out: list, t0: float, every: float):
+async def _sample(snapshot: Callable[[], Any], out: list, t0: float, every: float):
     while True:
-        snap = snapshot()
+        snap = await _take(snapshot)
         out.append({"t_s": time.perf_counter() - t0, **_scalars(snap)})
         await asyncio.sleep(every)
+
+
+async def _take(snapshot: Callable[[], Any]) -> dict[str, Any]:
+    """``snapshot()``, awaited where it is a coroutine (a ``RemoteEngine``'s, asked of the
+    engine process)."""
+    snap = snapshot()
+    return await snap if inspect.isawaitable(snap) else snap
 
 
 def _scalars(snap: dict[str, Any]) -> dict[str, Any]:
@@ -175,12 +183,13 @@ async def run_trace(
     profile: str,
     temperature: float,
     send_alpha: bool,
-    snapshot: Callable[[], dict[str, Any]] | None = None,
+    snapshot: Callable[[], Any] | None = None,
     snapshot_every: float = 0.25,
 ) -> dict[str, Any]:
     """Replays the (rate, profile) trace at ``temperature``; per request its profile alpha goes
     out as ``synthetic_acceptance`` when ``send_alpha`` (engines in synthetic mode). Returns the
-    traces, the start time, the fingerprint of the submitted trace and the sampled snapshots."""
+    traces, the start time, the fingerprint of the submitted trace and the sampled snapshots
+    (``snapshot``: a function or a coroutine function, every ``snapshot_every`` seconds)."""
     reqs, alphas, fingerprint = plan_trace(plan, rate, profile)
 
     def params_of(i: int, req: Request) -> SamplingParams:
@@ -198,7 +207,7 @@ async def run_trace(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     if snapshot is not None:  # the run's end state last (the sampler sleeps between samples)
-        samples.append({"t_s": time.perf_counter() - t0, **_scalars(snapshot())})
+        samples.append({"t_s": time.perf_counter() - t0, **_scalars(await _take(snapshot))})
     return {"traces": traces, "t_start": t_start, "samples": samples,
             "fingerprint": fingerprint, "alphas": alphas,
             "alpha_of": {r.request_id: a for r, a in zip(reqs, alphas, strict=True)}}  # fmt: skip

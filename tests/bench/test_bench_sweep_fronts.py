@@ -269,6 +269,16 @@ def test_engine_process_sweep_drives_a_remote_engine(tmp_path: Path) -> None:
         assert r["ttft_p99_ms"] > 0 and r["tpot_p99_ms"] > 0
     engines = data["sweep_engines"]
     assert engines["policy-proc"]["engine_process"] is True and engines["policy-proc"]["controller"]
+    # the child's observer calls and policy snapshots cross: spec columns and a timeline
+    off, policy = rows
+    assert off["num_drafted"] == 0 and off["mean_draft_len_decided"] is None
+    assert policy["num_drafted"] > 0 and policy["num_accepted"] <= policy["num_drafted"]
+    [timeline] = data["policy_timeline"]
+    assert timeline["mode"] == "policy-proc" and timeline["rate"] == 20
+    samples = load_bench("sweep_plots").timeline_samples(timeline)
+    assert len(samples) >= 2 and samples[-1]["t_s"] > samples[0]["t_s"]
+    decided = [sum(v for k, v in t.items() if k.startswith("decisions_")) for t in samples]
+    assert decided[-1] > 0 and decided == sorted(decided)  # counted from the run's start
     assert engines["off-proc"]["cache_salt_per_run"] is True
     times = load_bench("request_times")
     for r in rows:  # the RemoteEngine's stamps: no HTTP front, no chunk written

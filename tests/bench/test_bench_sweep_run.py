@@ -139,7 +139,8 @@ def test_a_runs_policy_view_counts_from_its_start():
     now = {"num_steps": 130, "decisions_catch_up": 9, "decisions": {"speculate": 25, "no_gain": 2},
            "drafter_eager_steps": 3, "cadence_spec_steps": 52, "cadence_spec_s": 0.011,
            "num_requests": 6, "population_acceptance": 0.7}  # fmt: skip
-    out = sweep.since(lambda: now, base)
+    out = sweep.since(now, base)
+    assert sweep.run_view(lambda: now, base)() == out
     assert out == {"num_steps": 30, "decisions_catch_up": 2,
                    "decisions": {"speculate": 20, "no_gain": 0}, "drafter_eager_steps": 0,
                    "cadence_spec_steps": 12, "num_requests": 6,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import bounded, parse_sse, read_event, tiny_config, wait_until
+from helpers import bounded, parse_sse, read_event, tiny_config, tiny_draft_spec, wait_until
 from server_utils import serve_engine, start_server_process, verifypd_serve_command
 
 from verifypd.lanes.async_engine import AsyncEngine
@@ -196,6 +196,30 @@ async def test_a_dead_engine_process_fails_live_and_new_requests() -> None:
         assert after.status == 500, await after.text()
     with pytest.raises(EngineProcessError):
         await engine.check_integrity()
+
+
+@bounded(180)
+async def test_the_policy_snapshot_crosses_from_the_engine_process() -> None:
+    """``RemoteEngine.policy_snapshot``: the child's ``AsyncEngine.policy_snapshot()`` (what the
+    sweeps sample into timelines), its counters moving with the child's steps; asked of an
+    engine process that is gone, an error."""
+    config = tiny_config(spec=tiny_draft_spec(controller=True))
+    engine = RemoteEngine(config)
+    await engine.start()
+    try:
+        before = await engine.policy_snapshot()
+        params = SamplingParams(max_tokens=8, temperature=0)
+        outs = [o async for o in engine.generate("r", [1, 2, 3], params)]
+        assert outs[-1].finished
+        after = await engine.policy_snapshot()
+    finally:
+        await engine.stop()
+    assert set(after) == set(AsyncEngine(config).policy_snapshot())  # the same keys in process
+    assert after["num_steps"] > before["num_steps"] == 0
+    assert sum(after["decisions"].values()) > sum(before["decisions"].values()) == 0
+    assert after["drafter_graph_steps"] + after["drafter_eager_steps"] > 0
+    with pytest.raises(EngineProcessError):
+        await engine.policy_snapshot()
 
 
 @bounded(120)

@@ -14,6 +14,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from verifypd.config import EngineConfig
 from verifypd.engine.core import EngineCore
@@ -198,6 +199,27 @@ class AsyncEngine:
 
     def check_integrity(self) -> None:
         self.core.check_integrity()
+
+    def policy_snapshot(self) -> dict[str, Any] | None:
+        """The speculation policy's state now, None without one: its controller's
+        ``snapshot()`` (estimates, cost levels, decisions by reason, the last plan) with the
+        drafter's step counts (graph replays against eager forwards) and what it was fed behind
+        prompt steps (``SpecConfig.follow_prefill``). Benchmarks sample it into timelines."""
+        controller = self.core.controller
+        if controller is None:
+            return None
+        snap = controller.snapshot()
+        drafter = self.core.spec.drafter
+        if drafter is not None:
+            follower = drafter.follower
+            snap |= {
+                "drafter_graph_steps": drafter.runner.num_graph_steps,
+                "drafter_eager_steps": drafter.runner.num_eager_steps,
+                "drafter_followed_tokens": follower.num_followed_tokens,
+                "drafter_follows_stopped": follower.num_follows_stopped,
+                "drafter_follow_replays": follower.num_follow_replays,
+            }
+        return snap
 
     # ------------------------------------------------------------------ loop
     async def _run(self) -> None:

@@ -62,7 +62,8 @@ class RemoteEngine:
         self.closed = asyncio.Event()  # set once the engine process is gone (stop or death)
         # per request: (delta or error, when the engine process sent it)
         self._queues: dict[str, asyncio.Queue[tuple[RequestOutput | BaseException, float]]] = {}
-        self._checks: list[asyncio.Future[str | None]] = []
+        # the front's questions, answered in order: reply kind -> the futures waiting for it
+        self._asked: dict[str, list[asyncio.Future[Any]]] = {"checked": [], "snapshot": []}
         self._stats = (0, 0, 0.0, 0)  # running, waiting, KV usage, free KV blocks
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
@@ -191,12 +192,22 @@ class RemoteEngine:
     async def check_integrity(self) -> None:
         """The engine's own KV/scheduler consistency check, run in the engine process; raises
         AssertionError with its message."""
-        self._send(("check",))
-        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._checks.append(future)
-        error = await future
+        error = await self._ask(("check",), "checked")
         if error is not None:
             raise AssertionError(error)
+
+    async def policy_snapshot(self) -> dict[str, Any] | None:
+        """The engine process's ``AsyncEngine.policy_snapshot()`` (its speculation policy's
+        state now, None without one), as the benchmarks sample it in process."""
+        return await self._ask(("snapshot",), "snapshot")
+
+    async def _ask(self, message: tuple, reply: str) -> Any:
+        """Sends ``message`` and waits for the engine process's ``reply`` frame to it (the
+        engine answers in order, after the deltas it made before it)."""
+        self._send(message)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._asked[reply].append(future)
+        return await future
 
     @property
     def num_running(self) -> int:
@@ -229,8 +240,10 @@ class RemoteEngine:
                 kind = message[0]
                 if kind == "step":
                     self._on_step(*message[1:])
-                elif kind == "checked":
-                    self._checks.pop(0).set_result(message[1])
+                elif kind in self._asked:  # "checked", "snapshot"
+                    future = self._asked[kind].pop(0)
+                    if not future.done():  # its asker may have been cancelled
+                        future.set_result(message[1])
                 elif kind == "stopped":
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -266,8 +279,10 @@ class RemoteEngine:
         now = time.monotonic()
         for queue in self._queues.values():
             queue.put_nowait((EngineProcessError("the engine process exited"), now))
-        for future in self._checks:
-            future.set_exception(EngineProcessError("the engine process exited"))
-        self._checks.clear()
+        for waiting in self._asked.values():
+            for future in waiting:
+                if not future.done():
+                    future.set_exception(EngineProcessError("the engine process exited"))
+            waiting.clear()
         self._stats = (0, 0, 0.0, 0)
         self.closed.set()

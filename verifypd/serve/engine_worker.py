@@ -117,6 +117,8 @@ async def serve_engine(
                 engine.abort(message[1])
             elif kind == "check":
                 relay.send(("checked", _integrity_error(engine)))
+            elif kind == "snapshot":
+                relay.send(("snapshot", engine.policy_snapshot()))
     finally:
         probe.cancel()
         await engine.stop()  # every live request ends with an "abort" delta
