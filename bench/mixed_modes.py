@@ -51,6 +51,11 @@ MODES = {
     # policy_sim at a TPOT target below a plain step, a stronger baseline for policy-tpot4.
     "single-fixed-l2": Mode("single", True, spec_options=(("initial_draft_len", 2),)),
     "three-fixed-l2": Mode("three", True, spec_options=(("initial_draft_len", 2),)),
+    # ... and at L = 1, and the policy held to L <= 1 (SpecConfig.max_draft_len): a round that
+    # accepts nothing then gives its token after one drafter step and a two-token verify
+    # (~1.25 plain steps), not four drafter steps (~1.9): the light-load ITL tail's size.
+    "three-fixed-l1": Mode("three", True, spec_options=(("initial_draft_len", 1),)),
+    "policy-l1": policy_with(spec=(("max_draft_len", 1), ("initial_draft_len", 1))),
     # The ITL tail's budget (SpecConfig.tail_budget, --spec-tail-budget): speculation's late
     # tokens (more than 1.05 plain steps after the one before) kept to 0.2 / 0.5 / 1 % of all.
     "policy-budget2": policy_with(spec=(("tail_budget", 0.002),)),
