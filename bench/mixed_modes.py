@@ -53,7 +53,8 @@ MODES = {
     "three-fixed-l2": Mode("three", True, spec_options=(("initial_draft_len", 2),)),
     # ... and at L = 1, and the policy held to L <= 1 (SpecConfig.max_draft_len): a round that
     # accepts nothing then gives its token after one drafter step and a two-token verify
-    # (~1.25 plain steps), not four drafter steps (~1.9): the light-load ITL tail's size.
+    # (~1.25 plain steps), not four drafter steps (~1.9). At 2 req/s (H200, 14b3333) the ITL
+    # p99 stayed the policy's (8.54 against 8.55 ms; `off` 5.49): catch-up rounds set it.
     "three-fixed-l1": Mode("three", True, spec_options=(("initial_draft_len", 1),)),
     "policy-l1": policy_with(spec=(("max_draft_len", 1), ("initial_draft_len", 1))),
     # The ITL tail's budget (SpecConfig.tail_budget, --spec-tail-budget): speculation's late
@@ -237,6 +238,12 @@ MODES = {
     "policy-fdec-beside64": fed_beside("beside", ("follow_decode_tokens", 64)),
     "policy-fdec-below": fed_beside("below"),
     "policy-fdec-beside1k": fed_beside("beside", ("catch_up_chunk", (16, 64, 256, 512, 1024))),
+    # ... below every lane with the policy held to L <= 1, or with L = 1 rounds free of a 0.2 %
+    # tail budget (late: over 1.35 plain steps): at 2 req/s policy-l1 left the speculative
+    # tokens' p99 at 5.4 ms (the policy's 6.8), and its tail was 59 % catch-up rounds, which
+    # the feed takes out (H200, 14b3333). Not measured together yet.
+    "policy-l1-fdec-below": fed_beside("below", ("max_draft_len", 1), ("initial_draft_len", 1)),
+    "policy-r135-b2-fdec-below": fed_beside("below", ("tail_budget", 0.002), ("tail_ratio", 1.35)),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     **AB_MODES,
