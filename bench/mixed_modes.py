@@ -138,6 +138,9 @@ MODES = {
     # (EngineConfig.prefill_sm_carveout, _in_backlog): a prompt step beside decode slows its
     # rounds (round_seen_ratio 1.2 at 8 req/s, 1.65 at 14), and TTFT p99 (~100 ms at 8 req/s)
     # is far inside the SLO's 300 ms. With three-fixed-l2 carved the same, for the pair.
+    # Goodput at 4 ms at 2 / 8 / 14 req/s (H200, 0c4b88f, engines in their own processes):
+    # carve16 1.62 / 2.96 / 0.95, carve32 1.63 / 3.12 / 0.96 against the objective's 1.54 /
+    # 3.44 / 1.12; three-fixed-l2-carve32 1.61 / 3.56 / 1.51 against 1.61 / 3.33 / 1.35.
     **{
         f"policy-tpot4-obj-carve{n}": policy_with(spec=TPOT4_OBJ, engine=carved(n))
         for n in (16, 32)
