@@ -345,7 +345,8 @@ def record_run(run, row: dict[str, Any], samples: list[dict[str, Any]]) -> None:
 
 # The snapshot's counters that accumulate over an engine's life (one engine serves every run
 # of its mode in a sweep): ``since`` reports them per run.
-RUN_COUNTERS = ("decisions", "drafter_", "num_steps", "num_grow", "num_shrink", "num_probes")
+RUN_COUNTERS = ("decisions", "drafter_", "num_steps", "num_fused", "num_grow", "num_shrink",
+                "num_probes")  # fmt: skip
 # Running means (cadence_*_s: since the engine started), not per run: left out of a run's view.
 LIFE_MEANS = ("cadence_spec_s", "cadence_spec_predicted_s", "cadence_plain_s",
               "cadence_plain_predicted_s")  # fmt: skip
@@ -354,7 +355,8 @@ LIFE_MEANS = ("cadence_spec_s", "cadence_spec_predicted_s", "cadence_plain_s",
 def since(snap: dict, base: dict) -> dict:
     """``snap`` (a policy snapshot) with its counters (``RUN_COUNTERS`` prefixes and the
     cadence step counts) counted from ``base``, a snapshot taken when the run started, and the
-    engine-life means left out; the rest (levels, estimates, last decision) as it is now."""
+    engine-life means left out (the fused share is the run's); the rest (levels, estimates,
+    last decision) as it is now."""
     out = {}
     for key, value in snap.items():
         if key in LIFE_MEANS:
@@ -366,6 +368,9 @@ def since(snap: dict, base: dict) -> dict:
             elif isinstance(value, int) and isinstance(before, int):
                 value -= before
         out[key] = value
+    if "fused_fraction" in out and "num_fused" in out:  # the run's, not the engine life's
+        steps = out.get("num_steps")
+        out["fused_fraction"] = out["num_fused"] / steps if steps else None
     return out
 
 

@@ -135,13 +135,18 @@ def test_a_runs_policy_view_counts_from_its_start():
     sweep = load_bench("mixed_sweep")
     base = {"num_steps": 100, "decisions_catch_up": 7, "decisions": {"speculate": 5, "no_gain": 2},
             "drafter_eager_steps": 3, "cadence_spec_steps": 40, "cadence_spec_s": 0.01,
-            "num_requests": 4, "population_acceptance": 0.6}  # fmt: skip
+            "num_requests": 4, "population_acceptance": 0.6, "num_fused": 90,
+            "fused_fraction": 0.9}  # fmt: skip
     now = {"num_steps": 130, "decisions_catch_up": 9, "decisions": {"speculate": 25, "no_gain": 2},
            "drafter_eager_steps": 3, "cadence_spec_steps": 52, "cadence_spec_s": 0.011,
-           "num_requests": 6, "population_acceptance": 0.7}  # fmt: skip
+           "num_requests": 6, "population_acceptance": 0.7, "num_fused": 96,
+           "fused_fraction": 96 / 130}  # fmt: skip
     out = sweep.since(now, base)
     assert sweep.run_view(lambda: now, base)() == out
     assert out == {"num_steps": 30, "decisions_catch_up": 2,
                    "decisions": {"speculate": 20, "no_gain": 0}, "drafter_eager_steps": 0,
                    "cadence_spec_steps": 12, "num_requests": 6,
-                   "population_acceptance": 0.7}  # fmt: skip
+                   "population_acceptance": 0.7, "num_fused": 6,
+                   "fused_fraction": 0.2}  # fmt: skip
+    # a run with no step yet has no share of its own
+    assert sweep.since(base, base)["fused_fraction"] is None

@@ -346,6 +346,7 @@ class GoodputPolicy(DraftController):
                 "population_acceptance": self.population.value,
                 "decisions": dict(self.decisions),
                 **{f"decisions_{k}": v for k, v in self.decisions.items()},
+                "num_fused": self.num_fused,
                 "fused_fraction": self.num_fused / self.num_steps if self.num_steps else None,
                 "last_reason": d.reason if d else None,
                 "last_fused": d.fused if d else None,
