@@ -246,6 +246,16 @@ MODES = {
     # tokens' p99 at 5.4 ms (the policy's 6.8), and its tail was 59 % catch-up rounds, which
     # the feed takes out (H200, 14b3333). Not measured together yet.
     "policy-l1-fdec-below": fed_beside("below", ("max_draft_len", 1), ("initial_draft_len", 1)),
+    # ... or L <= 1 with the catch-up in fewer, larger replays (chunk graphs up to 1,024
+    # tokens: a 2k-token context in 2-3 replays, not 9 of 256; the catch-up tokens' p99 went
+    # from 18.8 to 15.0 ms that way at ed52da5).
+    "policy-l1-chunk1k": policy_with(
+        spec=(
+            ("max_draft_len", 1),
+            ("initial_draft_len", 1),
+            ("catch_up_chunk", (16, 64, 256, 512, 1024)),
+        )  # fmt: skip
+    ),
     "policy-r135-b2-fdec-below": fed_beside("below", ("tail_budget", 0.002), ("tail_ratio", 1.35)),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
