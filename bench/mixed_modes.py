@@ -254,7 +254,7 @@ MODES = {
             ("max_draft_len", 1),
             ("initial_draft_len", 1),
             ("catch_up_chunk", (16, 64, 256, 512, 1024)),
-        )  # fmt: skip
+        )
     ),
     "policy-r135-b2-fdec-below": fed_beside("below", ("tail_budget", 0.002), ("tail_ratio", 1.35)),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
