@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-# sweep_helpers.py is not a test module: rewrite its asserts as pytest does in test files.
-pytest.register_assert_rewrite("sweep_helpers")
+# sweep_helpers.py and smoke_helpers.py are not test modules: rewrite their asserts as pytest
+# does in test files.
+pytest.register_assert_rewrite("sweep_helpers", "smoke_helpers")
 
 
 @pytest.fixture
