@@ -214,7 +214,11 @@ async def test_the_policy_snapshot_crosses_from_the_engine_process() -> None:
         after = await engine.policy_snapshot()
     finally:
         await engine.stop()
-    assert set(after) == set(AsyncEngine(config).policy_snapshot())  # the same keys in process
+    local = AsyncEngine(config)
+    try:
+        assert set(after) == set(local.policy_snapshot())  # the same keys in process
+    finally:
+        await local.stop()
     assert after["num_steps"] > before["num_steps"] == 0
     assert sum(after["decisions"].values()) > sum(before["decisions"].values()) == 0
     assert after["drafter_graph_steps"] + after["drafter_eager_steps"] > 0
