@@ -18,6 +18,7 @@ from verifypd.config import PROMPT_IN_DECODE_SIZES
 # the rows they bring under the target.
 TPOT4_LEARN = (("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
+NGRAM = (("method", "ngram"), ("draft_model", None))
 
 
 def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
@@ -257,6 +258,14 @@ MODES = {
         )
     ),
     "policy-r135-b2-fdec-below": fed_beside("below", ("tail_budget", 0.002), ("tail_ratio", 1.35)),
+    # The policy with a drafter that costs no GPU time: prompt lookup (SpecConfig.method
+    # "ngram": no model, no catch-up; the synthetic α decides how many of its drafts are kept,
+    # and only rows whose lookup matches draft at all). On the dummy 7B's output lookups
+    # rarely match: at ea3fbd3 (H200, 2 / 8 req/s) 63 / 377 tokens drafted, and the rounds
+    # planned for misses cost the plain steps their decode-ahead (TPOT p50 4.84 against
+    # `off`'s 4.06 ms); since then a miss counts against the request's α̂.
+    "policy-ngram": policy_with(spec=NGRAM),
+    "three-fixed-ngram": Mode("three", True, spec_options=NGRAM),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     **AB_MODES,

@@ -172,6 +172,9 @@ class ScheduledSeq:
     # The draft length L the policy decided for this step (``SpecDecision``): a decode entry
     # with L > 0 drafts L tokens (``draft_token_ids``, fewer near max_tokens) and verifies.
     draft_len: int = 0
+    # L > 0 was decided and the proposer found nothing to draft (a prompt lookup without a
+    # match): the step decoded it plainly, and the policy hears of it (``SpecListener.no_drafts``).
+    draft_missed: bool = False
     # What only the device reads (``engine.device_drafts.DeviceDrafts``: the ids while they are
     # still on the GPU, then ``draft_token_ids`` holds L ``DRAFT_ON_DEVICE`` placeholders; the
     # drafter's distributions; the event recorded after the drafting). None: host drafts only.
@@ -330,6 +333,7 @@ class SpecListener:
     def request_added(self, seq: Sequence) -> None: ...
     def request_removed(self, seq: Sequence) -> None: ...
     def accepted(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None: ...
+    def no_drafts(self, seq: Sequence) -> None: ...
 
 
 class Observer:

@@ -152,6 +152,13 @@ class DraftController:
         if st is not None:
             st.acceptance.update(num_drafted, num_accepted)
 
+    def observe_miss(self, seq_id: int) -> None:
+        """Its proposer found nothing to draft where it was given L > 0 (``AcceptanceEstimate.
+        missed``): its α̂ falls as after a round whose first draft is rejected."""
+        st = self._requests.get(seq_id)
+        if st is not None:
+            st.acceptance.missed()
+
     def observe_step(self, lane: str, seconds: float, num_seqs: int, num_tokens: int) -> None:
         """One finished lane step (lane: decode | verify | prefill | draft | mixed). Decode and
         mixed (fused) steps feed the p95 decode latency; all feed the cost model."""

@@ -128,6 +128,16 @@ class GoodputPolicy(DraftController):
                 g.probe_min_steps if found else min(2 * self._probe_interval, g.probe_max_steps)
             )
 
+    def observe_miss(self, seq_id: int) -> None:
+        """A lookup without a match (``DraftController.observe_miss``) counts for the
+        population too, and a probe that found nothing to draft found no acceptance."""
+        super().observe_miss(seq_id)
+        if seq_id in self._requests:
+            self.population.missed()
+        if seq_id in self._probed:
+            self._probed.discard(seq_id)
+            self._probe_interval = min(2 * self._probe_interval, self.goodput.probe_max_steps)
+
     def expects_speculation(self, seq_id: int) -> bool:
         """Whether the drafter should follow this request's prefill: it may speculate and the
         population is not parked."""

@@ -91,6 +91,16 @@ class AcceptanceEstimate:
         self._tested.update(num_accepted + (num_accepted < num_drafted))
         self._value = _ratio(self._accepted.value, self._tested.value)
 
+    def missed(self) -> None:
+        """A round whose proposer found nothing to draft (a prompt lookup without a match)
+        gave one token, as a round whose first draft is rejected does: one position tested,
+        none passed. Nothing was drafted, so ``num_drafted`` stays; ``num_updates`` counts it.
+        So α̂ also carries how often the proposer finds drafts at all."""
+        self.num_updates += 1
+        self._accepted.update(0.0)
+        self._tested.update(1.0)
+        self._value = _ratio(self._accepted.value, self._tested.value)
+
 
 def _ratio(num: float | None, den: float | None) -> float:
     assert num is not None and den is not None and den > 0.0

@@ -392,6 +392,8 @@ class EngineCore:
                 num_drafted = len(entry.draft_token_ids)
                 self.listener.accepted(entry.seq, num_drafted, num_accepted)
                 self.observer.spec_tokens(num_drafted, num_accepted)
+            elif entry.draft_missed and new_ids:
+                self.listener.no_drafts(entry.seq)
 
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:

@@ -334,6 +334,7 @@ class SpecDecoder:
         if self.ngram is not None:
             for e in spec:
                 e.draft_token_ids = self.ngram.propose(e.seq.seq_id, e.seq.token_ids, e.draft_len)
+                e.draft_missed = not e.draft_token_ids
         elif self.drafter is not None and spec:
             temps = temps or {}
             lens = [e.draft_len for e in spec]

@@ -128,6 +128,9 @@ class SpeculationPolicy(SpecListener):
     def accepted(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.controller.observe_acceptance(seq.seq_id, num_drafted, num_accepted)
 
+    def no_drafts(self, seq: Sequence) -> None:
+        self.controller.observe_miss(seq.seq_id)
+
     # ------------------------------------------------------------------ decisions
     def decide(
         self, prefill_running: bool = False, seqs: list[Sequence] | None = None
