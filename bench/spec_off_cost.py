@@ -64,7 +64,11 @@ SERIES_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="dummy:qwen2.5-7b", help="target (both servers)")
-    p.add_argument("--draft-model", default="dummy:qwen2.5-0.5b", help="server B's drafter")
+    p.add_argument(
+        "--draft-model",
+        default="dummy:qwen2.5-0.5b",
+        help="server B's drafter; ngram: server B speculates by prompt lookup",
+    )
     p.add_argument("--requests", type=int, default=96)
     p.add_argument(
         "--concurrency", type=int, default=24, help="clients, each one request at a time"
@@ -114,7 +118,9 @@ def serve_command(args, server: str, port: int) -> list[str]:
            "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed)]  # fmt: skip
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
-    if server == "drafter":
+    if server == "drafter" and args.draft_model == "ngram":
+        cmd += ["--spec", "ngram"]  # prompt lookup: speculation with no drafter model
+    elif server == "drafter":
         cmd += ["--draft-model", args.draft_model]
     return cmd + shlex.split(args.serve_args)
 
@@ -350,6 +356,8 @@ def plot(path: Path, summary: dict[str, Any]) -> Path | None:
 
 
 def acceptance_label(args) -> str:
+    if args.draft_model == "ngram":
+        return "real (prompt lookup on random prompt ids)"
     dummies = args.model.startswith("dummy:") and args.draft_model.startswith("dummy:")
     if dummies and args.model != args.draft_model:
         return "real (dummy weights: ~0)"

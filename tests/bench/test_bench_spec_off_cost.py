@@ -123,6 +123,14 @@ def test_spec_deltas_from_metrics_series() -> None:
     assert d["policy_decisions"] == {"gain_fused": 2.0, "off_cost": 7.0}
 
 
+def test_server_b_speculates_by_prompt_lookup_with_draft_model_ngram() -> None:
+    args = bench.parse_args([*TINY[:4], "--draft-model", "ngram", *TINY[6:]])
+    on, off = bench.serve_command(args, "drafter", 8000), bench.serve_command(args, "no-drafter", 1)
+    assert on[on.index("--spec") + 1] == "ngram" and "--draft-model" not in on
+    assert "--spec" not in off
+    assert bench.acceptance_label(args).startswith("real (prompt lookup")
+
+
 def test_the_bench_command_finds_it(capsys) -> None:
     from verifypd.__main__ import main
 
