@@ -245,11 +245,14 @@ MODES = {
     # ... below every lane with the policy held to L <= 1, or with L = 1 rounds free of a 0.2 %
     # tail budget (late: over 1.35 plain steps): at 2 req/s policy-l1 left the speculative
     # tokens' p99 at 5.4 ms (the policy's 6.8), and its tail was 59 % catch-up rounds, which
-    # the feed takes out (H200, 14b3333). Not measured together yet.
+    # the feed takes out (H200, 14b3333). Together (H200, ea3fbd3, 2 req/s): ITL p99 1.33x /
+    # 1.30x `off`'s (the policy 1.49x) at TPOT p50 1.02x / 1.00x (the policy 1.24x): the feed
+    # below took the catch-ups out of the tail and the speedup with them.
     "policy-l1-fdec-below": fed_beside("below", ("max_draft_len", 1), ("initial_draft_len", 1)),
     # ... or L <= 1 with the catch-up in fewer, larger replays (chunk graphs up to 1,024
     # tokens: a 2k-token context in 2-3 replays, not 9 of 256; the catch-up tokens' p99 went
-    # from 18.8 to 15.0 ms that way at ed52da5).
+    # from 18.8 to 15.0 ms that way at ed52da5). At ea3fbd3: ITL p99 1.40x `off`'s at TPOT
+    # p50 1.22x faster, catch-up rounds still 42 % of the tail.
     "policy-l1-chunk1k": policy_with(
         spec=(
             ("max_draft_len", 1),
