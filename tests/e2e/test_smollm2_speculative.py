@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import pin_costs
 
 from verifypd.config import EngineConfig, SpecConfig
 from verifypd.lanes.async_engine import AsyncEngine
@@ -32,8 +33,14 @@ PROMPTS = [
 GREEDY = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True)
 
 
-async def _generate_all(config: EngineConfig) -> tuple[list[list[int]], AsyncEngine]:
+async def _generate_all(
+    config: EngineConfig, pinned: bool = False
+) -> tuple[list[list[int]], AsyncEngine]:
+    """``pinned``: the goodput policy priced on fixed costs (``helpers.pin_costs``), so its
+    decisions do not follow this CPU's timings."""
     engine = AsyncEngine(config)
+    if pinned:
+        pin_costs(engine.core.costs, engine.core.controller)
     tok = engine.tokenizer
 
     async def one(i: int, prompt: str) -> list[int]:
@@ -78,3 +85,15 @@ async def test_greedy_speculation_is_token_identical(plain, lane_mode, name):
         assert spec.num_accepted >= 0.9 * spec.num_drafted
     else:  # repetitive prompts give n-gram matches that verify
         assert spec.num_accepted > 0
+
+
+async def test_prompt_lookup_under_the_goodput_policy_still_speculates(plain):
+    """The default policy with prompt lookup: the prompts whose lookups miss count against
+    the acceptance estimate (``AcceptanceEstimate.missed``), and the repetitive ones still
+    draft and verify; output stays plain greedy's."""
+    config = _config("three", SpecConfig(method="ngram"))
+    outs, engine = await _generate_all(config, pinned=True)
+    assert outs == plain
+    spec = engine.core.spec
+    assert spec.num_drafted > 0 and spec.num_accepted > 0
+    assert engine.core.controller.decisions["speculate"] > 0
