@@ -64,6 +64,8 @@ async def remote_engine_sweep(
     recorder = bench.LoadRecorder()  # the engine's observer calls, replayed in this process
     t0 = time.perf_counter()
     try:
+        if bench.MODES[name].stand_in_drafts:  # the proposer is replaced in this process only
+            raise ValueError(f"mode {name}: stand-in drafts run in process only")
         engine = RemoteEngine(config, recorder)
     except Exception as exc:  # noqa: BLE001 - a mode that cannot start is a result
         report["sweep_engines"][label] = error_record(exc)

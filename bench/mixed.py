@@ -235,6 +235,17 @@ def guard_draft_vocab(core) -> dict[str, Any] | None:
     }
 
 
+def stand_in_drafts(core, name: str) -> dict[str, Any] | None:
+    """A mode with ``Mode.stand_in_drafts``: its prompt lookup always drafts L copies of the
+    last token (host only, nothing on the GPU); the synthetic α decides how many are kept."""
+    if not MODES[name].stand_in_drafts:
+        return None
+    if core.spec.ngram is None:
+        raise ValueError(f"mode {name}: stand-in drafts need SpecConfig.method 'ngram'")
+    core.spec.ngram.propose = lambda _seq_id, tokens, k: [tokens[-1]] * k
+    return {"note": "prompt lookup replaced by L copies of the last token (bench-side)"}
+
+
 def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) -> dict[str, Any]:
     t = time.perf_counter()
     llm = build_engine(mode_config(args, name), "async")
@@ -244,6 +255,7 @@ def run_mode(args, name: str, requests: list[Request], warmup: list[Request]) ->
         rec["engine"] = engine_info(llm)
         rec["scheduler"] = dataclasses.asdict(llm.core.config.scheduler)
         rec["vocab_guard"] = guard_draft_vocab(llm.core)
+        rec["stand_in_drafts"] = stand_in_drafts(llm.core, name)
         recorder = attach_recorder(llm, LoadRecorder())
         if llm.core.spec.enabled:
             recorder.time_proposals(llm.engine.policy)

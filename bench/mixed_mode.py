@@ -26,6 +26,10 @@ class Mode:
     # Benchmark only: the goodput policy's population α reset to this at the start of every
     # run (a population stuck below what pays, forced; None: as the engine left it).
     population_prior: float | None = None
+    # Benchmark only, in process: prompt lookup's proposer replaced by a stand-in that always
+    # drafts L copies of the last token (no GPU time, never a miss; ``mixed.stand_in_drafts``),
+    # so with synthetic acceptance the rounds are those of a drafter that costs nothing.
+    stand_in_drafts: bool = False
 
 
 CHUNK2K_FCFS = (("max_prefill_chunk", 2048), ("prefill_pack_tokens", None))

@@ -269,6 +269,9 @@ MODES = {
     # `off`'s 4.06 ms); since then a miss counts against the request's α̂.
     "policy-ngram": policy_with(spec=NGRAM),
     "three-fixed-ngram": Mode("three", True, spec_options=NGRAM),
+    # ... with a stand-in lookup that always drafts (Mode.stand_in_drafts, in process only):
+    # the policy's rounds with a drafter that costs no GPU time and always has L drafts.
+    "policy-free-drafts": dataclasses.replace(policy_with(spec=NGRAM), stand_in_drafts=True),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     **AB_MODES,

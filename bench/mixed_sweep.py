@@ -208,6 +208,7 @@ def engine_sweep(
         report["sweep_engines"][name] = {
             **dataclasses.asdict(MODES[name]), "build_s": time.perf_counter() - t0,
             "engine": engine_info(llm), "vocab_guard": bench.guard_draft_vocab(core),
+            "stand_in_drafts": bench.stand_in_drafts(core, name),
         }  # fmt: skip
         recorder = attach_recorder(llm, bench.LoadRecorder())
         spec_on = core.spec.enabled

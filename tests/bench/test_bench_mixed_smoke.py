@@ -232,3 +232,31 @@ def test_fixed_l2_modes_draft_two_in_their_lane_mode() -> None:
         controller = AsyncEngine(cfg).core.controller
         controller.add_request(7, True, 0.0)
         assert controller.step() == {7: 2}
+
+
+def test_free_draft_mode_drafts_l_copies_of_the_last_token() -> None:
+    """``policy-free-drafts``: prompt lookup under the goodput policy, its proposer replaced by
+    L copies of the last token (``stand_in_drafts``); other modes keep their proposer, and a
+    stand-in needs prompt lookup."""
+    import dataclasses
+
+    from verifypd.lanes.async_engine import AsyncEngine
+
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:tiny",
+                             "--draft-model", "dummy:tiny"])  # fmt: skip
+    config = mixed.mode_config(args, "policy-free-drafts")
+    assert config.spec.method == "ngram" and config.spec.policy == "goodput"
+    core = AsyncEngine(config).core
+    assert core.spec.ngram.propose(1, [5, 6, 7], 3) == []  # no earlier 7: a real lookup misses
+    assert mixed.stand_in_drafts(core, "policy-free-drafts")["note"]
+    assert core.spec.ngram.propose(1, [5, 6, 7], 3) == [7, 7, 7]
+    assert mixed.stand_in_drafts(core, "policy") is None
+    mixed.MODES["free-draft-model"] = dataclasses.replace(mixed.MODES["policy"],
+                                                          stand_in_drafts=True)  # fmt: skip
+    try:
+        drafter = AsyncEngine(mixed.mode_config(args, "free-draft-model")).core
+        with pytest.raises(ValueError, match="need SpecConfig.method 'ngram'"):
+            mixed.stand_in_drafts(drafter, "free-draft-model")
+    finally:
+        del mixed.MODES["free-draft-model"]
