@@ -72,7 +72,11 @@ def test_the_engine_reports_a_lookup_without_a_match():
     assert not entries[1].draft_missed and entries[1].draft_token_ids == [6, 7]
     ctl = policy.controller
     before = ctl.acceptance(no_match.seq_id)
+    seen = []
+    core.observer.draft_missed = lambda: seen.append("miss")  # /metrics' spec_draft_misses
+    core.observer.spec_tokens = lambda drafted, accepted: seen.append((drafted, accepted))
     core._record_acceptance(SimpleNamespace(seqs=entries), [[9], [6, 7, 8]])
     assert ctl.acceptance(no_match.seq_id) < before
     assert ctl.acceptance(match.seq_id) > before
     assert core.spec.num_drafted == 2  # the miss drafted nothing
+    assert seen == ["miss", (2, 2)]

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STABLE_NAMES = """lane_queue_depth lane_step_seconds lane_batch_tokens controller_draft_length
 controller_drafter_temperature spec_policy_decisions_total spec_policy_decide_seconds
 spec_draft_tokens_total
-spec_accepted_tokens_total spec_drafter_prompt_tokens_total
+spec_accepted_tokens_total spec_draft_misses_total spec_drafter_prompt_tokens_total
 time_to_first_token_seconds inter_token_latency_seconds e2e_request_latency_seconds
 request_queue_seconds num_requests_running num_requests_waiting kv_cache_usage_ratio
 kv_blocks_free prefix_cache_queries_total prefix_cache_hits_total preemptions_total
@@ -68,6 +68,8 @@ def test_observer_semantics_and_separate_registries() -> None:
     a.draft_length(16)
     a.draft_length(0)
     a.spec_tokens(8, 6)
+    a.draft_missed()
+    a.draft_missed()
     a.policy_decide(0.0003)
     a.policy_decide(0.004)
     get = a.registry.get_sample_value
@@ -75,6 +77,7 @@ def test_observer_semantics_and_separate_registries() -> None:
     assert get("verifypd_spec_policy_decide_seconds_sum", {"model": "m1"}) == 0.0043
     assert get("verifypd_spec_policy_decide_seconds_bucket", {"model": "m1", "le": "0.0005"}) == 1
     assert get("verifypd_prefix_cache_queries_total", {"model": "m1"}) == 16
+    assert get("verifypd_spec_draft_misses_total", {"model": "m1"}) == 2
     assert get("verifypd_prefix_cache_hits_total", {"model": "m1"}) == 10
     assert get("verifypd_kv_cache_usage_ratio", {"model": "m1"}) == 0.5
     assert get("verifypd_kv_blocks_free", {"model": "m1"}) == 20

@@ -394,6 +394,7 @@ class EngineCore:
                 self.observer.spec_tokens(num_drafted, num_accepted)
             elif entry.draft_missed and new_ids:
                 self.listener.no_drafts(entry.seq)
+                self.observer.draft_missed()
 
     # ------------------------------------------------------------------ checks
     def check_integrity(self) -> None:

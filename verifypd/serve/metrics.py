@@ -56,6 +56,13 @@ METRICS: dict[str, tuple[type, str, str | None, tuple[float, ...] | None]] = {
     ),
     "spec_draft_tokens": (Counter, "Draft tokens proposed", None, None),
     "spec_accepted_tokens": (Counter, "Draft tokens accepted", None, None),
+    "spec_draft_misses": (
+        Counter,
+        "Rows given a draft length whose proposer found nothing to draft (a prompt lookup "
+        "without a match); they decoded plainly",
+        None,
+        None,
+    ),
     "spec_drafter_prompt_tokens": (
         Counter,
         "Prompt tokens the drafter was fed behind prefill steps (SpecConfig.follow_prefill)",
@@ -235,6 +242,9 @@ class PrometheusObserver(Observer):
         self._m["spec_accepted_tokens"].inc(num_accepted)
         self.vllm.draft_verified()
         self.live.spec_tokens(num_drafted, num_accepted)
+
+    def draft_missed(self) -> None:
+        self._m["spec_draft_misses"].inc()
 
     def draft_length(self, draft_len: int) -> None:
         self._m["controller_draft_length"].observe(draft_len)
