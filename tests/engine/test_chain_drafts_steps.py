@@ -25,7 +25,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def _rounds(core: EngineCore, prompts, accepted, chain: bool, temps=None):
     """Each round: a proposal, then a fake verify accepting k drafts and a new token (on the
     device as the runner leaves it), chained or not, then the tokens land on the host. Returns
-    each round's drafts (and, sampled, their distributions) and the adopted proposals."""
+    each round's drafts (and, sampled, their distributions) and the counts of adopted
+    proposals, rows chained and rows adopted."""
     drafter = core.spec.drafter
     device = core.device
     temps = temps or [0.0] * len(prompts)
@@ -56,7 +57,8 @@ def _rounds(core: EngineCore, prompts, accepted, chain: bool, temps=None):
         for s, n in zip(seqs, new, strict=True):
             s.token_ids += n
         drafter.confirm(plan, new)
-    adopted = drafter.num_adopted
+    c = drafter.chainer
+    adopted = drafter.num_adopted, c.num_chained_rows, c.num_adopted_rows
     for s in seqs:
         drafter.free(s.seq_id)
     assert drafter.kv.usage == 0
@@ -85,7 +87,8 @@ def test_chained_drafts_equal_fresh_proposals(device):
     for chain in (True, False):
         results.append(_rounds(_core(device), prompts, accepted, chain))
     (chained, adopted), (fresh, not_adopted) = results
-    assert adopted == len(accepted) - 1 and not_adopted == 0  # all but the first round
+    n = len(accepted)  # all but the first round adopted; the last round's chain is unused
+    assert adopted == (n - 1, 3 * n, 3 * (n - 1)) and not_adopted == (0, 0, 0)
     assert chained == fresh
 
 
@@ -103,7 +106,8 @@ def test_sampled_chained_drafts_equal_fresh_proposals(device):
     for chain in (True, False):
         results.append(_rounds(_core(device), prompts, accepted, chain, temps))
     (chained, adopted), (fresh, not_adopted) = results
-    assert adopted == len(accepted) - 1 and not_adopted == 0
+    n = len(accepted)
+    assert adopted == (n - 1, 3 * n, 3 * (n - 1)) and not_adopted == (0, 0, 0)
     for got, want in zip(chained, fresh, strict=True):
         if got and isinstance(got[0], list):  # the drafts
             assert got == want

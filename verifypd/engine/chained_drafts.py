@@ -58,6 +58,10 @@ class DraftChainer:
         self.drafter = drafter
         self.chained: ChainedDrafts | None = None
         self.num_adopted = 0  # proposals served by chained drafts (tests, benchmarks)
+        # Rows drafted behind a verify, and rows their next proposal took: the rest were
+        # drafted for nothing (the request finished, or its next step did not speculate).
+        self.num_chained_rows = 0
+        self.num_adopted_rows = 0
 
     @torch.inference_mode()
     def chain(
@@ -119,6 +123,7 @@ class DraftChainer:
             probs=torch.stack(probs, dim=1) if probs else None,
         )
         self.drafter._graph_ready = False
+        self.num_chained_rows += len(picks)
         return len(picks)
 
     def _picker(self, views, rows: torch.Tensor, verified: VerifyOutputs):
@@ -252,6 +257,7 @@ class DraftChainer:
             view.num_computed_tokens = view.draft_start + c.num_drafts - 1
             adopted.add(id(e))
         self.num_adopted += bool(adopted)
+        self.num_adopted_rows += len(adopted)
         return adopted
 
 

@@ -203,8 +203,10 @@ class AsyncEngine:
     def policy_snapshot(self) -> dict[str, Any] | None:
         """The speculation policy's state now, None without one: its controller's
         ``snapshot()`` (estimates, cost levels, decisions by reason, the last plan) with the
-        drafter's step counts (graph replays against eager forwards) and what it was fed behind
-        prompt steps (``SpecConfig.follow_prefill``). Benchmarks sample it into timelines."""
+        drafter's step counts (graph replays against eager forwards), what it was fed behind
+        prompt steps (``SpecConfig.follow_prefill``), and its rows drafted behind verifies
+        against those the next round took (``DraftChainer``). Benchmarks sample it into
+        timelines."""
         controller = self.core.controller
         if controller is None:
             return None
@@ -218,6 +220,8 @@ class AsyncEngine:
                 "drafter_followed_tokens": follower.num_followed_tokens,
                 "drafter_follows_stopped": follower.num_follows_stopped,
                 "drafter_follow_replays": follower.num_follow_replays,
+                "drafter_chained_rows": drafter.chainer.num_chained_rows,
+                "drafter_adopted_rows": drafter.chainer.num_adopted_rows,
             }
         return snap
 
