@@ -160,12 +160,17 @@ async def test_a_client_leaving_frees_its_blocks_in_the_engine_process() -> None
         await read_event(leaving)
         await read_event(leaving)
         other = asyncio.ensure_future(
-            h.client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 8})
+            # ignore_eos: at the default temperature dummy:tiny samples its EOS early in ~1 % of
+            # 8-token requests (a stop, not a failure of this test's point)
+            h.client.post(
+                "/v1/completions", json={"prompt": "Hi", "max_tokens": 8, "ignore_eos": True}
+            )
         )
         leaving.close()  # the client goes away mid-stream
         resp = await other
         assert resp.status == 200, await resp.text()
-        assert (await resp.json())["usage"]["completion_tokens"] == 8
+        body = await resp.json()
+        assert body["usage"]["completion_tokens"] == 8, body
         await h.wait_engine_idle(30)
         await engine.check_integrity()
         await wait_until(lambda: engine.kv_blocks_free >= free, 10)
