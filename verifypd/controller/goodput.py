@@ -120,13 +120,8 @@ class GoodputPolicy(DraftController):
         super().observe_acceptance(seq_id, num_drafted, num_accepted)
         if seq_id in self._requests and num_drafted:
             self.population.update(num_drafted, num_accepted)
-        if seq_id in self._probed:
-            self._probed.discard(seq_id)
-            found = num_accepted >= self.goodput.accept_floor * num_drafted and num_accepted
-            g = self.goodput
-            self._probe_interval = (
-                g.probe_min_steps if found else min(2 * self._probe_interval, g.probe_max_steps)
-            )
+        found = num_accepted >= self.goodput.accept_floor * num_drafted and num_accepted
+        self._probe_answered(seq_id, bool(found))
 
     def observe_miss(self, seq_id: int) -> None:
         """A lookup without a match (``DraftController.observe_miss``) counts for the
@@ -134,9 +129,18 @@ class GoodputPolicy(DraftController):
         super().observe_miss(seq_id)
         if seq_id in self._requests:
             self.population.missed()
-        if seq_id in self._probed:
-            self._probed.discard(seq_id)
-            self._probe_interval = min(2 * self._probe_interval, self.goodput.probe_max_steps)
+        self._probe_answered(seq_id, False)
+
+    def _probe_answered(self, seq_id: int, found: bool) -> None:
+        """A probed request's verify (or miss) came back: the probe interval resets where it
+        found acceptance and doubles, up to ``probe_max_steps``, where it did not."""
+        if seq_id not in self._probed:
+            return
+        self._probed.discard(seq_id)
+        g = self.goodput
+        self._probe_interval = (
+            g.probe_min_steps if found else min(2 * self._probe_interval, g.probe_max_steps)
+        )
 
     def expects_speculation(self, seq_id: int) -> bool:
         """Whether the drafter should follow this request's prefill: it may speculate and the

@@ -86,19 +86,20 @@ class AcceptanceEstimate:
             return  # nothing was tested
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
-        self.num_updates += 1
-        self._accepted.update(num_accepted)
-        self._tested.update(num_accepted + (num_accepted < num_drafted))
-        self._value = _ratio(self._accepted.value, self._tested.value)
+        self._observe(num_accepted, num_accepted + (num_accepted < num_drafted))
 
     def missed(self) -> None:
         """A round whose proposer found nothing to draft (a prompt lookup without a match)
         gave one token, as a round whose first draft is rejected does: one position tested,
         none passed. Nothing was drafted, so ``num_drafted`` stays; ``num_updates`` counts it.
         So α̂ also carries how often the proposer finds drafts at all."""
+        self._observe(0, 1)
+
+    def _observe(self, passed: int, tested: int) -> None:
+        """One verify's positions: ``tested`` of them, ``passed`` accepted."""
         self.num_updates += 1
-        self._accepted.update(0.0)
-        self._tested.update(1.0)
+        self._accepted.update(passed)
+        self._tested.update(tested)
         self._value = _ratio(self._accepted.value, self._tested.value)
 
 
