@@ -152,8 +152,11 @@ class WindowPercentile:
         return values[rank - 1]
 
     def _prune(self) -> None:
-        oldest = self._clock() - self.window_s
-        while self._samples and self._samples[0][0] < oldest:
+        # The documented rule itself, not ``t < now - window_s``: the two differ by a rounding
+        # at the window's edge (now 3.0, t 0.9999999999999999: 3.0 - t == 2.0 but
+        # t < 3.0 - 2.0).
+        now = self._clock()
+        while self._samples and now - self._samples[0][0] > self.window_s:
             self._drop(self._samples.popleft()[1])
 
     def _drop(self, value: float) -> None:
