@@ -100,7 +100,7 @@ def test_window_percentile_caps_samples():
     st.sampled_from([5.0, 50.0, 95.0, 100.0]),
 )
 # A sample exactly at the window's edge after rounding (found by CI's run of this test at
-# e2bd62b: the window compared t < now - window_s, which drops it).
+# 4c2a143: the window compared t < now - window_s, which drops it).
 @example(steps=[(0.9999999999999999, 1.0), (1.0, 2.0), (1.0, 2.0)], cap=3, q=5.0)
 def test_window_percentile_matches_sorting_the_window(steps, cap, q):
     """The incrementally sorted window gives what sorting the kept samples gives, through
