@@ -19,6 +19,7 @@ from verifypd.config import PROMPT_IN_DECODE_SIZES
 TPOT4_LEARN = (("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
 NGRAM = (("method", "ngram"), ("draft_model", None))
+HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 
 
 def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
@@ -272,6 +273,13 @@ MODES = {
     # ... with a stand-in lookup that always drafts (Mode.stand_in_drafts, in process only):
     # the policy's rounds with a drafter that costs no GPU time and always has L drafts.
     "policy-free-drafts": dataclasses.replace(policy_with(spec=NGRAM), stand_in_drafts=True),
+    # A drafter of an EAGLE-3 head's cost for this target (``dummy:qwen2.5-7b-head``: one layer
+    # of the 7B's width, the whole vocabulary read, 32,000 ids scored; its pass over a prompt
+    # one layer's): the policy and the fixed designs with a cheap drafter that exists in
+    # practice, in place of the 0.5B model. Random weights, synthetic acceptance, as the 0.5B.
+    "policy-head": policy_with(spec=HEAD),
+    "three-fixed-head": Mode("three", True, spec_options=HEAD),
+    "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     **AB_MODES,

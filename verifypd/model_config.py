@@ -31,12 +31,23 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Rows of the input embedding when it reads more ids than the LM head scores (0: the
+    # same as ``vocab_size``). A draft head in the style of EAGLE-3 reads the target's whole
+    # vocabulary and scores a smaller one; ``vocab_size`` is always the logits' width.
+    embed_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {self.arch!r}; expected {ARCHITECTURES}")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.embed_vocab_size == 0:
+            object.__setattr__(self, "embed_vocab_size", self.vocab_size)
+        if self.embed_vocab_size < self.vocab_size:
+            raise ValueError(
+                f"embed_vocab_size ({self.embed_vocab_size}) must be at least vocab_size "
+                f"({self.vocab_size}): the LM head scores ids the embedding reads"
+            )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
@@ -54,7 +65,7 @@ class ModelConfig:
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         layer = attn + 3 * h * i + 2 * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * layer + self.vocab_size * h + head + h
+        return self.num_layers * layer + self.embed_vocab_size * h + head + h
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -128,6 +139,15 @@ PRESETS: dict[str, ModelConfig] = {
         rope_theta=1e6, max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True,
         bos_token_id=151643, eos_token_ids=(151645,),
     ),
+    # Not a checkpoint: one decoder layer of the Qwen2.5-7B's width reading its whole vocabulary
+    # and scoring 32,000 ids, the bytes an EAGLE-3 draft head for that target reads per step
+    # (its fc over the target's hidden states aside). With random weights it stands in for such a
+    # head's cost under synthetic acceptance; the engine has no EAGLE head.
+    "qwen2.5-7b-head": ModelConfig(
+        "qwen2", 32000, 3584, 18944, 1, 28, 4, rms_norm_eps=1e-6, rope_theta=1e6,
+        max_position_embeddings=32768, attention_bias=True, bos_token_id=151643,
+        eos_token_ids=(151645, 151643), embed_vocab_size=152064,
+    ),
     "llama-3-8b": ModelConfig(
         "llama", 128256, 4096, 14336, 32, 32, 8, rms_norm_eps=1e-5, rope_theta=500000.0,
         max_position_embeddings=8192, bos_token_id=128000, eos_token_ids=(128001, 128009),
@@ -136,6 +156,11 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
         "llama", 512, 64, 128, 2, 4, 2, rms_norm_eps=1e-5, max_position_embeddings=2048,
         bos_token_id=1, eos_token_ids=(2,),
+    ),
+    # ... and a drafter for it shaped as qwen2.5-7b-head: one layer, all 512 ids read, 256 scored.
+    "tiny-head": ModelConfig(
+        "llama", 256, 64, 128, 1, 4, 2, rms_norm_eps=1e-5, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_ids=(2,), embed_vocab_size=512,
     ),
 }  # fmt: skip
 

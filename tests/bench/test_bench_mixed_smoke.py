@@ -234,6 +234,21 @@ def test_fixed_l2_modes_draft_two_in_their_lane_mode() -> None:
         assert controller.step() == {7: 2}
 
 
+def test_head_modes_swap_only_the_drafter() -> None:
+    """``policy-head``, ``three-fixed-head``, ``single-fixed-head``: their base modes with the
+    drafter of an EAGLE-3 head's cost (``dummy:qwen2.5-7b-head``) for the run's 0.5B."""
+    mixed = load_bench("mixed")
+    args = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",
+                             "--draft-model", "dummy:qwen2.5-0.5b"])  # fmt: skip
+    for base in ("policy", "three-fixed", "single-fixed"):
+        cfg, plain = mixed.mode_config(args, f"{base}-head"), mixed.mode_config(args, base)
+        assert (plain.spec.draft_model, cfg.spec.draft_model) == (
+            "dummy:qwen2.5-0.5b",
+            "dummy:qwen2.5-7b-head",
+        )
+        assert cfg.replace(spec=plain.spec) == plain
+
+
 def test_free_draft_mode_drafts_l_copies_of_the_last_token() -> None:
     """``policy-free-drafts``: prompt lookup under the goodput policy, its proposer replaced by
     L copies of the last token (``stand_in_drafts``); other modes keep their proposer, and a

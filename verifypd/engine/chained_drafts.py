@@ -154,7 +154,7 @@ class DraftChainer:
         chain_inputs(
             torch.zeros(3, 1, dtype=torch.int64, device=dev), one, one, one.view(1, 1),
             torch.zeros(1, 1, dtype=torch.int32, device=dev), step,
-            (one.clone(), step[3].clone()), 1, self.drafter.vocab_size, self.drafter.block_size,
+            (one.clone(), step[3].clone()), 1, self.drafter.input_vocab, self.drafter.block_size,
         )  # fmt: skip
 
     def _chain_fits_graphs(self, num_rows: int, width: int, max_len: int) -> bool:
@@ -178,7 +178,7 @@ class DraftChainer:
             g.set_tables(tables)
         chain_inputs(
             rows, verified.num_accepted, verified.input_ids, verified.out, tables,
-            two.step_buffers(), (one.positions, one.seq_lens), padded, self.drafter.vocab_size,
+            two.step_buffers(), (one.positions, one.seq_lens), padded, self.drafter.input_vocab,
             self.drafter.block_size,
         )  # fmt: skip
         self.drafter.runner.num_graph_steps += 1
@@ -193,7 +193,7 @@ class DraftChainer:
         base = _step_buffers(b, b, dev)  # input ids, positions, slots, lengths of the next steps
         chain_inputs_reference(
             rows, verified.num_accepted, verified.input_ids, verified.out, tables, step,
-            (base[1], base[3]), b, self.drafter.vocab_size, self.drafter.block_size,
+            (base[1], base[3]), b, self.drafter.input_vocab, self.drafter.block_size,
         )  # fmt: skip
         logits = self._eager_forward(step, tables, 2, max_len, list(range(1, 2 * b, 2)))
         return logits, (base, tables, max_len)

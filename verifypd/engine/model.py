@@ -185,7 +185,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         factory = {"device": torch.device(device) if device is not None else None, "dtype": dtype}
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.embed_tokens = Embedding(cfg.embed_vocab_size, cfg.hidden_size, **factory)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, ops, **factory) for _ in range(cfg.num_layers)
         )
@@ -227,6 +227,8 @@ class DecoderLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """[N, H] -> [N, V] fp32 logits (tied embedding or separate LM head)."""
+        """[N, H] -> [N, V] fp32 logits (tied embedding, its first V rows, or separate LM head)."""
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if head.shape[0] != self.cfg.vocab_size:  # tied, the embedding reading more ids
+            head = head[: self.cfg.vocab_size]
         return self.ops.linear(hidden, head, None).float()

@@ -54,7 +54,8 @@ class DraftModelProposer:
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(loaded.model, self.pool, block_size, device)
         self.block_size = block_size
-        self.vocab_size = cfg.vocab_size
+        self.vocab_size = cfg.vocab_size  # the width of its logits
+        self.input_vocab = cfg.embed_vocab_size  # ids its embedding reads
         self.views: dict[int, DraftView] = {}
         # The context window of its views (``SpecConfig.draft_window``, set at setup): a
         # prompt's first ``window_sink`` and last ``window`` tokens; None: whole contexts.
@@ -235,8 +236,8 @@ class DraftModelProposer:
         return seq.num_tokens - window_skip(seq, self.window, self.window_sink)
 
     def _drafter_ids(self, token_ids: list[int]) -> list[int]:
-        """Target ids outside the drafter's vocabulary (a padded target embedding) map to 0."""
-        v = self.vocab_size
+        """Target ids outside the drafter's embedding (a padded target embedding) map to 0."""
+        v = self.input_vocab
         if not token_ids or max(token_ids) < v:
             return list(token_ids)
         return [t if t < v else 0 for t in token_ids]
