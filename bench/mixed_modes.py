@@ -278,6 +278,8 @@ MODES = {
     # one layer's): the policy and the fixed designs with a cheap drafter that exists in
     # practice, in place of the 0.5B model. Random weights, synthetic acceptance, as the 0.5B.
     "policy-head": policy_with(spec=HEAD),
+    # ... its catch-up in one eager forward, no chunk-graph replays (one layer's launches).
+    "policy-head-eager": policy_with(spec=(*HEAD, ("catch_up_chunk", 0))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
