@@ -280,6 +280,19 @@ MODES = {
     "policy-head": policy_with(spec=HEAD),
     # ... its catch-up in one eager forward, no chunk-graph replays (one layer's launches).
     "policy-head-eager": policy_with(spec=(*HEAD, ("catch_up_chunk", 0))),
+    # ... its pass over a prompt behind the prompt step at light load (at most 4 rows decoding),
+    # on the follow stream, or on the prompt step's own (as policy-follow-light[-onprefill]).
+    "policy-head-follow-light": policy_with(
+        spec=(*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4))
+    ),
+    "policy-head-follow-onprefill": policy_with(
+        spec=(
+            *HEAD,
+            ("follow_prefill", True),
+            ("follow_prefill_max_rows", 4),
+            ("follow_prefill_stream", "prefill"),
+        )  # fmt: skip
+    ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
