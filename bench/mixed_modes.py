@@ -293,6 +293,11 @@ MODES = {
             ("follow_prefill_stream", "prefill"),
         )  # fmt: skip
     ),
+    # ... and its riders allowed 1.5 plain steps (rider_slack 0.5, as policy-rider50): a round of
+    # this drafter for all of a mixed batch is ~1.1 plain steps, over the default 1.05 bound.
+    "policy-head-follow-light-rider50": policy_with(
+        spec=(*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4), ("rider_slack", 0.5))
+    ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
