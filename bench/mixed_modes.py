@@ -298,6 +298,17 @@ MODES = {
     "policy-head-follow-light-rider50": policy_with(
         spec=(*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4), ("rider_slack", 0.5))
     ),
+    # ... and no rounds while prompt work is in flight or queued (yield_to_prefill): with this
+    # drafter fed, 27-36 points of the light-load tail were rounds beside prompt steps (H200,
+    # df66dd5). Not measured yet.
+    "policy-head-follow-light-yield": policy_with(
+        spec=(
+            *HEAD,
+            ("follow_prefill", True),
+            ("follow_prefill_max_rows", 4),
+            ("yield_to_prefill", True),
+        )
+    ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),

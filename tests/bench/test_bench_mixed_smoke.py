@@ -247,6 +247,11 @@ def test_head_modes_swap_only_the_drafter() -> None:
             "dummy:qwen2.5-7b-head",
         )
         assert cfg.replace(spec=plain.spec) == plain
+    light = mixed.mode_config(args, "policy-head-follow-light")
+    yielding = mixed.mode_config(args, "policy-head-follow-light-yield")
+    assert (light.spec.follow_prefill, light.spec.follow_prefill_max_rows) == (True, 4)
+    assert not light.spec.yield_to_prefill and yielding.spec.yield_to_prefill
+    assert yielding.replace(spec=light.spec) == light
 
 
 def test_free_draft_mode_drafts_l_copies_of_the_last_token() -> None:
