@@ -321,11 +321,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def prompt_vocab(args) -> int:
-    """Prompt ids below both models' vocabularies (the drafter reads the prompt too)."""
+    """Prompt ids the target takes and the drafter's embedding reads (it reads the prompt too;
+    an EAGLE-3-shaped drafter reads more ids than it scores)."""
     from verifypd.config import PRESETS
 
-    names = [m.removeprefix("dummy:") for m in (args.model, args.draft_model)]
-    vocabs = [PRESETS[n].vocab_size for n in names if n in PRESETS]
+    target, drafter = (
+        PRESETS.get(m.removeprefix("dummy:")) for m in (args.model, args.draft_model)
+    )
+    vocabs = [c for c in (target and target.vocab_size, drafter and drafter.embed_vocab_size) if c]
     return min(vocabs) if vocabs else 32000
 
 

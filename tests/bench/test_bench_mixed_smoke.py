@@ -252,6 +252,11 @@ def test_head_modes_swap_only_the_drafter() -> None:
     assert (light.spec.follow_prefill, light.spec.follow_prefill_max_rows) == (True, 4)
     assert not light.spec.yield_to_prefill and yielding.spec.yield_to_prefill
     assert yielding.replace(spec=light.spec) == light
+    # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
+    assert mixed.prompt_vocab(args) == 151936
+    head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",
+                             "--draft-model", "dummy:qwen2.5-7b-head"])  # fmt: skip
+    assert mixed.prompt_vocab(head) == 152064
 
 
 def test_free_draft_mode_drafts_l_copies_of_the_last_token() -> None:
