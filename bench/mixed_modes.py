@@ -20,6 +20,8 @@ TPOT4_LEARN = (("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
 NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
+# ... its pass over a prompt behind the prompt step while at most 4 rows decode.
+HEAD_FED = (*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4))
 
 
 def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
@@ -282,33 +284,17 @@ MODES = {
     "policy-head-eager": policy_with(spec=(*HEAD, ("catch_up_chunk", 0))),
     # ... its pass over a prompt behind the prompt step at light load (at most 4 rows decoding),
     # on the follow stream, or on the prompt step's own (as policy-follow-light[-onprefill]).
-    "policy-head-follow-light": policy_with(
-        spec=(*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4))
-    ),
+    "policy-head-follow-light": policy_with(spec=HEAD_FED),
     "policy-head-follow-onprefill": policy_with(
-        spec=(
-            *HEAD,
-            ("follow_prefill", True),
-            ("follow_prefill_max_rows", 4),
-            ("follow_prefill_stream", "prefill"),
-        )  # fmt: skip
+        spec=(*HEAD_FED, ("follow_prefill_stream", "prefill"))
     ),
     # ... and its riders allowed 1.5 plain steps (rider_slack 0.5, as policy-rider50): a round of
     # this drafter for all of a mixed batch is ~1.1 plain steps, over the default 1.05 bound.
-    "policy-head-follow-light-rider50": policy_with(
-        spec=(*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4), ("rider_slack", 0.5))
-    ),
+    "policy-head-follow-light-rider50": policy_with(spec=(*HEAD_FED, ("rider_slack", 0.5))),
     # ... and no rounds while prompt work is in flight or queued (yield_to_prefill): with this
     # drafter fed, 27-36 points of the light-load tail were rounds beside prompt steps (H200,
     # df66dd5). Not measured yet.
-    "policy-head-follow-light-yield": policy_with(
-        spec=(
-            *HEAD,
-            ("follow_prefill", True),
-            ("follow_prefill_max_rows", 4),
-            ("yield_to_prefill", True),
-        )
-    ),
+    "policy-head-follow-light-yield": policy_with(spec=(*HEAD_FED, ("yield_to_prefill", True))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
