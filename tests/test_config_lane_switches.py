@@ -41,6 +41,8 @@ def test_spec_env_overrides_map_the_policy_knobs() -> None:
     assert spec_env_overrides({}) == {}
     assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "1"}) == {"follow_prefill": True}
     assert spec_env_overrides({"VERIFYPD_FOLLOW_PREFILL": "0"}) == {"follow_prefill": False}
+    assert spec_env_overrides({"VERIFYPD_YIELD_TO_PREFILL": "1"}) == {"yield_to_prefill": True}
+    assert spec_env_overrides({"VERIFYPD_YIELD_TO_PREFILL": "0"}) == {"yield_to_prefill": False}
     assert spec_env_overrides({"VERIFYPD_TAIL_TOLERANCE": " 0.1"}) == {"tail_tolerance": 0.1}
     rows = {"VERIFYPD_FOLLOW_PREFILL_MAX_ROWS": " 4"}
     assert spec_env_overrides(rows) == {"follow_prefill_max_rows": 4}

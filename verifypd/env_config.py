@@ -22,6 +22,7 @@ ENV_FOLLOW_PREFILL_MAX_ROWS = "VERIFYPD_FOLLOW_PREFILL_MAX_ROWS"
 ENV_FOLLOW_DECODE_MAX_ROWS = "VERIFYPD_FOLLOW_DECODE_MAX_ROWS"
 ENV_FOLLOW_DECODE_TOKENS = "VERIFYPD_FOLLOW_DECODE_TOKENS"
 ENV_TAIL_TOLERANCE = "VERIFYPD_TAIL_TOLERANCE"
+ENV_YIELD_TO_PREFILL = "VERIFYPD_YIELD_TO_PREFILL"
 ENV_PROMPT_IN_DECODE_EAGER = "VERIFYPD_PROMPT_IN_DECODE_EAGER"
 ENV_WARM_PROMPT_GEMMS = "VERIFYPD_WARM_PROMPT_GEMMS"
 
@@ -67,13 +68,16 @@ def _env_ints(environ: Mapping[str, str], fields: tuple[tuple[str, str], ...]) -
 
 
 def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` ("0" = off, "1" = on),
+    """SpecConfig fields from ``VERIFYPD_FOLLOW_PREFILL`` and ``VERIFYPD_YIELD_TO_PREFILL``
+    ("0" = off, "1" = on),
     ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS``, ``VERIFYPD_FOLLOW_DECODE_MAX_ROWS`` and
     ``VERIFYPD_FOLLOW_DECODE_TOKENS`` (ints >= 0) and ``VERIFYPD_TAIL_TOLERANCE`` (a float),
     for A/Bs against a server (the knobs have no flag)."""
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"
+    if ENV_YIELD_TO_PREFILL in environ:
+        out["yield_to_prefill"] = environ[ENV_YIELD_TO_PREFILL] != "0"
     rows = ((ENV_FOLLOW_PREFILL_MAX_ROWS, "follow_prefill_max_rows"),
             (ENV_FOLLOW_DECODE_MAX_ROWS, "follow_decode_max_rows"),
             (ENV_FOLLOW_DECODE_TOKENS, "follow_decode_tokens"))  # fmt: skip
