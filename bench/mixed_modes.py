@@ -22,6 +22,7 @@ NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 # ... its pass over a prompt behind the prompt step while at most 4 rows decode.
 HEAD_FED = (*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4))
+HEAD_YIELD = (*HEAD_FED, ("yield_to_prefill", True))
 
 
 def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
@@ -293,8 +294,14 @@ MODES = {
     "policy-head-follow-light-rider50": policy_with(spec=(*HEAD_FED, ("rider_slack", 0.5))),
     # ... and no rounds while prompt work is in flight or queued (yield_to_prefill): with this
     # drafter fed, 27-36 points of the light-load tail were rounds beside prompt steps (H200,
-    # df66dd5). Not measured yet.
-    "policy-head-follow-light-yield": policy_with(spec=(*HEAD_FED, ("yield_to_prefill", True))),
+    # df66dd5).
+    "policy-head-follow-light-yield": policy_with(spec=HEAD_YIELD),
+    # ... and its rounds bounded for the ITL tail (a round whose first draft is rejected is the
+    # gap its requests see): no round predicted longer than 1.25 or 1.4 plain steps
+    # (max_step_ratio), or the shortest round within 10 % of the best tokens/s (tail_tolerance).
+    "policy-head-yield-cap125": policy_with(spec=(*HEAD_YIELD, ("max_step_ratio", 1.25))),
+    "policy-head-yield-cap14": policy_with(spec=(*HEAD_YIELD, ("max_step_ratio", 1.4))),
+    "policy-head-yield-tol10": policy_with(spec=(*HEAD_YIELD, ("tail_tolerance", 0.1))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),

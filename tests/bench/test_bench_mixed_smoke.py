@@ -4,6 +4,7 @@ Plus exact checks of the latency arithmetic both scripts rest on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -252,6 +253,17 @@ def test_head_modes_swap_only_the_drafter() -> None:
     assert (light.spec.follow_prefill, light.spec.follow_prefill_max_rows) == (True, 4)
     assert not light.spec.yield_to_prefill and yielding.spec.yield_to_prefill
     assert yielding.replace(spec=light.spec) == light
+    bounded = {"cap125": ("max_step_ratio", 1.25), "cap14": ("max_step_ratio", 1.4),
+               "tol10": ("tail_tolerance", 0.1)}  # fmt: skip
+    for suffix, (field, value) in bounded.items():
+        cfg = mixed.mode_config(args, f"policy-head-yield-{suffix}")
+        assert getattr(cfg.spec, field) == value != getattr(yielding.spec, field)
+        assert (
+            cfg.replace(
+                spec=dataclasses.replace(cfg.spec, **{field: getattr(yielding.spec, field)})
+            )
+            == yielding
+        )
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",
