@@ -264,6 +264,9 @@ def test_head_modes_swap_only_the_drafter() -> None:
             )
             == yielding
         )
+    target = mixed.mode_config(args, "policy-head-tpot5-obj").spec
+    assert (target.tpot_target_s, target.tpot_objective, target.explore_alpha) == (0.005, True, 0.8)
+    assert target.follow_prefill and target.draft_model == "dummy:qwen2.5-7b-head"
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",
