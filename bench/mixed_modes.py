@@ -294,17 +294,24 @@ MODES = {
     "policy-head-follow-light-rider50": policy_with(spec=(*HEAD_FED, ("rider_slack", 0.5))),
     # ... and no rounds while prompt work is in flight or queued (yield_to_prefill): with this
     # drafter fed, 27-36 points of the light-load tail were rounds beside prompt steps (H200,
-    # df66dd5).
+    # df66dd5). Measured at 2 req/s (H200, 083683b, 8597e1f): ITL p99 1.07-1.34x `off`'s in four
+    # runs against the fed policy's 1.14-1.45x in six; the spread between runs is wider.
     "policy-head-follow-light-yield": policy_with(spec=HEAD_YIELD),
     # ... and its rounds bounded for the ITL tail (a round whose first draft is rejected is the
     # gap its requests see): no round predicted longer than 1.25 or 1.4 plain steps
     # (max_step_ratio), or the shortest round within 10 % of the best tokens/s (tail_tolerance).
+    # 2 req/s (H200, 8597e1f): ITL p99 1.28x / 1.37x / 1.34x `off`'s beside the yield's 1.31x;
+    # the tolerance's TPOT p50 1.46x faster against 1.68x. The tail is rounds whose first draft
+    # was rejected, of ordinary length, not long rounds.
     "policy-head-yield-cap125": policy_with(spec=(*HEAD_YIELD, ("max_step_ratio", 1.25))),
     "policy-head-yield-cap14": policy_with(spec=(*HEAD_YIELD, ("max_step_ratio", 1.4))),
     "policy-head-yield-tol10": policy_with(spec=(*HEAD_YIELD, ("tail_tolerance", 0.1))),
     # ... served to a TPOT target of 5 ms, plans ranked by the rows they bring under it and new
     # requests' α learned fast (as policy-tpot4-obj): at 5 ms the fixed designs with this
-    # drafter served 1.3-5.3x the policy's requests in time at 14-20 req/s (df66dd5).
+    # drafter served 1.3-5.3x the policy's requests in time at 14-20 req/s (df66dd5). With it
+    # (H200, 86dff23), goodput at 5 ms at 14 / 20 req/s: 6.62 / 6.56 against three-fixed-head's
+    # 7.34 / 5.86 in the same call, 7.10 / 6.11 against single-fixed-head's 5.24 / 4.38; TPOT p99
+    # 1.13-1.48x `off`'s (other calls).
     "policy-head-tpot5-obj": policy_with(
         spec=(*HEAD_FED, ("tpot_target_s", 0.005), *TPOT4_OBJ[1:])
     ),
