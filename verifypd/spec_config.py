@@ -200,7 +200,9 @@ class SpecConfig:
     # prefill chunk sharing the GPU with the round). Off by default: in four same-run H100
     # sweeps (2026-11-24) it was within 5 % of the best other mode in 55 of 80 checks against
     # 50 of 80 without it, and single runs swung both ways by 3-6 checks (noise of 8-second
-    # runs; docs/performance.md).
+    # runs; docs/performance.md). With a drafter of an EAGLE-3 head's cost fed at light load
+    # (H200, 2026-12-01): ITL p99 at 2 req/s 1.07-1.34x `off`'s in four runs against 1.14-1.45x
+    # in six without it, inside the spread between runs. ``VERIFYPD_YIELD_TO_PREFILL`` for a server.
     yield_to_prefill: bool = False
     # The goodput policy lets rows waiting for their drafter's catch-up round ride in a
     # speculating step outside the rider bound (GoodputConfig.waiting_riders_exempt). On by

@@ -253,20 +253,19 @@ def test_head_modes_swap_only_the_drafter() -> None:
     assert (light.spec.follow_prefill, light.spec.follow_prefill_max_rows) == (True, 4)
     assert not light.spec.yield_to_prefill and yielding.spec.yield_to_prefill
     assert yielding.replace(spec=light.spec) == light
-    bounded = {"cap125": ("max_step_ratio", 1.25), "cap14": ("max_step_ratio", 1.4),
-               "tol10": ("tail_tolerance", 0.1)}  # fmt: skip
-    for suffix, (field, value) in bounded.items():
+    bounded = {"cap125": {"max_step_ratio": 1.25}, "cap14": {"max_step_ratio": 1.4},
+               "tol10": {"tail_tolerance": 0.1}}  # fmt: skip
+    for suffix, changed in bounded.items():
         cfg = mixed.mode_config(args, f"policy-head-yield-{suffix}")
-        assert getattr(cfg.spec, field) == value != getattr(yielding.spec, field)
-        assert (
-            cfg.replace(
-                spec=dataclasses.replace(cfg.spec, **{field: getattr(yielding.spec, field)})
-            )
-            == yielding
-        )
-    target = mixed.mode_config(args, "policy-head-tpot5-obj").spec
-    assert (target.tpot_target_s, target.tpot_objective, target.explore_alpha) == (0.005, True, 0.8)
-    assert target.follow_prefill and target.draft_model == "dummy:qwen2.5-7b-head"
+        assert cfg.spec == dataclasses.replace(yielding.spec, **changed) != yielding.spec
+        assert cfg.replace(spec=yielding.spec) == yielding
+    # The 5 ms TPOT target: the fed head's policy with the target, its objective and fast learning.
+    target = mixed.mode_config(args, "policy-head-tpot5-obj")
+    assert target.spec == dataclasses.replace(
+        light.spec, tpot_target_s=0.005, tpot_objective=True, request_prior_count=2.0,
+        explore_alpha=0.8,
+    )  # fmt: skip
+    assert target.replace(spec=light.spec) == light
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",
