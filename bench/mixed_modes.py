@@ -14,9 +14,11 @@ from mixed_modes_ab import AB_MODES
 
 from verifypd.config import PROMPT_IN_DECODE_SIZES
 
+# A new request's α learnt fast (SpecConfig.request_prior_count, explore_alpha).
+FAST_LEARN = (("request_prior_count", 2.0), ("explore_alpha", 0.8))
 # The TPOT target of 4 ms with a new request's α learnt faster; and with the plans ranked by
 # the rows they bring under the target.
-TPOT4_LEARN = (("tpot_target_s", 0.004), ("request_prior_count", 2.0), ("explore_alpha", 0.8))
+TPOT4_LEARN = (("tpot_target_s", 0.004), *FAST_LEARN)
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
 NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
@@ -313,7 +315,7 @@ MODES = {
     # 7.34 / 5.86 in the same call, 7.10 / 6.11 against single-fixed-head's 5.24 / 4.38; TPOT p99
     # 1.13-1.48x `off`'s (other calls).
     "policy-head-tpot5-obj": policy_with(
-        spec=(*HEAD_FED, ("tpot_target_s", 0.005), *TPOT4_OBJ[1:])
+        spec=(*HEAD_FED, ("tpot_target_s", 0.005), *FAST_LEARN, ("tpot_objective", True))
     ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
