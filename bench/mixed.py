@@ -104,7 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--modes",
         type=csv_list,
         default=None,
-        help=f"{','.join(MODES)} (default {DEFAULT_MODES}; --sweep: {SWEEP_MODES})",
+        help=f"{','.join(MODES)} (default {DEFAULT_MODES}; --sweep: {SWEEP_MODES}); NAME~2: "
+        "NAME's configuration once more under its own label",
     )
     add_sweep_args(p)
     p.add_argument("--num-requests", type=int, default=80)
@@ -131,8 +132,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.tag = args.tag or "sweep"
         if not (args.num_kv_blocks or args.http):
             p.error("--sweep needs --num-kv-blocks (the same KV pool in every mode)")
-    if set(args.modes) - set(MODES):
-        p.error(f"--modes: choose from {list(MODES)}")
+    if any(m not in MODES for m in args.modes):
+        p.error(f"--modes: choose from {list(MODES)} (NAME~2: NAME once more, its own label)")
     longest = max(args.short_prompt_len[1] + args.short_output_len[1],
                   args.long_prompt_len[1] + args.long_output_len[1])  # fmt: skip
     if args.max_model_len and longest > args.max_model_len:

@@ -32,7 +32,26 @@ def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
     return (("prefill_sm_carveout", sms), ("prefill_sm_carveout_in_backlog", True))
 
 
-MODES = {
+class ModeTable(dict):
+    """The modes by name. ``NAME~K`` (K a number) is ``NAME``'s configuration under a label of
+    its own: one run measuring a mode twice, e.g. first after the machine starts and last, to
+    see whether its place in the run moved it."""
+
+    def __missing__(self, name: str) -> Mode:
+        base, sep, k = name.rpartition("~")
+        if sep and k.isdigit() and dict.__contains__(self, base):
+            return self[base]
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+
+_BY_NAME = {
     "three-ctrl": Mode("three", True, True),
     "three-fixed": Mode("three", True),
     "single-fixed": Mode("single", True),
@@ -323,6 +342,7 @@ MODES = {
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),
     **AB_MODES,
 }
+MODES = ModeTable(_BY_NAME)
 
 DEFAULT_MODES = ["three-ctrl", "three-fixed", "single-fixed", "three-off"]
 SWEEP_MODES = ["off", "single-fixed", "three-fixed", "policy"]

@@ -273,6 +273,24 @@ def test_head_modes_swap_only_the_drafter() -> None:
     assert mixed.prompt_vocab(head) == 152064
 
 
+def test_a_mode_once_more_under_its_own_label() -> None:
+    """``NAME~K`` runs ``NAME``'s configuration under a label of its own (a mode measured first
+    and last in one run); a suffix that is not a number, or an unknown base, is refused."""
+    import pytest
+
+    mixed = load_bench("mixed")
+    argv = ["--device", "cpu", "--model", "dummy:tiny", "--draft-model", "dummy:tiny"]
+    args = mixed.parse_args([*argv, "--modes", "single-fixed,off,single-fixed~2"])
+    assert args.modes == ["single-fixed", "off", "single-fixed~2"]
+    again = mixed.mode_config(args, "single-fixed~2")
+    assert again == mixed.mode_config(args, "single-fixed") != mixed.mode_config(args, "off")
+    assert mixed.MODES["single-fixed~2"] is mixed.MODES["single-fixed"]
+    for bad in ("single-fixed~x", "no-such-mode~2", "single-fixed~"):
+        assert bad not in mixed.MODES
+        with pytest.raises(SystemExit):
+            mixed.parse_args([*argv, "--modes", bad])
+
+
 def test_free_draft_mode_drafts_l_copies_of_the_last_token() -> None:
     """``policy-free-drafts``: prompt lookup under the goodput policy, its proposer replaced by
     L copies of the last token (``stand_in_drafts``); other modes keep their proposer, and a
