@@ -20,6 +20,8 @@ FAST_LEARN = (("request_prior_count", 2.0), ("explore_alpha", 0.8))
 # the rows they bring under the target.
 TPOT4_LEARN = (("tpot_target_s", 0.004), *FAST_LEARN)
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
+# ... at 5 ms (the head-cost drafter's modes).
+TPOT5_OBJ = (("tpot_target_s", 0.005), *FAST_LEARN, ("tpot_objective", True))
 NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 # ... its pass over a prompt behind the prompt step while at most 4 rows decode.
@@ -333,9 +335,12 @@ _BY_NAME = {
     # (H200, 86dff23), goodput at 5 ms at 14 / 20 req/s: 6.62 / 6.56 against three-fixed-head's
     # 7.34 / 5.86 in the same call, 7.10 / 6.11 against single-fixed-head's 5.24 / 4.38; TPOT p99
     # 1.13-1.48x `off`'s (other calls).
-    "policy-head-tpot5-obj": policy_with(
-        spec=(*HEAD_FED, ("tpot_target_s", 0.005), *FAST_LEARN, ("tpot_objective", True))
-    ),
+    "policy-head-tpot5-obj": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ)),
+    # ... each row held to what its request has left of the 5 ms (tpot_deadlines). At 14 / 20
+    # / 26 req/s (H200, 0c30213) the target mode served 7.77 / 9.10 / 5.30 req/s within 5 ms
+    # against single-fixed-head's 8.92 / 10.81 / 7.02, drafting 2.0-3.1 a round where the
+    # fixed design drafts 4; the question: do rows too late to make it keep the rounds short?
+    "policy-head-tpot5-dl": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_deadlines", True))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),

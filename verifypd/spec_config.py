@@ -188,6 +188,11 @@ class SpecConfig:
     # 4be552b) goodput at 4 ms 1.63 / 3.44 / 0.72 req/s at 2 / 8 / 14 req/s against the target
     # alone's 1.38 / 0.08-2.28 / 0.40-0.56, with TPOT p99 at 8 req/s 9.8 ms against 6.4 (`off`).
     tpot_objective: bool = False
+    # ... and each row held to what its own request has left of the target (its TPOT so far;
+    # GoodputConfig.tpot_deadlines), not to the target itself: a request already too late to
+    # make it counts under no plan, one far ahead under every plan, so the ranking turns on
+    # the rows a plan can still bring in. False, the default: every row against the target.
+    tpot_deadlines: bool = False
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
     # first verify planned at this α at least. None (the default): as before. Simulated
@@ -373,6 +378,10 @@ class SpecConfig:
             raise ValueError(
                 "tpot_objective needs a TPOT target (tpot_target_s, --spec-tpot-target-ms)"
             )
+        if not isinstance(self.tpot_deadlines, bool):
+            raise ValueError(f"tpot_deadlines must be a bool, got {self.tpot_deadlines!r}")
+        if self.tpot_deadlines and not self.tpot_objective:
+            raise ValueError("tpot_deadlines needs tpot_objective (--spec-tpot-objective)")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:

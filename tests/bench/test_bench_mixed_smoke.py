@@ -266,6 +266,10 @@ def test_head_modes_swap_only_the_drafter() -> None:
         explore_alpha=0.8,
     )  # fmt: skip
     assert target.replace(spec=light.spec) == light
+    # ... and each row held to its own request's need.
+    deadlines = mixed.mode_config(args, "policy-head-tpot5-dl")
+    assert deadlines.spec == dataclasses.replace(target.spec, tpot_deadlines=True)
+    assert deadlines.replace(spec=target.spec) == target
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",

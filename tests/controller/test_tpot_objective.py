@@ -6,10 +6,12 @@ import pytest
 from goodput_helpers import FakeClock, Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SchedulerConfig, SpecConfig
-from verifypd.controller import GoodputConfig, expected_tokens
+from verifypd.controller import GoodputConfig, SeqView, expected_tokens
 from verifypd.controller.cadence import Cadence
-from verifypd.controller.plan_search import TargetGoal
-from verifypd.lanes.spec_policy import goodput_config_for
+from verifypd.controller.plan_search import PlanSearch, TargetGoal, tpot_need_s
+from verifypd.lanes.spec_policy import goodput_config_for, tpot_need
+from verifypd.sampling_params import SamplingParams
+from verifypd.types import Sequence
 
 
 def _decide(alphas, target_s, objective, draft=3e-3):
@@ -146,3 +148,84 @@ def test_cadence_learns_the_plain_gap_and_the_rounds_ratio():
     assert snap["cadence_spec_steps"] == 2 and snap["cadence_plain_steps"] == 1
     assert snap["cadence_spec_s"] == pytest.approx(13.5e-3)
     assert snap["round_seen_ratio"] == cadence.round_seen_ratio
+
+
+def test_tpot_need_is_what_keeps_the_requests_tpot_within_the_target():
+    """10 tokens out, the first 45 ms ago, 10 to go, a 5 ms target: 19 gaps may take 95 ms,
+    so the last 10 tokens may take 5 ms each; 60 ms ago, 3.5 ms each; 100 ms ago it is too
+    late (below zero). Before the first token, or with none left: the target."""
+    assert tpot_need_s(5e-3, 10, 10, 45e-3) == pytest.approx(5e-3)
+    assert tpot_need_s(5e-3, 10, 10, 60e-3) == pytest.approx(3.5e-3)
+    assert tpot_need_s(5e-3, 10, 10, 100e-3) < 0.0
+    assert tpot_need_s(5e-3, 10, 10, 20e-3) == pytest.approx(7.5e-3)
+    assert tpot_need_s(5e-3, 0, 10, 0.0) == tpot_need_s(5e-3, 10, 0, 1.0) == 5e-3
+
+
+def test_target_goal_with_needs_counts_each_row_against_its_own():
+    """The four-group batch of the test above with every row's need at the target gives the
+    same values; a row too late already counts under no plan, one far ahead under every plan,
+    and plain decoding's floor counts the rows whose need its step meets."""
+    groups = [(2, 0.9), (2, 0.3)]
+    tokens = 2 * expected_tokens(0.9, 2) + 2 * expected_tokens(0.3, 2) + 2
+    tie = TargetGoal.TIE_WEIGHT * tokens / 10e-3 / 100.0
+    plain = TargetGoal(5e-3, 1.0, 0.0, 100.0)
+
+    def goal(spec, riders):
+        return TargetGoal(5e-3, 1.0, 0.0, 100.0, tuple(sorted(spec + riders))), [
+            sorted(spec[:2]),
+            sorted(spec[2:]),
+        ]
+
+    same, per_group = goal([5e-3] * 4, [5e-3] * 2)
+    for wait in (6e-3, 4e-3):
+        assert same.value(6, groups, 2, tokens, 10e-3, wait, per_group) == pytest.approx(
+            plain.value(6, groups, 2, tokens, 10e-3, wait)
+        )
+    # one 0.9 row too late, one 0.3 row far ahead (7.2 ms a token meets its 8 ms), one plain
+    # row too late, the other ahead of a 6 ms wait
+    mixed, per_group = goal([-1e-3, 5e-3, 5e-3, 8e-3], [-1e-3, 7e-3])
+    assert mixed.value(6, groups, 2, tokens, 10e-3, 6e-3, per_group) == pytest.approx(3 / 6 + tie)
+    # plain decoding's share: the rows whose need a 5.5 ms step meets
+    policy = _policy(Shape(), tpot_target_s=5e-3, tpot_objective=True, tpot_deadlines=True)
+    search = PlanSearch(policy.goodput, policy.costs, 4)
+    needs = {0: -1e-3, 1: 5e-3, 2: 6e-3, 3: 8e-3}
+    assert search._goal(4, 5e-3, 5.5e-3, needs).plain_meets == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("need", "draft_len"), [(None, 1), (-1e-3, 2), (1.0, 2)])
+def test_with_deadlines_rows_no_plan_can_move_do_not_hold_the_plan_back(need, draft_len):
+    """The first test's batch (a 9 ms target: one draft a round brings the 0.6 rows under it,
+    two drafts bring only the 0.9 ones). Held to the target (no need known) the 0.6 rows keep
+    the round at one draft. Already too late, or so far ahead that any round meets their
+    need, they count alike under every plan, and tokens a second decide: two drafts."""
+    policy = _policy(Shape(draft=3e-3), tpot_target_s=9e-3, tpot_objective=True,
+                     tpot_deadlines=True)  # fmt: skip
+    ids = _add(policy, 8)
+    alphas = [0.9] * 4 + [0.6] * 4
+    for i, alpha in zip(ids, alphas, strict=True):
+        _teach(policy, i, alpha)
+    needs = [None if a == 0.9 else need for a in alphas]
+    views = [SeqView(i, 1, tpot_need_s=n) for i, n in zip(ids, needs, strict=True)]
+    d = policy.decide(views)
+    assert d.draft_len == draft_len and all(d.draft_lens.values())
+
+
+def test_tpot_deadlines_are_validated_and_passed_on():
+    with pytest.raises(ValueError, match="tpot_deadlines"):
+        SpecConfig(tpot_target_s=4e-3, tpot_deadlines=True)
+    with pytest.raises(ValueError, match="tpot_deadlines"):
+        GoodputConfig(tpot_target_s=4e-3, tpot_deadlines=True)
+    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_deadlines=True)
+    assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_deadlines
+    obj = SpecConfig(tpot_target_s=4e-3, tpot_objective=True)
+    assert not goodput_config_for(SchedulerConfig(), obj, True, True).tpot_deadlines
+
+
+def test_the_engine_reads_a_requests_need_from_its_tokens_and_first_token_time():
+    """``spec_policy.tpot_need``: none before the first token; after it, from max_tokens,
+    the tokens out and the time since the first."""
+    seq = Sequence("r", [1, 2, 3], SamplingParams(max_tokens=20))
+    assert tpot_need(5e-3, seq, 10.0) is None
+    seq.first_token_time = 9.955
+    seq.token_ids.extend([7] * 10)
+    assert tpot_need(5e-3, seq, 10.0) == pytest.approx(tpot_need_s(5e-3, 10, 10, 45e-3))

@@ -192,3 +192,25 @@ def test_the_prefill_bound_needs_measured_costs_and_lifts_under_a_backlog():
     lift = core.config.scheduler.prefill_bound_lift * core.config.scheduler.ttft_budget_s
     assert core.prefill_budget(now=arrival + 0.9 * lift) == bounded
     assert core.prefill_budget(now=arrival + 1.1 * lift) == high
+
+
+async def test_with_tpot_deadlines_the_policy_reads_each_requests_need_and_is_lossless(reference):
+    """``tpot_deadlines``: every decodable row comes to the policy with its request's need
+    (``SeqView.tpot_need_s``), which falls below a 0.1 ms target once its steps take longer
+    (any CPU step does), and the output stays plain greedy's."""
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
+                           initial_draft_len=3, tpot_target_s=1e-4, tpot_objective=True,
+                           tpot_deadlines=True)  # fmt: skip
+    engine = AsyncEngine(tiny_config(spec=spec))
+    policy = engine.core.controller
+    pin_costs(engine.core.costs, policy)
+    needs, decide = [], policy.decide
+
+    def spy(batch, load=None):
+        needs.extend(v.tpot_need_s for v in batch)
+        return decide(batch, load)
+
+    policy.decide = spy
+    assert await _run(engine) == reference
+    assert needs and None not in needs  # every row had its first token
+    assert min(needs) < 1e-4

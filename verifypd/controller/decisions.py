@@ -34,6 +34,9 @@ class SeqView:
     # Its only token so far came from its prompt step: this step gives its second token
     # (``GoodputConfig.second_token_plain``).
     fresh: bool = False
+    # The mean time per token over its tokens left that keeps its TPOT within the target
+    # (``plan_search.tpot_need_s``; ``GoodputConfig.tpot_deadlines``): None, the target itself.
+    tpot_need_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ So speculation is chosen only where it makes the batch faster and makes nobody's
 slower than plain decoding would. A plan must also beat plain
 decoding's tokens per second by ``gain_margin``. With ``tpot_objective`` (and a target) plans
 are ranked first by the share of rows whose time per token meets Y, then by tokens per second
-(``plan_search.TargetGoal``). Candidate sets S are prefixes of the
+(``plan_search.TargetGoal``); with ``tpot_deadlines`` each row's Y is what its request has left
+(``SeqView.tpot_need_s``). Candidate sets S are prefixes of the
 eligible requests sorted by α̂ (requests with α̂ bucketed alike enter together).
 
 No speculation at all when the measured p95 decode step is above its target, when a prompt has
@@ -213,7 +214,12 @@ class GoodputPolicy(DraftController):
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())
         seen = self.cadence.plain_seen_s if g.tpot_target_measured else None
         seen = t0 if seen is None else max(t0, seen)
-        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen)
+        needs = None
+        if g.tpot_deadlines and g.tpot_target_s is not None:
+            y = g.tpot_target_s
+            needs = {v.seq_id: y if v.tpot_need_s is None else v.tpot_need_s for v in batch}
+        best = search.best(len(batch), cands, t0, floor, self._waiting, outside, tail, seen,
+                           needs)  # fmt: skip
         if best is None:
             if tail is not None and tail.refused:
                 no_gain.reason = "tail_budget"

@@ -167,6 +167,10 @@ class GoodputConfig:
     # tokens a second alone: a round that brings some rows under the target beats a plain step
     # that leaves all above it, even where it slows the batch.
     tpot_objective: bool = False
+    # ... each row against what its request has left of the target (``SeqView.tpot_need_s``:
+    # the mean time per token over its tokens left that keeps its TPOT within it), not the
+    # target itself.
+    tpot_deadlines: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -210,6 +214,10 @@ class GoodputConfig:
             (
                 self.tpot_objective is False or self.tpot_target_s is not None,
                 "tpot_objective needs tpot_target_s",
+            ),  # fmt: skip
+            (
+                self.tpot_deadlines is False or self.tpot_objective is True,
+                "tpot_deadlines needs tpot_objective",
             ),  # fmt: skip
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

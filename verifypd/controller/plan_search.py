@@ -7,6 +7,7 @@ in, a ``Plan`` or None out: it reads the policy's knobs and the cost model, and 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from verifypd.batch_costs import BatchCostModel
@@ -142,6 +143,7 @@ class PlanSearch:
         outside: int = 0,
         tail: Tail | None = None,
         seen: float | None = None,
+        needs: dict[int, float] | None = None,
     ) -> Plan | None:
         """The plan over L = 1..L_max and the speculating sets S = the first k candidates, k at
         the ends of the α̂ buckets, with the most tokens per second (or, with
@@ -150,7 +152,8 @@ class PlanSearch:
         ``outside`` more rows ride outside the rider bound whatever the setting. With a
         ``tail`` (the ITL tail's budget), a plan whose expected late tokens exceed its credit
         is not taken (counted in ``tail.refused``). ``seen``: the plain step requests are
-        measured to see, read against the TPOT target (default ``t0``). Work per step is
+        measured to see, read against the TPOT target (default ``t0``). ``needs``: each row's
+        ``tpot_need_s`` by seq id (``GoodputConfig.tpot_deadlines``). Work per step is
         O(buckets · L_max), not O(B · L_max): it runs on the host before every decode step
         (with a ``tail``, O(buckets² · L_max) on rounds longer than its bound)."""
         g, c = self.goodput, self.contended
@@ -161,12 +164,20 @@ class PlanSearch:
             cands, g.alpha_bucket, max(g.graph_catch_up, g.chunk_catch_up), g.amortize_steps,
             self.max_draft_len if g.amortize_within_request else None,
         )  # fmt: skip
-        goal = self._goal(rows, t0, t0 if seen is None else seen)
+        goal = self._goal(rows, t0, t0 if seen is None else seen, needs)
         if goal is not None and floor > 0.0:
             floor = goal.floor(floor)
         # (rows, mean α̂) of the groups speculating so far, kept only where it is read: the
-        # tail's pricing and the TPOT objective share one list
+        # tail's pricing and the TPOT objective share one list; with deadlines, beside it each
+        # group's rows' needs, sorted
         in_set = tail.groups if tail is not None else [] if goal is not None else None
+        group_needs = in_needs = None
+        if goal is not None and needs is not None:
+            group_needs, in_needs, start = [], [], 0
+            for grp in groups:
+                group_needs.append(sorted(needs[c.seq_id] for c in cands[start:grp.end]
+                                          if not c.last))  # fmt: skip
+                start = grp.end
         best: Plan | None = None
         # With a tail tolerance every plan is kept (the shortest close one wins); without, only
         # the best so far (the search runs on the host before decode steps).
@@ -186,14 +197,18 @@ class PlanSearch:
             tokens, least = float(rows), math.inf
             if in_set is not None:
                 in_set.clear()
+            if in_needs is not None:
+                in_needs.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
-            for grp, (one_off, share, draft_step_s, steady_s, others_s) in zip(
-                groups, fixed, strict=True
+            for i, (grp, (one_off, share, draft_step_s, steady_s, others_s)) in enumerate(
+                zip(groups, fixed, strict=True)
             ):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 if in_set is not None:
                     in_set.append((grp.count, grp.mean_alpha))
+                if in_needs is not None:
+                    in_needs.append(group_needs[i])
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
@@ -208,7 +223,8 @@ class PlanSearch:
                     if goal is None:
                         value = tokens / (step_s + share)
                     else:
-                        value = goal.value(rows, in_set, L, tokens, step_s + share, wait)
+                        value = goal.value(rows, in_set, L, tokens, step_s + share, wait,
+                                           in_needs)  # fmt: skip
                     # the cap bounds the whole step: a catch-up round's context feed too
                     if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue
@@ -244,13 +260,20 @@ class PlanSearch:
             return math.inf, math.inf
         return (1.0 + g.latency_slack) * t0, (1.0 + g.rider_slack) * t0
 
-    def _goal(self, rows: int, t0: float, seen: float) -> TargetGoal | None:
-        """The TPOT target's ranking of plans (``GoodputConfig.tpot_objective``), or None."""
+    def _goal(
+        self, rows: int, t0: float, seen: float, needs: dict[int, float] | None
+    ) -> TargetGoal | None:
+        """The TPOT target's ranking of plans (``GoodputConfig.tpot_objective``), or None;
+        with ``needs``, each row against its own (``tpot_deadlines``)."""
         g = self.goodput
         if not g.tpot_objective or g.tpot_target_s is None:
             return None
-        y = g.tpot_target_s
-        return TargetGoal(y, max(1.0, seen / t0), seen <= y, rows / t0)
+        y, inflation = g.tpot_target_s, max(1.0, seen / t0)
+        if needs is None:
+            return TargetGoal(y, inflation, float(seen <= y), rows / t0)
+        ordered = tuple(sorted(needs.values()))
+        plain = (len(ordered) - bisect_left(ordered, seen)) / max(1, rows)
+        return TargetGoal(y, inflation, plain, rows / t0, ordered)
 
     def _one_off(self, grp: CandidateGroup) -> tuple[float, float]:
         """(seconds, seconds a round) of a group's set's one-off: its far drafters' context
@@ -274,6 +297,16 @@ class PlanSearch:
         return (True, draft_s + fwd), (False, separate)
 
 
+def tpot_need_s(target_s: float, tokens_out: int, tokens_left: int, decoding_s: float) -> float:
+    """The mean time per token a request may take over its ``tokens_left`` and still have its
+    TPOT (first token to last, over the tokens after the first) within ``target_s``:
+    ``tokens_out`` delivered, the first of them ``decoding_s`` ago. Below zero: it is too late
+    already. Before its first token, or with none left: the target."""
+    if tokens_out < 1 or tokens_left < 1:
+        return target_s
+    return (target_s * (tokens_out + tokens_left - 1) - decoding_s) / tokens_left
+
+
 @dataclass(frozen=True)
 class TargetGoal:
     """Plans ranked by goodput's own measure (``GoodputConfig.tpot_objective``): first the share
@@ -289,14 +322,16 @@ class TargetGoal:
     where this gave 3.12-3.44 (4be552b, fa9bc26's policy-tpot4-obj-pred). Plain decoding
     counts its rows only where its step meets the target (``plain_meets``): a plan that
     brings some rows under it beats one that leaves every row above it, whatever it does to
-    the batch's tokens a second."""
+    the batch's tokens a second. With ``needs`` (``GoodputConfig.tpot_deadlines``) each row
+    is held to its own need (``tpot_need_s``) in place of the target."""
 
     TIE_WEIGHT = 1e-3
 
     target_s: float
     inflation: float
-    plain_meets: bool
+    plain_meets: float  # the share of rows plain decoding brings under (without needs: 0 or 1)
     plain_rate: float  # plain decoding's tokens a second
+    needs: tuple[float, ...] | None = None  # every row's need, sorted
 
     def floor(self, tokens_floor: float) -> float:
         """Plain decoding's value with the caller's bar on tokens a second (``tokens_floor``)."""
@@ -310,16 +345,26 @@ class TargetGoal:
         tokens: float,
         round_s: float,
         wait_s: float,
+        group_needs: list[list[float]] | None = None,
     ) -> float:
         """A round of ``round_s`` with ``groups`` (rows, mean α̂) speculating at ``L`` and the
-        other rows waiting ``wait_s`` for their one token; ``tokens`` in all."""
+        other rows waiting ``wait_s`` for their one token; ``tokens`` in all. With
+        ``needs``, ``group_needs`` holds each group's rows' needs, sorted."""
         within, spec = 0, 0
-        for count, alpha in groups:
-            spec += count
-            if self.inflation * round_s <= self.target_s * expected_tokens(alpha, L):
-                within += count
-        if self.inflation * wait_s <= self.target_s:
-            within += rows - spec
+        plain_s = self.inflation * wait_s
+        if self.needs is None or group_needs is None:
+            for count, alpha in groups:
+                spec += count
+                if self.inflation * round_s <= self.target_s * expected_tokens(alpha, L):
+                    within += count
+            within += rows - spec if plain_s <= self.target_s else 0
+        else:
+            # rows whose need is at least their time per token; plain rows are every row
+            # that meets the wait less the speculating ones that would
+            within += len(self.needs) - bisect_left(self.needs, plain_s)
+            for (_, alpha), needs in zip(groups, group_needs, strict=True):
+                per_token = self.inflation * round_s / expected_tokens(alpha, L)
+                within += bisect_left(needs, plain_s) - bisect_left(needs, per_token)
         return within / rows + self.TIE_WEIGHT * tokens / round_s / self.plain_rate
 
 

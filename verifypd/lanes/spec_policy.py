@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
+from verifypd.controller.plan_search import tpot_need_s
 from verifypd.engine.core import EngineCore
 from verifypd.engine.model import drain
 from verifypd.engine.runner import PendingStep
@@ -43,6 +44,15 @@ def goodput_config(core: EngineCore) -> GoodputConfig:
     drafter may be while its first draft step still replays a graph."""
     graphs = core.use_cuda_graphs and core.spec.enabled
     return goodput_config_for(core.config.scheduler, core.config.spec, graphs, core.decode_ahead)
+
+
+def tpot_need(target_s: float, seq: Sequence, now: float) -> float | None:
+    """``tpot_need_s`` of ``seq`` at ``now`` (``time.monotonic``); None before its first
+    token (the policy then holds it to the target itself)."""
+    if seq.first_token_time is None:
+        return None
+    left = seq.params.max_tokens - seq.num_output_tokens
+    return tpot_need_s(target_s, seq.num_output_tokens, left, now - seq.first_token_time)
 
 
 def goodput_config_for(
@@ -79,6 +89,7 @@ def goodput_config_for(
         tpot_target_s=spec.tpot_target_s,
         tpot_target_measured=spec.tpot_target_measured,
         tpot_objective=spec.tpot_objective,
+        tpot_deadlines=spec.tpot_deadlines,
         request_prior_count=spec.request_prior_count,
         explore_alpha=spec.explore_alpha,
     )
@@ -162,6 +173,8 @@ class SpeculationPolicy(SpecListener):
         self, prefill_running: bool, seqs: list[Sequence] | None
     ) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
+        spec, now = self.core.config.spec, time.monotonic()
+        target = spec.tpot_target_s if spec.tpot_deadlines else None
         views = [
             SeqView(
                 seq.seq_id,
@@ -169,6 +182,7 @@ class SpeculationPolicy(SpecListener):
                 seq.params.max_tokens - seq.num_output_tokens,
                 self.core.drafter_busy(seq),
                 seq.num_output_tokens == 1 and not seq.in_flight,  # its 2nd token next
+                None if target is None else tpot_need(target, seq, now),
             )
             for seq in (self.core.decodable() if seqs is None else seqs)
         ]
