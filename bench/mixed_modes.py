@@ -341,6 +341,10 @@ _BY_NAME = {
     # against single-fixed-head's 8.92 / 10.81 / 7.02, drafting 2.0-3.1 a round where the
     # fixed design drafts 4; the question: do rows too late to make it keep the rounds short?
     "policy-head-tpot5-dl": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_deadlines", True))),
+    # ... tokens a second weighed 1:1 against the share of rows within the target
+    # (tpot_tokens_weight): ranked rows first, one marginal row (an α̂ ~0.3 request just
+    # under 5 ms at L = 1-2) held the whole batch to short rounds.
+    "policy-head-tpot5-w1": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),

@@ -193,6 +193,11 @@ class SpecConfig:
     # make it counts under no plan, one far ahead under every plan, so the ranking turns on
     # the rows a plan can still bring in. False, the default: every row against the target.
     tpot_deadlines: bool = False
+    # ... and tokens a second weighed against the rows brought under (GoodputConfig.
+    # tpot_tokens_weight): None, the default, ranks by rows first, tokens a second only
+    # between plans that bring as many; 1 trades one row in a hundred for 1 % more tokens a
+    # second, so one marginal row no longer holds a whole batch to short rounds.
+    tpot_tokens_weight: float | None = None
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
     # first verify planned at this α at least. None (the default): as before. Simulated
@@ -382,6 +387,9 @@ class SpecConfig:
             raise ValueError(f"tpot_deadlines must be a bool, got {self.tpot_deadlines!r}")
         if self.tpot_deadlines and not self.tpot_objective:
             raise ValueError("tpot_deadlines needs tpot_objective (--spec-tpot-objective)")
+        weight = self.tpot_tokens_weight
+        if weight is not None and not (isinstance(weight, (int, float)) and weight > 0.0):
+            raise ValueError(f"tpot_tokens_weight must be > 0 or None, got {weight!r}")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:

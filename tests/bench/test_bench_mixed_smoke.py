@@ -270,6 +270,9 @@ def test_head_modes_swap_only_the_drafter() -> None:
     deadlines = mixed.mode_config(args, "policy-head-tpot5-dl")
     assert deadlines.spec == dataclasses.replace(target.spec, tpot_deadlines=True)
     assert deadlines.replace(spec=target.spec) == target
+    # ... or tokens a second weighed against the rows within.
+    weighed = mixed.mode_config(args, "policy-head-tpot5-w1")
+    assert weighed.spec == dataclasses.replace(target.spec, tpot_tokens_weight=1.0)
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",

@@ -21,7 +21,7 @@ So speculation is chosen only where it makes the batch faster and makes nobody's
 slower than plain decoding would. A plan must also beat plain
 decoding's tokens per second by ``gain_margin``. With ``tpot_objective`` (and a target) plans
 are ranked first by the share of rows whose time per token meets Y, then by tokens per second
-(``plan_search.TargetGoal``); with ``tpot_deadlines`` each row's Y is what its request has left
+(``tpot_goal.TargetGoal``); with ``tpot_deadlines`` each row's Y is what its request has left
 (``SeqView.tpot_need_s``). Candidate sets S are prefixes of the
 eligible requests sorted by α̂ (requests with α̂ bucketed alike enter together).
 

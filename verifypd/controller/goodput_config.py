@@ -163,7 +163,7 @@ class GoodputConfig:
     # decision to the next, prompt steps beside it included). False: the predicted one only.
     tpot_target_measured: bool = True
     # With a target: plans ranked by the share of rows whose expected time per token meets it
-    # (goodput's own measure; ``plan_search.TargetGoal``), then by tokens a second, not by
+    # (goodput's own measure; ``tpot_goal.TargetGoal``), then by tokens a second, not by
     # tokens a second alone: a round that brings some rows under the target beats a plain step
     # that leaves all above it, even where it slows the batch.
     tpot_objective: bool = False
@@ -171,6 +171,9 @@ class GoodputConfig:
     # the mean time per token over its tokens left that keeps its TPOT within it), not the
     # target itself.
     tpot_deadlines: bool = False
+    # ... tokens a second over plain decoding's weighed against that share
+    # (``TargetGoal.tokens_weight``; None: ``TargetGoal.TIE_WEIGHT``, rows first).
+    tpot_tokens_weight: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -218,6 +221,10 @@ class GoodputConfig:
             (
                 self.tpot_deadlines is False or self.tpot_objective is True,
                 "tpot_deadlines needs tpot_objective",
+            ),  # fmt: skip
+            (
+                self.tpot_tokens_weight is None or self.tpot_tokens_weight > 0.0,
+                "tpot_tokens_weight > 0",
             ),  # fmt: skip
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 from verifypd.config import SchedulerConfig, SpecConfig
 from verifypd.controller import GoodputConfig, GoodputPolicy, LoadSignals, SeqView, build_policy
-from verifypd.controller.plan_search import tpot_need_s
+from verifypd.controller.tpot_goal import tpot_need_s
 from verifypd.engine.core import EngineCore
 from verifypd.engine.model import drain
 from verifypd.engine.runner import PendingStep
@@ -90,6 +90,7 @@ def goodput_config_for(
         tpot_target_measured=spec.tpot_target_measured,
         tpot_objective=spec.tpot_objective,
         tpot_deadlines=spec.tpot_deadlines,
+        tpot_tokens_weight=spec.tpot_tokens_weight,
         request_prior_count=spec.request_prior_count,
         explore_alpha=spec.explore_alpha,
     )
