@@ -54,7 +54,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--throwaway-engine",
         action=argparse.BooleanOptionalAction,
-        default=False,  # the start-up GEMM warm-up made it unneeded (H200, 15d5fbf)
+        # the start-up GEMM warm-up made it unneeded (H200, 15d5fbf); bench/tools/gpu/plan.sh
+        # asks for it again since 2026-12-01 (first modes slow on freshly started machines)
+        default=False,
         help="build the first mode's engine once more before the measured ones: warm-up and "
         "burn-in, unrecorded, then closed (before EngineConfig.warm_prompt_gemms, a process's "
         "first ~45 s of long prompts ran slower, whichever engine served them; "
