@@ -340,10 +340,13 @@ _BY_NAME = {
     # / 26 req/s (H200, 0c30213) the target mode served 7.77 / 9.10 / 5.30 req/s within 5 ms
     # against single-fixed-head's 8.92 / 10.81 / 7.02, drafting 2.0-3.1 a round where the
     # fixed design drafts 4; the question: do rows too late to make it keep the rounds short?
+    # No (fd5f69c): 7.52 / 6.56 / 5.78 against the target mode's 7.93 / 8.30 / 4.93.
     "policy-head-tpot5-dl": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_deadlines", True))),
     # ... tokens a second weighed 1:1 against the share of rows within the target
     # (tpot_tokens_weight): ranked rows first, one marginal row (an α̂ ~0.3 request just
-    # under 5 ms at L = 1-2) held the whole batch to short rounds.
+    # under 5 ms at L = 1-2) held the whole batch to short rounds. Level with it in two calls
+    # (61fca9e): 6.81 / 7.26 / 2.68 and 6.62 / 6.88 / 4.13 against 6.39 / 6.70 / 3.30 and
+    # 7.09 / 6.88 / 2.46; single-fixed-head 8.10 / 8.55 / 3.30 where it did not run first.
     "policy-head-tpot5-w1": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0))),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),

@@ -188,15 +188,12 @@ class SpecConfig:
     # 4be552b) goodput at 4 ms 1.63 / 3.44 / 0.72 req/s at 2 / 8 / 14 req/s against the target
     # alone's 1.38 / 0.08-2.28 / 0.40-0.56, with TPOT p99 at 8 req/s 9.8 ms against 6.4 (`off`).
     tpot_objective: bool = False
-    # ... and each row held to what its own request has left of the target (its TPOT so far;
-    # GoodputConfig.tpot_deadlines), not to the target itself: a request already too late to
-    # make it counts under no plan, one far ahead under every plan, so the ranking turns on
-    # the rows a plan can still bring in. False, the default: every row against the target.
+    # ... each row held to what its request has left of the target (GoodputConfig.
+    # tpot_deadlines); tokens a second weighed against the rows within (tpot_tokens_weight;
+    # None: rows first). H200, head-cost drafter, 5 ms, goodput at 5 ms at 14 / 20 / 26 req/s:
+    # deadlines 7.52 / 6.56 / 5.78 against 7.93 / 8.30 / 4.93 (fd5f69c); weight 1 level in two
+    # calls (61fca9e). Both off by default.
     tpot_deadlines: bool = False
-    # ... and tokens a second weighed against the rows brought under (GoodputConfig.
-    # tpot_tokens_weight): None, the default, ranks by rows first, tokens a second only
-    # between plans that bring as many; 1 trades one row in a hundred for 1 % more tokens a
-    # second, so one marginal row no longer holds a whole batch to short rounds.
     tpot_tokens_weight: float | None = None
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
