@@ -35,7 +35,7 @@ class SeqView:
     # (``GoodputConfig.second_token_plain``).
     fresh: bool = False
     # The mean time per token over its tokens left that keeps its TPOT within the target
-    # (``plan_search.tpot_need_s``; ``GoodputConfig.tpot_deadlines``): None, the target itself.
+    # (``tpot_goal.tpot_need_s``; ``GoodputConfig.tpot_deadlines``): None, the target itself.
     tpot_need_s: float | None = None
 
 

@@ -26,9 +26,9 @@ class TargetGoal:
     of rows whose time per token meets the TPOT target, then (weighted by ``TIE_WEIGHT``: one
     row more counts for more in batches of up to ~250 rows, at up to 4x plain decoding's
     tokens a second) tokens a second over plain decoding's; or the two weighed against each
-    other (``tokens_weight``). Rows, not
-    tokens: goodput counts requests that make the target, and a row far under it gains nothing
-    by a longer draft that leaves another above it. A speculating group's time per token is
+    other (``tokens_weight``). Rows, not tokens: goodput counts requests that make the
+    target, and a row far under it gains nothing by a longer draft that leaves another above
+    it. A speculating group's time per token is
     the round over E(α̂, L), a plain rider's its wait; both scaled by ``inflation``, the plain
     step requests are measured to see over the predicted one (prompt steps beside decode, the
     host). Not what rounds take over their prediction (``Cadence.round_seen_ratio``): read so
