@@ -72,7 +72,8 @@ def spec_env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     ("0" = off, "1" = on),
     ``VERIFYPD_FOLLOW_PREFILL_MAX_ROWS``, ``VERIFYPD_FOLLOW_DECODE_MAX_ROWS`` and
     ``VERIFYPD_FOLLOW_DECODE_TOKENS`` (ints >= 0) and ``VERIFYPD_TAIL_TOLERANCE`` (a float),
-    for A/Bs against a server (the knobs have no flag)."""
+    for A/Bs against a server (``verifypd serve --spec-follow-prefill-rows`` sets the first two
+    and wins over them; the others have no flag)."""
     out: dict[str, Any] = {}
     if ENV_FOLLOW_PREFILL in environ:
         out["follow_prefill"] = environ[ENV_FOLLOW_PREFILL] != "0"

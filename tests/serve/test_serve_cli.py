@@ -205,6 +205,29 @@ def test_spec_policy_flags(flag, field, good, value, bad) -> None:
         config_from_args(parse("--draft-model", "dummy:tiny", flag, bad))
 
 
+def test_spec_follow_prefill_rows_flag(monkeypatch) -> None:
+    """``--spec-follow-prefill-rows N|all`` turns the drafter's pass behind prompt steps on, at
+    most N rows decoding (all: any load); off without it; it wins over the environment's
+    ``VERIFYPD_FOLLOW_PREFILL*``; a negative or unparsable N is refused."""
+    spec = config_from_args(parse("--draft-model", "dummy:tiny", "--spec-follow-prefill-rows",
+                                  "4")).spec  # fmt: skip
+    assert spec.follow_prefill and spec.follow_prefill_max_rows == 4
+    spec = config_from_args(parse("--draft-model", "dummy:tiny", "--spec-follow-prefill-rows",
+                                  "all")).spec  # fmt: skip
+    assert spec.follow_prefill and spec.follow_prefill_max_rows is None
+    spec = config_from_args(parse("--draft-model", "dummy:tiny")).spec
+    assert not spec.follow_prefill
+    monkeypatch.setenv("VERIFYPD_FOLLOW_PREFILL", "1")
+    monkeypatch.setenv("VERIFYPD_FOLLOW_PREFILL_MAX_ROWS", "8")
+    assert config_from_args(parse("--draft-model", "dummy:tiny")).spec.follow_prefill_max_rows == 8
+    spec = config_from_args(parse("--draft-model", "dummy:tiny", "--spec-follow-prefill-rows",
+                                  "2")).spec  # fmt: skip
+    assert spec.follow_prefill and spec.follow_prefill_max_rows == 2
+    for bad in ("-1", "four"):
+        with pytest.raises(SystemExit):
+            parse("--draft-model", "dummy:tiny", "--spec-follow-prefill-rows", bad)
+
+
 def test_spec_tpot_objective_flag_needs_a_target() -> None:
     """``--spec-tpot-objective`` sets ``SpecConfig.tpot_objective`` beside a target; alone it
     is refused with the reason."""
