@@ -1,7 +1,8 @@
 """One decision of the goodput policy, taken apart: for a batch of requests of given
-acceptance (each taught a history; the estimates learnt are printed), on a run's measured cost table (``bench/mixed.py`` result, ``--from``),
-every draft length's predicted round, tokens, tokens per second and the rows whose time per
-token meets the TPOT target, beside what the policy decides. No engine runs; prints a table.
+acceptance (each taught a history; the estimates learnt are printed), on a run's measured cost
+table (``bench/mixed.py`` result, ``--from``), every draft length's predicted round, tokens,
+tokens per second and the rows whose time per token meets the TPOT target, beside what the
+policy decides. No engine runs; prints a table.
 
     python bench/policy_probe.py \\
         --from bench/results/mixed/mixed-nvidia-h200-head5dl-fd5f69c.json \\
