@@ -348,6 +348,13 @@ _BY_NAME = {
     # (61fca9e): 6.81 / 7.26 / 2.68 and 6.62 / 6.88 / 4.13 against 6.39 / 6.70 / 3.30 and
     # 7.09 / 6.88 / 2.46; single-fixed-head 8.10 / 8.55 / 3.30 where it did not run first.
     "policy-head-tpot5-w1": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0))),
+    # ... both the weight and no guard or rider bound while the plain step meets the target
+    # (tpot_unguarded). Not yet run on a GPU. On 0c30213's cost table (bench/policy_probe.py)
+    # a 16-row hetero batch whose plain step meets 5 ms gets no round at all, guarded; with
+    # this, four drafts for every row, 1.8x plain decoding's tokens a second.
+    "policy-head-tpot5-free": policy_with(
+        spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0), ("tpot_unguarded", True))
+    ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),

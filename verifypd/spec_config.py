@@ -195,6 +195,9 @@ class SpecConfig:
     # calls (61fca9e). Both off by default.
     tpot_deadlines: bool = False
     tpot_tokens_weight: float | None = None
+    # ... and no latency guard or rider bound even while the plain step meets the target
+    # (GoodputConfig.tpot_unguarded): the objective alone decides. Off; not yet measured.
+    tpot_unguarded: bool = False
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
     # first verify planned at this α at least. None (the default): as before. Simulated
@@ -384,6 +387,10 @@ class SpecConfig:
             raise ValueError(f"tpot_deadlines must be a bool, got {self.tpot_deadlines!r}")
         if self.tpot_deadlines and not self.tpot_objective:
             raise ValueError("tpot_deadlines needs tpot_objective (--spec-tpot-objective)")
+        if not isinstance(self.tpot_unguarded, bool):
+            raise ValueError(f"tpot_unguarded must be a bool, got {self.tpot_unguarded!r}")
+        if self.tpot_unguarded and not self.tpot_objective:
+            raise ValueError("tpot_unguarded needs tpot_objective (--spec-tpot-objective)")
         weight = self.tpot_tokens_weight
         if weight is not None and not (isinstance(weight, (int, float)) and weight > 0.0):
             raise ValueError(f"tpot_tokens_weight must be > 0 or None, got {weight!r}")

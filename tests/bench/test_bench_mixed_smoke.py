@@ -273,6 +273,9 @@ def test_head_modes_swap_only_the_drafter() -> None:
     # ... or tokens a second weighed against the rows within.
     weighed = mixed.mode_config(args, "policy-head-tpot5-w1")
     assert weighed.spec == dataclasses.replace(target.spec, tpot_tokens_weight=1.0)
+    # ... and no guard while the plain step meets the target.
+    free = mixed.mode_config(args, "policy-head-tpot5-free")
+    assert free.spec == dataclasses.replace(weighed.spec, tpot_unguarded=True)
     # Prompt ids: below what both read; the head reads all of the target's 152,064 ids.
     assert mixed.prompt_vocab(args) == 151936
     head = mixed.parse_args(["--device", "cpu", "--model", "dummy:qwen2.5-7b",

@@ -257,3 +257,31 @@ def test_a_tokens_weight_stops_one_marginal_row_from_holding_the_batch_to_short_
         GoodputConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_tokens_weight=-1.0)
     spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_tokens_weight=1.0)
     assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_tokens_weight == 1.0
+
+
+def test_unguarded_the_target_alone_bounds_the_rounds_where_the_plain_step_meets_it():
+    """Four requests at 0.9 and one at 0.05, a 15 ms target the plain step (10.1 ms) meets:
+    the latency guard holds the round to three drafts (four would make the 0.05 request's
+    time per token more than a plain step's). With ``tpot_unguarded`` the objective alone
+    decides: four drafts, more tokens a second, and every row still within 15 ms."""
+    alphas = [0.9] * 4 + [0.05]
+    decisions = []
+    for unguarded in (False, True):
+        policy = _policy(Shape(draft=1e-3), tpot_target_s=15e-3, tpot_objective=True,
+                         tpot_unguarded=unguarded)  # fmt: skip
+        ids = _add(policy, len(alphas))
+        for i, alpha in zip(ids, alphas, strict=True):
+            _teach(policy, i, alpha)
+        d = policy.decide(_views(ids))
+        assert d.plain_step_s < 15e-3 and all(d.draft_lens.values())
+        decisions.append((d, _within(policy, ids, d, 15e-3)))
+    (guarded, within_guarded), (free, within_free) = decisions
+    assert (guarded.draft_len, free.draft_len) == (3, 4) and within_guarded == within_free == 5
+    rate = lambda d: d.predicted_tokens / d.predicted_step_s  # noqa: E731
+    assert rate(free) > rate(guarded)
+    with pytest.raises(ValueError, match="tpot_unguarded"):
+        SpecConfig(tpot_target_s=4e-3, tpot_unguarded=True)
+    with pytest.raises(ValueError, match="tpot_unguarded"):
+        GoodputConfig(tpot_target_s=4e-3, tpot_unguarded=True)
+    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_unguarded=True)
+    assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_unguarded

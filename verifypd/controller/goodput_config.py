@@ -174,6 +174,9 @@ class GoodputConfig:
     # ... tokens a second over plain decoding's weighed against that share
     # (``TargetGoal.tokens_weight``; None: ``TargetGoal.TIE_WEIGHT``, rows first).
     tpot_tokens_weight: float | None = None
+    # ... the target replaces the latency guard and the rider bound: neither applies even
+    # while the plain step meets the target (the objective then keeps rows under it).
+    tpot_unguarded: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -225,6 +228,10 @@ class GoodputConfig:
             (
                 self.tpot_tokens_weight is None or self.tpot_tokens_weight > 0.0,
                 "tpot_tokens_weight > 0",
+            ),  # fmt: skip
+            (
+                self.tpot_unguarded is False or self.tpot_objective is True,
+                "tpot_unguarded needs tpot_objective",
             ),  # fmt: skip
             (isinstance(self.amortize_within_request, bool), "amortize_within_request a bool"),
             (self.graph_catch_up >= 1 and self.chunk_catch_up >= 0, "catch-up reaches >= 0"),

@@ -255,9 +255,10 @@ class PlanSearch:
         (1 + rider_slack)·t0 for its token. Neither while the plain step ``seen`` (``t0``, or
         the one requests are measured to see) misses the TPOT target
         (``GoodputConfig.tpot_target_s``): every row misses it at its plain rate, so the plan
-        with the most tokens per second speeds up whoever it can."""
+        with the most tokens per second speeds up whoever it can; nor at all with
+        ``tpot_unguarded``."""
         g = self.goodput
-        if g.tpot_target_s is not None and seen > g.tpot_target_s:
+        if g.tpot_target_s is not None and (seen > g.tpot_target_s or g.tpot_unguarded):
             return math.inf, math.inf
         return (1.0 + g.latency_slack) * t0, (1.0 + g.rider_slack) * t0
 

@@ -91,6 +91,7 @@ def goodput_config_for(
         tpot_objective=spec.tpot_objective,
         tpot_deadlines=spec.tpot_deadlines,
         tpot_tokens_weight=spec.tpot_tokens_weight,
+        tpot_unguarded=spec.tpot_unguarded,
         request_prior_count=spec.request_prior_count,
         explore_alpha=spec.explore_alpha,
     )
