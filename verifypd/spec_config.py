@@ -383,14 +383,12 @@ class SpecConfig:
             raise ValueError(
                 "tpot_objective needs a TPOT target (tpot_target_s, --spec-tpot-target-ms)"
             )
-        if not isinstance(self.tpot_deadlines, bool):
-            raise ValueError(f"tpot_deadlines must be a bool, got {self.tpot_deadlines!r}")
-        if self.tpot_deadlines and not self.tpot_objective:
-            raise ValueError("tpot_deadlines needs tpot_objective (--spec-tpot-objective)")
-        if not isinstance(self.tpot_unguarded, bool):
-            raise ValueError(f"tpot_unguarded must be a bool, got {self.tpot_unguarded!r}")
-        if self.tpot_unguarded and not self.tpot_objective:
-            raise ValueError("tpot_unguarded needs tpot_objective (--spec-tpot-objective)")
+        for name in ("tpot_deadlines", "tpot_unguarded"):  # variants of the objective
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+            if value and not self.tpot_objective:
+                raise ValueError(f"{name} needs tpot_objective (--spec-tpot-objective)")
         weight = self.tpot_tokens_weight
         if weight is not None and not (isinstance(weight, (int, float)) and weight > 0.0):
             raise ValueError(f"tpot_tokens_weight must be > 0 or None, got {weight!r}")
