@@ -188,15 +188,13 @@ class SpecConfig:
     # 4be552b) goodput at 4 ms 1.63 / 3.44 / 0.72 req/s at 2 / 8 / 14 req/s against the target
     # alone's 1.38 / 0.08-2.28 / 0.40-0.56, with TPOT p99 at 8 req/s 9.8 ms against 6.4 (`off`).
     tpot_objective: bool = False
-    # ... each row held to what its request has left of the target (GoodputConfig.
-    # tpot_deadlines); tokens a second weighed against the rows within (tpot_tokens_weight;
-    # None: rows first). H200, head-cost drafter, 5 ms, goodput at 5 ms at 14 / 20 / 26 req/s:
-    # deadlines 7.52 / 6.56 / 5.78 against 7.93 / 8.30 / 4.93 (fd5f69c); weight 1 level in two
-    # calls (61fca9e). Both off by default.
+    # The objective's variants, all off (GoodputConfig): tpot_deadlines, each row held to what
+    # its request has left of the target; tpot_tokens_weight, tokens a second weighed against
+    # the rows within; tpot_unguarded, no guard even while the plain step meets the target.
+    # H200, head-cost drafter, goodput at 5 ms: the first two no gain (docs/performance.md,
+    # fd5f69c, 61fca9e); the third not yet measured.
     tpot_deadlines: bool = False
     tpot_tokens_weight: float | None = None
-    # ... and no latency guard or rider bound even while the plain step meets the target
-    # (GoodputConfig.tpot_unguarded): the objective alone decides. Off; not yet measured.
     tpot_unguarded: bool = False
     # How fast the goodput policy learns a new request's α (GoodputConfig.request_prior_count,
     # explore_alpha): its prior, the population's α, counting as this many verifies, and its
