@@ -87,6 +87,7 @@ BENCH_LIBRARIES = frozenset(
         "itl_anatomy",
         "ttft_anatomy",
         "process_counters",
+        "machine_probe",
         "sweep_plots",
         "peer_sweep",
         "peer_engines",
