@@ -15,8 +15,9 @@ from verifypd.sampling_params import SamplingParams
 from verifypd.types import Sequence
 
 
-def _decide(alphas, target_s, objective, draft=3e-3):
-    policy = _policy(Shape(draft=draft), tpot_target_s=target_s, tpot_objective=objective)
+def _decide(alphas, target_s, objective, draft=3e-3, **goodput):
+    policy = _policy(Shape(draft=draft), tpot_target_s=target_s, tpot_objective=objective,
+                     **goodput)  # fmt: skip
     ids = _add(policy, len(alphas))
     for i, alpha in zip(ids, alphas, strict=True):
         _teach(policy, i, alpha)
@@ -211,15 +212,16 @@ def test_with_deadlines_rows_no_plan_can_move_do_not_hold_the_plan_back(need, dr
     assert d.draft_len == draft_len and all(d.draft_lens.values())
 
 
-def test_tpot_deadlines_are_validated_and_passed_on():
-    with pytest.raises(ValueError, match="tpot_deadlines"):
-        SpecConfig(tpot_target_s=4e-3, tpot_deadlines=True)
-    with pytest.raises(ValueError, match="tpot_deadlines"):
-        GoodputConfig(tpot_target_s=4e-3, tpot_deadlines=True)
-    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_deadlines=True)
-    assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_deadlines
+@pytest.mark.parametrize("name", ["tpot_deadlines", "tpot_unguarded"])
+def test_the_objectives_variants_need_it_and_are_passed_on(name):
+    with pytest.raises(ValueError, match=name):
+        SpecConfig(tpot_target_s=4e-3, **{name: True})
+    with pytest.raises(ValueError, match=name):
+        GoodputConfig(tpot_target_s=4e-3, **{name: True})
+    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, **{name: True})
+    assert getattr(goodput_config_for(SchedulerConfig(), spec, True, True), name) is True
     obj = SpecConfig(tpot_target_s=4e-3, tpot_objective=True)
-    assert not goodput_config_for(SchedulerConfig(), obj, True, True).tpot_deadlines
+    assert getattr(goodput_config_for(SchedulerConfig(), obj, True, True), name) is False
 
 
 def test_the_engine_reads_a_requests_need_from_its_tokens_and_first_token_time():
@@ -240,12 +242,7 @@ def test_a_tokens_weight_stops_one_marginal_row_from_holding_the_batch_to_short_
     alphas = [0.9] * 4 + [0.3]
     decisions = []
     for weight in (None, 1.0):
-        policy = _policy(Shape(draft=1e-3), tpot_target_s=9e-3, tpot_objective=True,
-                         tpot_tokens_weight=weight)  # fmt: skip
-        ids = _add(policy, len(alphas))
-        for i, alpha in zip(ids, alphas, strict=True):
-            _teach(policy, i, alpha)
-        d = policy.decide(_views(ids))
+        policy, ids, d = _decide(alphas, 9e-3, True, draft=1e-3, tpot_tokens_weight=weight)
         decisions.append((d.draft_len, _within(policy, ids, d, 9e-3), d))
     (rows_first, within_first, a), (weighed, within_weighed, b) = decisions
     assert (rows_first, within_first) == (2, 5) and (weighed, within_weighed) == (4, 4)
@@ -267,21 +264,10 @@ def test_unguarded_the_target_alone_bounds_the_rounds_where_the_plain_step_meets
     alphas = [0.9] * 4 + [0.05]
     decisions = []
     for unguarded in (False, True):
-        policy = _policy(Shape(draft=1e-3), tpot_target_s=15e-3, tpot_objective=True,
-                         tpot_unguarded=unguarded)  # fmt: skip
-        ids = _add(policy, len(alphas))
-        for i, alpha in zip(ids, alphas, strict=True):
-            _teach(policy, i, alpha)
-        d = policy.decide(_views(ids))
+        policy, ids, d = _decide(alphas, 15e-3, True, draft=1e-3, tpot_unguarded=unguarded)
         assert d.plain_step_s < 15e-3 and all(d.draft_lens.values())
         decisions.append((d, _within(policy, ids, d, 15e-3)))
     (guarded, within_guarded), (free, within_free) = decisions
     assert (guarded.draft_len, free.draft_len) == (3, 4) and within_guarded == within_free == 5
     rate = lambda d: d.predicted_tokens / d.predicted_step_s  # noqa: E731
     assert rate(free) > rate(guarded)
-    with pytest.raises(ValueError, match="tpot_unguarded"):
-        SpecConfig(tpot_target_s=4e-3, tpot_unguarded=True)
-    with pytest.raises(ValueError, match="tpot_unguarded"):
-        GoodputConfig(tpot_target_s=4e-3, tpot_unguarded=True)
-    spec = SpecConfig(tpot_target_s=4e-3, tpot_objective=True, tpot_unguarded=True)
-    assert goodput_config_for(SchedulerConfig(), spec, True, True).tpot_unguarded
