@@ -172,9 +172,9 @@ class PlanSearch:
         # tail's pricing and the TPOT objective share one list; with deadlines, beside it each
         # group's rows' needs, sorted
         in_set = tail.groups if tail is not None else [] if goal is not None else None
-        group_needs = in_needs = None
+        group_needs = None
         if goal is not None and needs is not None:
-            group_needs, in_needs, start = [], [], 0
+            group_needs, start = [], 0
             for grp in groups:
                 group_needs.append(sorted(needs[c.seq_id] for c in cands[start:grp.end]
                                           if not c.last))  # fmt: skip
@@ -198,18 +198,14 @@ class PlanSearch:
             tokens, least = float(rows), math.inf
             if in_set is not None:
                 in_set.clear()
-            if in_needs is not None:
-                in_needs.clear()
             whole = self.costs.verify(rows, 1 + L, c)  # every row's verify: once per L
-            for i, (grp, (one_off, share, draft_step_s, steady_s, others_s)) in enumerate(
-                zip(groups, fixed, strict=True)
+            for grp, (one_off, share, draft_step_s, steady_s, others_s) in zip(
+                groups, fixed, strict=True
             ):
                 k = grp.end
                 tokens += grp.count * (expected_tokens(grp.mean_alpha, L) - 1.0) + grp.last_gain
                 if in_set is not None:
                     in_set.append((grp.count, grp.mean_alpha))
-                if in_needs is not None:
-                    in_needs.append(group_needs[i])
                 least = min(least, expected_tokens(grp.min_alpha, L))  # the slowest speculator
                 draft_s = L * draft_step_s + steady_s
                 bound = min(limit * least, cap)
@@ -225,7 +221,7 @@ class PlanSearch:
                         value = tokens / (step_s + share)
                     else:
                         value = goal.value(rows, in_set, L, tokens, step_s + share, wait,
-                                           in_needs)  # fmt: skip
+                                           group_needs)  # fmt: skip
                     # the cap bounds the whole step: a catch-up round's context feed too
                     if step_s > bound or step_s + one_off > cap or wait > riders or value <= floor:
                         continue

@@ -67,7 +67,8 @@ class TargetGoal:
     ) -> float:
         """A round of ``round_s`` with ``groups`` (rows, mean α̂) speculating at ``L`` and the
         other rows waiting ``wait_s`` for their one token; ``tokens`` in all. With
-        ``needs``, ``group_needs`` holds each group's rows' needs, sorted."""
+        ``needs``, ``group_needs`` holds every candidate group's rows' needs, sorted (the
+        first ``len(groups)`` are the set's)."""
         within, spec = 0, 0
         plain_s = self.inflation * wait_s
         if self.needs is None or group_needs is None:
@@ -80,7 +81,7 @@ class TargetGoal:
             # rows whose need is at least their time per token; plain rows are every row
             # that meets the wait less the speculating ones that would
             within += len(self.needs) - bisect_left(self.needs, plain_s)
-            for (_, alpha), needs in zip(groups, group_needs, strict=True):
+            for (_, alpha), needs in zip(groups, group_needs, strict=False):  # the set's
                 per_token = self.inflation * round_s / expected_tokens(alpha, L)
                 within += bisect_left(needs, plain_s) - bisect_left(needs, per_token)
         return within / rows + self.tokens_weight * tokens / round_s / self.plain_rate

@@ -175,8 +175,9 @@ class SpeculationPolicy(SpecListener):
         self, prefill_running: bool, seqs: list[Sequence] | None
     ) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
-        spec, now = self.core.config.spec, time.monotonic()
+        spec = self.core.config.spec
         target = spec.tpot_target_s if spec.tpot_deadlines else None
+        now = time.monotonic() if target is not None else 0.0
         views = [
             SeqView(
                 seq.seq_id,
