@@ -22,6 +22,8 @@ TPOT4_LEARN = (("tpot_target_s", 0.004), *FAST_LEARN)
 TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
 # ... at 5 ms (the head-cost drafter's modes).
 TPOT5_OBJ = (("tpot_target_s", 0.005), *FAST_LEARN, ("tpot_objective", True))
+# ... tokens a second weighed 1:1 with the rows within, and no guard while the plain step meets it.
+TPOT5_FREE = (*TPOT5_OBJ, ("tpot_tokens_weight", 1.0), ("tpot_unguarded", True))
 NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 # ... its pass over a prompt behind the prompt step while at most 4 rows decode.
@@ -349,12 +351,19 @@ _BY_NAME = {
     # 7.09 / 6.88 / 2.46; single-fixed-head 8.10 / 8.55 / 3.30 where it did not run first.
     "policy-head-tpot5-w1": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0))),
     # ... both the weight and no guard or rider bound while the plain step meets the target
-    # (tpot_unguarded). Not yet run on a GPU. On 0c30213's cost table (bench/policy_probe.py)
+    # (tpot_unguarded). On 0c30213's cost table (bench/policy_probe.py)
     # a 16-row hetero batch whose plain step meets 5 ms gets no round at all, guarded; with
     # this, four drafts for every row, 1.8x plain decoding's tokens a second.
-    "policy-head-tpot5-free": policy_with(
-        spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0), ("tpot_unguarded", True))
+    "policy-head-tpot5-free": policy_with(spec=(*HEAD_FED, *TPOT5_FREE)),
+    # ... both on the fused single lane (prompt chunks in the decode step, as single-fixed-head).
+    # At 5 ms the designs split by lane, not by L: in 0c30213 three-fixed-head served 7.86 /
+    # 7.53 / 5.45 req/s within 5 ms at 14 / 20 / 26 req/s, level with the policy, where
+    # single-fixed-head served 8.92 / 10.81 / 7.02; in 418e177 the free policy (three lanes)
+    # 8.08 / 7.67 / 4.69 against single-fixed-head's 8.35 / 10.47 / 7.10, drafting 2.5-3.0.
+    "policy-single-head-tpot5-free": Mode(
+        "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE)
     ),
+    "policy-single-head": Mode("single", True, True, policy="goodput", spec_options=HEAD_FED),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
