@@ -192,7 +192,8 @@ class SpecConfig:
     # its request has left of the target; tpot_tokens_weight, tokens a second weighed against
     # the rows within; tpot_unguarded, no guard even while the plain step meets the target.
     # H200, head-cost drafter, goodput at 5 ms: the first two no gain (docs/performance.md,
-    # fd5f69c, 61fca9e); the third not yet measured.
+    # fd5f69c, 61fca9e); the weight with the third level or ahead in 9 of 10 of the same
+    # calls' cells and the light-load ITL p99 nearer plain's (418e177, a9e4e52).
     tpot_deadlines: bool = False
     tpot_tokens_weight: float | None = None
     tpot_unguarded: bool = False
@@ -390,6 +391,8 @@ class SpecConfig:
         weight = self.tpot_tokens_weight
         if weight is not None and not (isinstance(weight, (int, float)) and weight > 0.0):
             raise ValueError(f"tpot_tokens_weight must be > 0 or None, got {weight!r}")
+        if weight is not None and not self.tpot_objective:
+            raise ValueError("tpot_tokens_weight needs tpot_objective (--spec-tpot-objective)")
         if self.tail_budget is not None and not 0.0 <= self.tail_budget < 1.0:
             raise ValueError(f"tail_budget must be in [0, 1) or None, got {self.tail_budget!r}")
         if not self.tail_ratio >= 1.0:

@@ -238,3 +238,24 @@ def test_spec_tpot_objective_flag_needs_a_target() -> None:
     assert not config_from_args(parse("--draft-model", "dummy:tiny")).spec.tpot_objective
     with pytest.raises(ValueError, match="tpot_objective needs a TPOT target"):
         config_from_args(parse("--draft-model", "dummy:tiny", "--spec-tpot-objective"))
+
+
+def test_spec_tpot_variant_flags() -> None:
+    """``--spec-tpot-tokens-weight`` and ``--spec-tpot-unguarded`` set the objective's
+    variants; off by default; a weight of 0 or the guard dropped without the objective is
+    refused with the reason."""
+    base = ("--draft-model", "dummy:tiny", "--spec-tpot-target-ms", "5", "--spec-tpot-objective")
+    spec = config_from_args(parse(*base, "--spec-tpot-tokens-weight", "1",
+                                  "--spec-tpot-unguarded")).spec  # fmt: skip
+    assert spec.tpot_tokens_weight == 1.0 and spec.tpot_unguarded
+    plain = config_from_args(parse(*base)).spec
+    assert plain.tpot_tokens_weight is None and not plain.tpot_unguarded
+    with pytest.raises(ValueError, match="tpot_tokens_weight must be > 0"):
+        config_from_args(parse(*base, "--spec-tpot-tokens-weight", "0"))
+    target = ("--draft-model", "dummy:tiny", "--spec-tpot-target-ms", "5")
+    with pytest.raises(ValueError, match="tpot_unguarded needs tpot_objective"):
+        config_from_args(parse(*target, "--spec-tpot-unguarded"))
+    with pytest.raises(ValueError, match="tpot_tokens_weight needs tpot_objective"):
+        config_from_args(parse(*target, "--spec-tpot-tokens-weight", "1"))
+    with pytest.raises(SystemExit):
+        parse(*base, "--spec-tpot-tokens-weight", "heavy")

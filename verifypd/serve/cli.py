@@ -116,6 +116,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "throughput falls",
     )
     add(
+        "--spec-tpot-tokens-weight",
+        type=float,
+        default=None,
+        metavar="W",
+        help="with --spec-tpot-objective: tokens a second weighed W to 1 against the share of "
+        "requests within the target, where by default plans are ranked by that share first; "
+        "default: none",
+    )
+    add(
+        "--spec-tpot-unguarded",
+        action="store_true",
+        help="with --spec-tpot-objective: no latency guard or rider bound even while a plain "
+        "decode step meets the target (by default they hold while it does)",
+    )
+    add(
         "--spec-follow-prefill-rows",
         type=int_or_all,
         default=False,
@@ -303,6 +318,8 @@ def config_from_args(
         tail_budget=args.spec_tail_budget,
         tpot_target_s=None if args.spec_tpot_target_ms is None else args.spec_tpot_target_ms / 1e3,
         tpot_objective=args.spec_tpot_objective,
+        tpot_tokens_weight=args.spec_tpot_tokens_weight,
+        tpot_unguarded=args.spec_tpot_unguarded,
         **fixed,
         **{**spec_env_overrides(os.environ), **follow_prefill(args.spec_follow_prefill_rows)},
     )
