@@ -7,7 +7,7 @@ import pytest
 from goodput_helpers import Shape, _add, _policy, _teach, _views
 
 from verifypd.config import SpecConfig
-from verifypd.controller import GoodputConfig, LoadSignals, SeqView
+from verifypd.controller import GoodputConfig, SeqView
 
 
 @pytest.mark.parametrize("exempt", [False, True])
@@ -136,24 +136,3 @@ def test_waiting_rider_max_steps_is_validated(bad):
     if isinstance(bad, int):
         with pytest.raises(ValueError, match="waiting_rider_max_steps"):
             GoodputConfig(waiting_rider_max_steps=bad)
-
-
-def test_prompt_work_riding_in_the_step_is_priced_into_every_plan():
-    """On the single lane a step carries prompt chunks whatever its L. A hetero batch whose
-    low-acceptance rows would wait past the rider bound for a round decodes plainly; with a
-    long chunk riding in the step, a round costs those rows little more than the plain step
-    (the chunk is paid either way) and the batch speculates. Both steps are priced with it."""
-    ids_alphas, shape = [0.9] * 3 + [0.2] * 3, Shape(draft=3e-3)  # a round: 1.3 plain steps
-    decisions = {}
-    for riding in (0, 2048):
-        policy = _policy(shape)
-        ids = _add(policy, len(ids_alphas))
-        for i, a in zip(ids, ids_alphas, strict=True):
-            _teach(policy, i, a)
-        decisions[riding] = policy.decide(_views(ids), LoadSignals(riding_tokens=riding))
-    plain, riding = decisions[0], decisions[2048]
-    assert plain.reason == "no_gain" and not any(plain.draft_lens.values())
-    assert riding.reason == "speculate" and riding.draft_len > 0
-    chunk_s = shape.prefill_time(2048)
-    assert riding.plain_step_s == pytest.approx(plain.plain_step_s + chunk_s)
-    assert riding.predicted_step_s > chunk_s + plain.plain_step_s

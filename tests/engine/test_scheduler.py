@@ -247,23 +247,3 @@ def test_prompts_waiting_counts_queued_and_part_prefilled_prompts_not_in_flight(
     assert s.num_prefilling == 0 and not s.prompts_waiting()  # in flight: nothing waits
     s.update(plan, [[] for _ in plan.seqs])
     assert a.status is SeqStatus.PREFILLING and s.num_prefilling == 1 and s.prompts_waiting()
-
-
-def test_the_next_mixed_steps_prompt_tokens_follow_the_chunks_and_the_budget():
-    """``prompt_tokens_next``: the next chunk of each prompt, part-prefilled ones first, each
-    at most ``max_prefill_chunk``, all within the budget; a prompt in flight is not counted;
-    nothing is planned (no blocks taken)."""
-    s = _sched(chunk=8)
-    assert s.prompt_tokens_next(64) == 0
-    a, b = _seq(20, "a"), _seq(5, "b", t=1)
-    s.add(a)
-    s.add(b)
-    assert s.prompt_tokens_next(64) == 8 + 5  # a's first chunk, b whole
-    assert s.prompt_tokens_next(10) == 10 and s.prompt_tokens_next(0) == 0
-    assert s.kv.num_free_blocks == 16 and not s.running  # planned nothing
-    plan = StepPlan("prefill", s.plan_prefill(8, 8))  # a's first chunk
-    _run(s, plan)
-    assert a.num_computed_tokens == 8 and s.prompt_tokens_next(64) == 8 + 5
-    plan = StepPlan("prefill", s.plan_prefill(8, 8))  # a's second chunk, in flight
-    s.begin_step(plan)
-    assert s.prompt_tokens_next(64) == 5

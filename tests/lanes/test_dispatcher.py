@@ -132,34 +132,6 @@ async def test_single_lane_mode_fuses_everything():
     core.check_integrity()
 
 
-async def test_the_single_lane_prices_its_prompt_chunks_into_the_decision():
-    """A mixed step computes the waiting prompt's chunk whatever its L: the policy is handed
-    those tokens (``riding_tokens``), and none once no prompt waits."""
-    core = EngineCore(tiny_config(lane_mode="single"))
-
-    async def launch(lane, plan):
-        return core.runner.launch(plan)
-
-    d = LaneDispatcher(core, launch, lambda o: None, 0.5, single_lane=True)
-    seen: list[int] = []
-    decide = d.policy.decide
-
-    def recording(*args, riding_tokens=0, **kwargs):
-        seen.append(riding_tokens)
-        return decide(*args, riding_tokens=riding_tokens, **kwargs)
-
-    d.policy.decide = recording
-    core.add_request("a", [1, 2, 3], SamplingParams(max_tokens=6, temperature=0))
-    await d.tick()  # a's prompt
-    core.add_request("b", list(range(4, 11)), SamplingParams(max_tokens=2, temperature=0))
-    await d.tick()  # a decodes, b's 7 prompt tokens ride in the step
-    for _ in range(10):
-        await d.tick()
-    assert seen[:2] == [3, 7] and seen[2:] and set(seen[2:]) == {0}, seen
-    assert not core.has_unfinished()
-    core.check_integrity()
-
-
 async def test_verify_queue_feeds_the_verify_lane():
     spec = tiny_draft_spec()
     core, d, clock = _dispatcher(spec)

@@ -43,9 +43,6 @@ class SeqView:
 class LoadSignals:
     prefill_wait_s: float | None = None  # the oldest waiting prompt's wait; None: none waits
     prefill_running: bool = False  # a prefill step in flight, or prompts waiting for one
-    # Prompt tokens computed in this very step whatever its L (the single lane's chunks): the
-    # policy prices them into the plain step and every round alike.
-    riding_tokens: int = 0
 
 
 @dataclass

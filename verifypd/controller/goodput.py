@@ -168,9 +168,8 @@ class GoodputPolicy(DraftController):
         load = load or LoadSignals()
         self.num_steps += 1
         contended = self.goodput.contention_costs and load.prefill_running
-        riding_s = self.costs.prefill(load.riding_tokens)
-        t0 = self.costs.decode(len(batch), contended) + riding_s
-        decision = self._decide(batch, load, t0, contended, riding_s)
+        t0 = self.costs.decode(len(batch), contended)
+        decision = self._decide(batch, load, t0, contended)
         decision.plain_step_s = t0
         if decision.draft_len:
             self._last_spec_step = self.num_steps
@@ -183,7 +182,7 @@ class GoodputPolicy(DraftController):
         return decision
 
     def _decide(
-        self, batch: list[SeqView], load: LoadSignals, t0: float, contended: bool, riding_s: float
+        self, batch: list[SeqView], load: LoadSignals, t0: float, contended: bool
     ) -> BatchDecision:
         off = {v.seq_id: 0 for v in batch}
         g = self.goodput
@@ -209,7 +208,7 @@ class GoodputPolicy(DraftController):
             # their last token ride outside it, as always
             outside = sum(c.last for c in cands)
             cands, floor = [c for c in cands if c.probe], 0.0
-        search = PlanSearch(g, self.costs, self.config.max_draft_len, contended, riding_s)
+        search = PlanSearch(g, self.costs, self.config.max_draft_len, contended)
         tail = None
         if self.tail.share is not None:
             tail = Tail(g.tail_ratio * t0, len(batch), self.tail.available())

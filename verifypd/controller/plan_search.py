@@ -133,7 +133,6 @@ class PlanSearch:
     costs: BatchCostModel
     max_draft_len: int
     contended: bool = False
-    riding_s: float = 0.0  # prompt work in the step whatever L (LoadSignals.riding_tokens)
 
     def best(
         self,
@@ -294,7 +293,7 @@ class PlanSearch:
         uniform = k == rows or self.goodput.padded_fused
         fwd = whole_s if uniform else c.mixed(rows, rows + k * L, busy)
         separate = draft_s + others_s + c.verify(k, 1 + L, busy)
-        return (True, draft_s + fwd + self.riding_s), (False, separate + self.riding_s)
+        return (True, draft_s + fwd), (False, separate)
 
 
 @dataclass

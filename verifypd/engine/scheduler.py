@@ -184,19 +184,6 @@ class Scheduler:
                 return None
         return self.prefill_pack_tokens
 
-    def prompt_tokens_next(self, token_budget: int) -> int:
-        """About the prompt tokens the next mixed step computes within ``token_budget``: the
-        prompts' next chunks, in order, as ``plan_prefill`` takes them (packing, admission
-        limits and prefix hits aside). Plans nothing."""
-        left = max(token_budget, 0)
-        prefilling = (s for s in self.running
-                      if s.status is SeqStatus.PREFILLING and not s.in_flight)  # fmt: skip
-        for seq in (*prefilling, *self.waiting):
-            if left <= 0:
-                break
-            left -= min(seq.num_tokens - seq.num_computed_tokens, self.max_prefill_chunk, left)
-        return max(token_budget, 0) - left
-
     def plan_prefill(
         self, token_budget: int, num_running_budget: int, pack: int | None = None
     ) -> list[ScheduledSeq]:

@@ -240,11 +240,8 @@ class LaneDispatcher:
         if lane == "verify":
             return self._plan_verify()
         if lane == "mixed":
-            decodable = self.core.decodable()
-            decision = self.ahead.take_decision(decodable)
-            if decision is None:  # priced with the prompt chunks the step will carry
-                room = self.sched.max_num_batched_tokens - len(decodable)
-                decision = self.policy.decide(riding_tokens=self.sched.prompt_tokens_next(room))
+            decision = self.ahead.take_decision(self.core.decodable())
+            decision = self.policy.decide() if decision is None else decision
             if self._delivers_first(decision):
                 return None
             return self.sched.schedule_mixed(decision)

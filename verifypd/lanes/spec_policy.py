@@ -146,24 +146,19 @@ class SpeculationPolicy(SpecListener):
 
     # ------------------------------------------------------------------ decisions
     def decide(
-        self,
-        prefill_running: bool = False,
-        seqs: list[Sequence] | None = None,
-        riding_tokens: int = 0,
+        self, prefill_running: bool = False, seqs: list[Sequence] | None = None
     ) -> SpecDecision:
         """This step's speculation decisions, as data (``SpecDecision``): each speculating
         sequence's L, and whether its verify is fused into the decode step. Nothing on the
         sequences changes; the scheduler and the drafter read the decision from the plan.
         ``prefill_running``: prompt work is in flight on another lane or queued for it.
         ``seqs``: the step's decode batch (default: the decodable sequences; a decode step
-        planned ahead names its own, whose previous step is still in flight).
-        ``riding_tokens``: prompt tokens the step computes whatever its L (the single lane's
-        chunks), priced into the plain step and every round alike."""
+        planned ahead names its own, whose previous step is still in flight)."""
         if not self.enabled:
             return NO_SPECULATION
         start = time.perf_counter()
         if isinstance(self.controller, GoodputPolicy):
-            lens, fused = self._decide_batch(prefill_running, seqs, riding_tokens)
+            lens, fused = self._decide_batch(prefill_running, seqs)
         else:
             lens, fused = self.controller.step(), False
         speculates = {s.seq_id for s in self.core.running if s.params.speculate}
@@ -177,7 +172,7 @@ class SpeculationPolicy(SpecListener):
         return decision
 
     def _decide_batch(
-        self, prefill_running: bool, seqs: list[Sequence] | None, riding_tokens: int = 0
+        self, prefill_running: bool, seqs: list[Sequence] | None
     ) -> tuple[dict[int, int], bool]:
         """The goodput policy's decision for this step's decode batch."""
         spec = self.core.config.spec
@@ -196,7 +191,7 @@ class SpeculationPolicy(SpecListener):
         ]
         waiting = self.core.waiting
         wait = time.monotonic() - min(s.arrival_time for s in waiting) if waiting else None
-        load = LoadSignals(wait, prefill_running, riding_tokens)
+        load = LoadSignals(prefill_wait_s=wait, prefill_running=prefill_running)
         decision = self.controller.decide(views, load)
         self.core.observer.spec_decision(decision.reason, decision.fused, decision.draft_len)
         return decision.draft_lens, decision.fused
