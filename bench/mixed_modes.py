@@ -367,7 +367,9 @@ _BY_NAME = {
     # On the single lane the policy does worse (a9e4e52): the free one 5.07 / 4.43 / 0.08
     # (at 26 req/s L 0.51 and TTFT p99 1.4 s: drafting that little, the lane falls behind
     # the arrivals), the tokens-a-second one 0.48 / 0.15 / 0.08 (L 0.05-0.19), against
-    # single-fixed-head's 5.90 / 7.75 / 6.53.
+    # single-fixed-head's 5.90 / 7.75 / 6.53. With the prompt chunks riding in its steps priced
+    # into its decisions (2dc48a9, reverted): 4.95 / 2.52 / 0.30 and 0.56 / 0.15 / 0.08 against
+    # 6.45 / 6.28 / 6.09.
     "policy-single-head-tpot5-free": Mode(
         "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE)
     ),
