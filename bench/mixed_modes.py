@@ -351,13 +351,13 @@ _BY_NAME = {
     # 7.09 / 6.88 / 2.46; single-fixed-head 8.10 / 8.55 / 3.30 where it did not run first.
     "policy-head-tpot5-w1": policy_with(spec=(*HEAD_FED, *TPOT5_OBJ, ("tpot_tokens_weight", 1.0))),
     # ... both the weight and no guard or rider bound while the plain step meets the target
-    # (tpot_unguarded). On 0c30213's cost table (bench/policy_probe.py)
-    # a 16-row hetero batch whose plain step meets 5 ms gets no round at all, guarded; with
-    # this, four drafts for every row, 1.8x plain decoding's tokens a second. In the engine
+    # (tpot_unguarded). On 0c30213's cost table (bench/policy_probe.py) a 16-row hetero batch
+    # whose plain step meets 5 ms gets no round at all, guarded; with this, four drafts for
+    # every row, 1.8x plain decoding's tokens a second. In the engine
     # (H200, 418e177, a9e4e52) it drafts 2.2-3.0, not 4: goodput at 5 ms at 14 / 20 / 26
     # req/s 8.08 / 7.67 / 4.69 and 7.19 / 7.41 / 3.82 against the target mode's 7.76 / 8.23 /
     # 4.29 and 6.95 / 5.39 / 3.75, single-fixed-head's 8.35 / 10.47 / 7.10 and 8.60 / 10.55 /
-    # 7.02; at 2 req/s ITL p99 1.06-1.24x `off`'s in three runs against the target mode's 1.39x.
+    # 7.02; at 2 req/s ITL p99 1.06-1.24x `off`'s in three runs, the target mode's 1.39-1.41x.
     "policy-head-tpot5-free": policy_with(spec=(*HEAD_FED, *TPOT5_FREE)),
     # ... both on the fused single lane (prompt chunks in the decode step, as single-fixed-head).
     # At 5 ms the designs split by lane, not by L: in 0c30213 three-fixed-head served 7.86 /
