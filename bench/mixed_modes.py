@@ -29,6 +29,7 @@ HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 # ... its pass over a prompt behind the prompt step while at most 4 rows decode.
 HEAD_FED = (*HEAD, ("follow_prefill", True), ("follow_prefill_max_rows", 4))
 HEAD_YIELD = (*HEAD_FED, ("yield_to_prefill", True))
+RIDES1, RIDES12 = (("fuse_rounds_rows", 1),), (("fuse_rounds_rows", 12),)
 
 
 def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
@@ -375,6 +376,11 @@ _BY_NAME = {
     ),
     "policy-single-head": Mode("single", True, True, policy="goodput", spec_options=HEAD_FED),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
+    # ... with the rounds riding in prompt steps from 1 / 12 decoding rows (fuse_rounds_rows):
+    # the single lane's fused rounds beside prompts under load, three lanes below.
+    "three-fixed-head-rides1": Mode("three", True, spec_options=HEAD, engine_options=RIDES1),
+    "three-fixed-head-rides12": Mode("three", True, spec_options=HEAD, engine_options=RIDES12),
+    "policy-head-tpot5-free-rides12": policy_with(spec=(*HEAD_FED, *TPOT5_FREE), engine=RIDES12),
     "single-fixed-head": Mode("single", True, spec_options=HEAD),
     "policy-bounded": policy_with(sched=(("prefill_step_target_s", 0.02),)),
     "off-bounded": Mode("three", False, sched_options=(("prefill_step_target_s", 0.02),)),

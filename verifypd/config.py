@@ -251,6 +251,10 @@ class EngineConfig:
     # Opt-in: two same-call H200 runs (5351e6e) showed no gain beyond the runs' noise, and at
     # 26 req/s 2-3.5x the rows fused for TTFT p99 -3 %, ITL p99 +3-6 % (docs/performance.md).
     fuse_decode_hold_tokens: int | None = None
+    # From this many decoding rows, while a prompt waits for a prompt step, the rows ride in
+    # it too, with the policy's drafts verified inside (every fused step then drafts): three
+    # lanes while the batch is small, the single lane's fused rounds under load. None: never.
+    fuse_rounds_rows: int | None = None
     # Prompt-ahead: while a prompt step runs, plan and launch the next one behind it on the
     # prefill lane's stream, so the host's fold-back, planning, input upload and first launches
     # overlap the GPU instead of sitting between two prompt steps (``lanes.prompt_ahead``;
@@ -378,6 +382,9 @@ class EngineConfig:
         hold = self.fuse_decode_hold_tokens
         if hold is not None and (type(hold) is not int or hold < 0):
             raise ValueError(f"fuse_decode_hold_tokens must be an int >= 0 (or None), got {hold!r}")
+        rows = self.fuse_rounds_rows
+        if rows is not None and (type(rows) is not int or rows < 1):
+            raise ValueError(f"fuse_rounds_rows must be an int >= 1 (or None), got {rows!r}")
         sizes = self.prompt_in_decode_tokens
         ints = isinstance(sizes, tuple) and all(
             isinstance(n, int) and not isinstance(n, bool) and 16 <= n <= 4096 for n in sizes

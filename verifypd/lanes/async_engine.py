@@ -68,6 +68,7 @@ class AsyncEngine:
             fuse_decode_backlog_s=config.fuse_decode_backlog_s,
             fuse_decode_backlog_tokens=config.fuse_decode_backlog_tokens,
             fuse_decode_hold_tokens=config.fuse_decode_hold_tokens,
+            fuse_rounds_rows=config.fuse_rounds_rows,
             prompt_ahead=prompt_ahead_on(config.prompt_ahead, self.executor.enqueues),
             steps_land=not self.executor.enqueues,
         )

@@ -10,6 +10,12 @@ the step after it. Speculation resumes with the decode lane once the backlog is 
 step's time is not a decode step's: the policy's latency guard and cost model skip it
 (``StepPlan.carries_prompt``).
 
+With ``EngineConfig.fuse_rounds_rows`` the rows also ride under load, not only in a backlog:
+while that many rows decode and a prompt waits for a prompt step, and every fused step carries
+the policy's drafts, verified inside it (``"mixed"`` with drafts, as the single lane runs every
+step): three lanes while the batch is small, one fused step a round beside prompts once it is
+not.
+
 The dispatcher calls these as it would its own methods.
 """
 
@@ -32,6 +38,8 @@ def fusing(d: LaneDispatcher) -> bool:
     decode rows alone, on the prefill lane's eager path. With ``fuse_decode_hold_tokens``, once
     a fused step was planned the backlog lasts, without the wait, while the queue holds that
     many tokens; the hold ends with the first check that finds no backlog."""
+    if rounds_ride(d):
+        return True
     limit, sched = d.fuse_decode_backlog_s, d.sched
     if limit is None or not sched.waiting or sched.num_running >= sched.max_num_seqs:
         d.fuse_held = False
@@ -46,6 +54,24 @@ def fusing(d: LaneDispatcher) -> bool:
     )  # fmt: skip
     d.fuse_held = d.fuse_held and backlog
     return backlog
+
+
+def rounds_ride(d: LaneDispatcher) -> bool:
+    """Load (``fuse_rounds_rows``): at least that many rows decode (in a step or not) and a
+    prompt waits for a prompt step: a part-prefilled one's next chunk, or a queued one with
+    room to admit it."""
+    least, sched = d.fuse_rounds_rows, d.sched
+    if least is None or not sched.prompts_waiting():
+        return False
+    if sched.num_prefilling == 0:  # then one is queued: admitting it needs a row and blocks
+        if sched.num_running >= sched.max_num_seqs or not _room(sched):
+            return False
+    rows = 0
+    for seq in sched.running:
+        rows += seq.status is not SeqStatus.PREFILLING
+        if rows >= least:
+            return True
+    return False
 
 
 def _room(sched: Scheduler) -> bool:
@@ -72,15 +98,19 @@ def decode_yields(d: LaneDispatcher) -> bool:
 
 
 def plan_fused(d: LaneDispatcher) -> StepPlan | None:
-    """The prefill lane's step in a backlog: every decodable row, then the prompt chunks the
-    rest of the budget holds (the usual packing rule). None while a decode step is in flight
+    """The prefill lane's step in a backlog: every decodable row (with the policy's drafts
+    under ``fuse_rounds_rows``), then the prompt chunks the rest of the budget holds (the
+    usual packing rule). None while a decode step is in flight
     or launched ahead: its rows land first."""
     if "decode" in d.in_flight or d.ahead.step is not None:
         return None
-    sched = d.sched
-    plan = sched.schedule_mixed(
-        NO_SPECULATION, d.core.prefill_budget(), sched.prefill_pack(d.clock())
-    )
+    sched, decision = d.sched, NO_SPECULATION
+    if d.fuse_rounds_rows is not None:  # the policy's drafts ride too
+        decision = d.ahead.take_decision(d.core.decodable())
+        decision = d.policy.decide() if decision is None else decision
+        if d._delivers_first(decision):
+            return None
+    plan = sched.schedule_mixed(decision, d.core.prefill_budget(), sched.prefill_pack(d.clock()))
     if plan is None:
         return None
     plan.in_prompt_step = True

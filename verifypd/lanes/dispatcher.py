@@ -80,6 +80,7 @@ class LaneDispatcher:
         fuse_decode_backlog_s: float | None = None,
         fuse_decode_backlog_tokens: int = 0,
         fuse_decode_hold_tokens: int | None = None,
+        fuse_rounds_rows: int | None = None,
         prompt_ahead: bool = False,
         steps_land: bool = False,
     ) -> None:
@@ -118,6 +119,7 @@ class LaneDispatcher:
         self.fuse_decode_backlog_s = None if single_lane else fuse_decode_backlog_s
         self.fuse_decode_backlog_tokens = fuse_decode_backlog_tokens
         self.fuse_decode_hold_tokens = fuse_decode_hold_tokens
+        self.fuse_rounds_rows = None if single_lane else fuse_rounds_rows  # ... and under load
         self.fuse_held = False  # the last prompt step carried the decode rows
         # The next prompt step launched behind the one in flight (``lanes.prompt_ahead``).
         self.prompt_ahead = PromptAhead(prompt_ahead and not single_lane)
@@ -321,10 +323,11 @@ class LaneDispatcher:
     async def _launch(self, lane: str, plan: StepPlan) -> bool:
         """Launches ``plan`` (its drafting first); False when nothing was left to launch on
         this lane (every entry drafted and went to the verify lane)."""
-        if lane in ("decode", "mixed"):
+        drafts = lane == "prefill" and any(e.draft_len for e in plan.seqs)  # a fused round
+        if lane in ("decode", "mixed") or drafts:
             self.deltas.drafted_last = any(e.draft_len for e in plan.seqs)
             if self.deltas.drafted_last:
-                plan = self._draft(plan)
+                plan = self._draft(lane, plan)
                 if plan is None:
                     return False
         if lane != "verify":  # verify entries were marked when they were queued
@@ -332,16 +335,17 @@ class LaneDispatcher:
         await self._launch_marked(lane, plan)
         return True
 
-    def _draft(self, plan: StepPlan) -> StepPlan | None:
+    def _draft(self, lane: str, plan: StepPlan) -> StepPlan | None:
         """The drafting step: the drafter proposes each speculating entry's L tokens, on the
-        decode lane's stream (nobody waits for it: the verify follows it on the GPU). Drafted
-        entries verify inside this step (single lane, or a fused decision); else they queue
+        stream of the ``lane`` launching the step (nobody waits for it: the verify follows
+        it on the GPU). Drafted entries verify inside this step (single lane, a fused
+        decision, or a prompt step carrying the round: ``fuse_rounds_rows``); else they queue
         for the verify lane, their slots reserved until verified, and the plain rest decodes
         (with ``drafts_beside_decode`` the drafts are made on the verify lane's stream, idle
         whenever a round drafts, so the plain rest does not wait behind them)."""
         inside = plan.lane == "mixed" or plan.fused
         beside = not inside and getattr(self.policy, "drafts_beside_decode", False)
-        with self._lane_context("verify" if beside else plan.lane):
+        with self._lane_context("verify" if beside else lane):
             self.policy.propose(plan.seqs, "prefill" in self.in_flight)
         if inside:
             return plan
