@@ -8,12 +8,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from helpers import assert_engine_clean, collect, hang_up_partway, tiny_config, tiny_draft_spec
+from helpers import (
+    MemoryBound,
+    assert_engine_clean,
+    collect,
+    hang_up_partway,
+    pin_costs,
+    tiny_config,
+    tiny_draft_spec,
+)
 
 from verifypd.config import SchedulerConfig
+from verifypd.controller.goodput import GoodputPolicy
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.lanes.backlog_fuse import fusing, rounds_ride
-from verifypd.types import SamplingParams, SeqStatus, StepPlan
+from verifypd.types import NO_SPECULATION, SamplingParams, SeqStatus, SpecDecision, StepPlan
 
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)  # requests queue behind each other
 PROMPTS = [list(range(10, 50)), [7] * 30, [1, 2, 3, 4, 5] * 6, list(range(200, 236)), [9, 8, 7]]
@@ -21,19 +30,35 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 NO_BACKLOG = {"fuse_decode_backlog_s": None}  # only the load rule fuses
 
 
-async def _run(**overrides) -> tuple[list[list[int]], list[tuple[str, str, int, int, int]]]:
+class DearDrafts(MemoryBound):
+    """A drafter step half a target step: priced as a decode step's round, the goodput policy
+    drafts 2 of 3 for some rows here."""
+
+    def draft_time(self, rows: int) -> float:
+        return 5e-3
+
+
+async def _run(
+    lens: list[int] | None = None, **overrides
+) -> tuple[list[list[int]], list[tuple[str, str, int, int, int]]]:
     """The outputs, and every launch as (lane, plan lane, decode rows, prompt chunks, drafted
-    rows)."""
+    rows); ``lens`` gets the draft length of every drafted row in a fused prompt step. A
+    goodput policy's costs are pinned (``pin_costs``, on ``DearDrafts``)."""
     config = tiny_config(scheduler=ONE_PROMPT_A_STEP, **{**NO_BACKLOG, **overrides})
     engine = AsyncEngine(config)
+    if isinstance(engine.core.controller, GoodputPolicy):
+        pin_costs(engine.core.costs, engine.core.controller)
+        engine.core.costs.shape = DearDrafts()
     d = engine.dispatcher
     launches: list[tuple[str, str, int, int, int]] = []
     inner = d._launch_fn
 
     async def spy(lane: str, plan: StepPlan):
         prompts = sum(1 for e in plan.seqs if e.seq.status is SeqStatus.PREFILLING)
-        drafted = sum(1 for e in plan.seqs if e.draft_token_ids)
-        launches.append((lane, plan.lane, len(plan.seqs) - prompts, prompts, drafted))
+        drafted = [e.draft_len for e in plan.seqs if e.draft_token_ids]
+        launches.append((lane, plan.lane, len(plan.seqs) - prompts, prompts, len(drafted)))
+        if lens is not None and plan.in_prompt_step:
+            lens.extend(drafted)
         return await inner(lane, plan)
 
     d._launch_fn = spy
@@ -58,6 +83,31 @@ async def test_rounds_ride_in_prompt_steps_token_for_token():
     # With no prompt waiting the lanes ran apart again.
     last = max(i for i, x in enumerate(launches) if x[1] == "mixed")
     assert any(lane in ("decode", "verify") for lane, *_ in launches[last:])
+
+
+async def test_the_goodput_policys_rows_draft_the_most_in_a_prompt_step():
+    """``SpeculationPolicy.in_prompt_step``: the rows the goodput policy lets speculate draft
+    L_max in a prompt step (priced as a decode step's round, some would draft 2 here: the
+    test fails without the rule); lossless."""
+    plain, _ = await _run()
+    lens: list[int] = []
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
+                           initial_draft_len=1, follow_prefill=False,
+                           second_token_plain=False)  # (the fused rows' second tokens) # fmt: skip
+    out, launches = await _run(lens, spec=spec, fuse_rounds_rows=1)
+    assert out == plain
+    assert lens and set(lens) == {3}
+    assert any(prompts and drafted for *_, prompts, drafted in launches if _[1] == "mixed")
+
+
+def test_a_fixed_draft_length_stays_in_a_prompt_step():
+    engine = AsyncEngine(tiny_config(spec=tiny_draft_spec(max_draft_len=4, initial_draft_len=2)))
+    decision = SpecDecision({1: 2, 2: 2})
+    assert engine.dispatcher.policy.in_prompt_step(decision) is decision
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=4)
+    policy = AsyncEngine(tiny_config(spec=spec)).dispatcher.policy
+    assert policy.in_prompt_step(decision).lens == {1: 4, 2: 4}
+    assert policy.in_prompt_step(NO_SPECULATION) is NO_SPECULATION
 
 
 async def test_below_the_rows_nothing_rides():

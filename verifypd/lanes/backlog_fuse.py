@@ -99,15 +99,16 @@ def decode_yields(d: LaneDispatcher) -> bool:
 
 def plan_fused(d: LaneDispatcher) -> StepPlan | None:
     """The prefill lane's step in a backlog: every decodable row (with the policy's drafts
-    under ``fuse_rounds_rows``), then the prompt chunks the rest of the budget holds (the
-    usual packing rule). None while a decode step is in flight
-    or launched ahead: its rows land first."""
+    under ``fuse_rounds_rows``, ``SpeculationPolicy.in_prompt_step``), then the prompt
+    chunks the rest of the budget holds (the usual packing rule). None while a decode step
+    is in flight or launched ahead: its rows land first."""
     if "decode" in d.in_flight or d.ahead.step is not None:
         return None
     sched, decision = d.sched, NO_SPECULATION
     if d.fuse_rounds_rows is not None:  # the policy's drafts ride too
         decision = d.ahead.take_decision(d.core.decodable())
         decision = d.policy.decide() if decision is None else decision
+        decision = d.policy.in_prompt_step(decision)
         if d._delivers_first(decision):
             return None
     plan = sched.schedule_mixed(decision, d.core.prefill_budget(), sched.prefill_pack(d.clock()))

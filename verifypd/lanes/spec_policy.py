@@ -171,6 +171,14 @@ class SpeculationPolicy(SpecListener):
         self.core.observer.policy_decide(time.perf_counter() - start)
         return decision
 
+    def in_prompt_step(self, decision: SpecDecision) -> SpecDecision:
+        """A round riding in a prompt step (``EngineConfig.fuse_rounds_rows``): there the
+        goodput policy's speculating rows draft L_max, their verify tokens a few more in a
+        compute-bound step it priced as a decode step's; a fixed L stays as it is."""
+        if not decision.lens or not isinstance(self.controller, GoodputPolicy):
+            return decision
+        return SpecDecision(dict.fromkeys(decision.lens, self.core.config.spec.max_draft_len))
+
     def _decide_batch(
         self, prefill_running: bool, seqs: list[Sequence] | None
     ) -> tuple[dict[int, int], bool]:
