@@ -103,11 +103,21 @@ async def test_the_goodput_policys_rows_draft_the_most_in_a_prompt_step():
 def test_a_fixed_draft_length_stays_in_a_prompt_step():
     engine = AsyncEngine(tiny_config(spec=tiny_draft_spec(max_draft_len=4, initial_draft_len=2)))
     decision = SpecDecision({1: 2, 2: 2})
-    assert engine.dispatcher.policy.in_prompt_step(decision) is decision
+    assert engine.dispatcher.policy.in_prompt_step(decision, []) is decision
+
+
+def test_every_row_that_may_speculate_drafts_the_most_in_a_prompt_step():
+    """Under the goodput policy, whatever it decided for a decode step (none, or L = 2)."""
     spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=4)
-    policy = AsyncEngine(tiny_config(spec=spec)).dispatcher.policy
-    assert policy.in_prompt_step(decision).lens == {1: 4, 2: 4}
-    assert policy.in_prompt_step(NO_SPECULATION) is NO_SPECULATION
+    engine = AsyncEngine(tiny_config(spec=spec))
+    rows = []
+    for rid, speculate in (("a", True), ("b", False), ("c", True)):
+        params = SamplingParams(max_tokens=4, speculate=speculate)
+        [seq] = engine.core.add_request(rid, [3, 4, 5], params)
+        rows.append(seq)
+    policy, (a, _, c) = engine.dispatcher.policy, rows
+    for decided in (NO_SPECULATION, SpecDecision({a.seq_id: 2})):
+        assert policy.in_prompt_step(decided, rows).lens == {a.seq_id: 4, c.seq_id: 4}
 
 
 async def test_below_the_rows_nothing_rides():

@@ -106,9 +106,10 @@ def plan_fused(d: LaneDispatcher) -> StepPlan | None:
         return None
     sched, decision = d.sched, NO_SPECULATION
     if d.fuse_rounds_rows is not None:  # the policy's drafts ride too
-        decision = d.ahead.take_decision(d.core.decodable())
+        rows = d.core.decodable()
+        decision = d.ahead.take_decision(rows)
         decision = d.policy.decide() if decision is None else decision
-        decision = d.policy.in_prompt_step(decision)
+        decision = d.policy.in_prompt_step(decision, rows)
         if d._delivers_first(decision):
             return None
     plan = sched.schedule_mixed(decision, d.core.prefill_budget(), sched.prefill_pack(d.clock()))

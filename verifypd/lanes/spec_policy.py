@@ -171,13 +171,16 @@ class SpeculationPolicy(SpecListener):
         self.core.observer.policy_decide(time.perf_counter() - start)
         return decision
 
-    def in_prompt_step(self, decision: SpecDecision) -> SpecDecision:
-        """A round riding in a prompt step (``EngineConfig.fuse_rounds_rows``): there the
-        goodput policy's speculating rows draft L_max, their verify tokens a few more in a
-        compute-bound step it priced as a decode step's; a fixed L stays as it is."""
-        if not decision.lens or not isinstance(self.controller, GoodputPolicy):
+    def in_prompt_step(self, decision: SpecDecision, rows: list[Sequence]) -> SpecDecision:
+        """A round riding in a prompt step (``EngineConfig.fuse_rounds_rows``): there every
+        row of ``rows`` that may speculate drafts L_max under the goodput policy, whatever it
+        decided for a decode step (its verify tokens are a few more in a compute-bound step;
+        a row left plain gets one token a prompt step, and under load the batch then grows
+        until the policy sees no gain anywhere). A fixed L stays as it is."""
+        if not self.enabled or not isinstance(self.controller, GoodputPolicy):
             return decision
-        return SpecDecision(dict.fromkeys(decision.lens, self.core.config.spec.max_draft_len))
+        top = self.core.config.spec.max_draft_len
+        return SpecDecision({s.seq_id: top for s in rows if s.params.speculate})
 
     def _decide_batch(
         self, prefill_running: bool, seqs: list[Sequence] | None
