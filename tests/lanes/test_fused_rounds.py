@@ -5,6 +5,7 @@ prompt chunks in one forward. Checked on CPU against plain greedy decoding, toke
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
@@ -22,6 +23,7 @@ from verifypd.config import SchedulerConfig
 from verifypd.controller.goodput import GoodputPolicy
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.lanes.backlog_fuse import fusing, rounds_ride
+from verifypd.serve.cli import add_serve_args, config_from_args
 from verifypd.types import NO_SPECULATION, SamplingParams, SeqStatus, SpecDecision, StepPlan
 
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)  # requests queue behind each other
@@ -176,3 +178,9 @@ def test_the_setting_is_validated_and_the_single_lane_ignores_it():
             tiny_config(fuse_rounds_rows=bad)
     engine = AsyncEngine(tiny_config(lane_mode="single", fuse_rounds_rows=1))
     assert engine.dispatcher.fuse_rounds_rows is None
+    parser = add_serve_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", "dummy:tiny", "--fuse-rounds-rows", "12"])
+    assert config_from_args(args).fuse_rounds_rows == 12
+    assert config_from_args(parser.parse_args(["--model", "dummy:tiny"])).fuse_rounds_rows is None
+    with pytest.raises(ValueError, match="fuse_rounds_rows"):
+        config_from_args(parser.parse_args(["--model", "dummy:tiny", "--fuse-rounds-rows", "0"]))

@@ -180,6 +180,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--fuse-decode-backlog-tokens", type=int, default=None, metavar="N",
         help="with --fuse-decode-backlog-s: only while the queued prompts hold at least N "
              "tokens (a burst, not one long prompt); default 4096; 0: any backlog")  # fmt: skip
+    add("--fuse-rounds-rows", type=int, default=None, metavar="N",
+        help="from N decoding rows, while a prompt waits, the rows and their drafts ride in "
+             "the prompt step (one forward, as the single lane); off by default: measured "
+             "for a fixed L only (docs/performance.md)")  # fmt: skip
     add("--prompt-ahead", action=argparse.BooleanOptionalAction, default=None,
         help="launch the next prompt step behind the one running (on by default on a GPU): "
              "the host's turnaround between prompt steps overlaps the GPU; a burst's first "
@@ -368,6 +372,8 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, object]:
         out["fuse_decode_backlog_s"] = args.fuse_decode_backlog_s
     if args.fuse_decode_backlog_tokens is not None:
         out["fuse_decode_backlog_tokens"] = args.fuse_decode_backlog_tokens
+    if args.fuse_rounds_rows is not None:
+        out["fuse_rounds_rows"] = args.fuse_rounds_rows
     return out
 
 
