@@ -377,7 +377,12 @@ _BY_NAME = {
     "policy-single-head": Mode("single", True, True, policy="goodput", spec_options=HEAD_FED),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     # ... with the rounds riding in prompt steps from 1 / 12 decoding rows (fuse_rounds_rows):
-    # the single lane's fused rounds beside prompts under load, three lanes below.
+    # the single lane's fused rounds beside prompts under load, three lanes below. Goodput at
+    # 5 ms at 14 / 20 / 26 req/s (H200, 45c7e20, 22d851b): 8.02 / 8.39 / 5.06 and 8.34 / 8.79 /
+    # 6.16 against three-fixed-head's 7.78 / 7.28 / 4.60 and 7.86 / 8.08 / 5.37, single-fixed-
+    # head's 7.19 / 6.77 / 5.91 and 9.17 / 10.79 / 7.97; TTFT p99 14-37 % higher at 20-26.
+    # The policy riding (L_max in prompt steps, b2088a3) 6.60 / 6.81 / 2.54 against 7.20 /
+    # 6.58 / 3.84 not riding; at 26 req/s its running requests peak at 77, TTFT p99 615 ms.
     "three-fixed-head-rides1": Mode("three", True, spec_options=HEAD, engine_options=RIDES1),
     "three-fixed-head-rides12": Mode("three", True, spec_options=HEAD, engine_options=RIDES12),
     "policy-head-tpot5-free-rides12": policy_with(spec=(*HEAD_FED, *TPOT5_FREE), engine=RIDES12),
