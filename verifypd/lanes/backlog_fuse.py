@@ -11,10 +11,10 @@ step's time is not a decode step's: the policy's latency guard and cost model sk
 (``StepPlan.carries_prompt``).
 
 With ``EngineConfig.fuse_rounds_rows`` the rows also ride under load, not only in a backlog:
-while that many rows decode and a prompt waits for a prompt step, and every fused step carries
-the policy's drafts, verified inside it (``"mixed"`` with drafts, as the single lane runs every
-step): three lanes while the batch is small, one fused step a round beside prompts once it is
-not.
+while that many rows decode and a prompt waits for a prompt step (``rounds_ride``). Every fused
+step then carries drafts, verified inside it (``"mixed"`` with drafts, as the single lane runs
+every step; the goodput policy's rows draft L_max there): three lanes while the batch is small,
+one fused step a round beside prompts once it is not.
 
 The dispatcher calls these as it would its own methods.
 """
