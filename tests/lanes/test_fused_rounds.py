@@ -122,17 +122,6 @@ def test_every_row_that_may_speculate_drafts_the_most_in_a_prompt_step():
         assert policy.in_prompt_step(decided, rows).lens == {a.seq_id: 4, c.seq_id: 4}
 
 
-async def test_a_riding_step_packs_every_prompt_it_holds():
-    """Every row waits for a prompt step it rides in: the step takes the queued prompts first
-    come first served up to the budget, as the single lane's steps do, not one a step as the
-    prefill lane's own packing rule (here ``prefill_pack_tokens=0``) would."""
-    drafting = tiny_draft_spec(max_draft_len=3, initial_draft_len=3)
-    _, plain_rows = await _run(spec=drafting, fuse_rounds_rows=len(PROMPTS) + 1)
-    assert max(prompts for *_, prompts, _ in plain_rows) == 1
-    _, launches = await _run(spec=drafting, fuse_rounds_rows=1)
-    assert max(prompts for _, plan_lane, _, prompts, _ in launches if plan_lane == "mixed") > 1
-
-
 async def test_below_the_rows_nothing_rides():
     drafting = tiny_draft_spec(max_draft_len=3, initial_draft_len=3)
     plain, _ = await _run(spec=drafting)

@@ -100,13 +100,11 @@ def decode_yields(d: LaneDispatcher) -> bool:
 def plan_fused(d: LaneDispatcher) -> StepPlan | None:
     """The prefill lane's step in a backlog: every decodable row (with the policy's drafts
     under ``fuse_rounds_rows``, ``SpeculationPolicy.in_prompt_step``), then the prompt
-    chunks the rest of the budget holds (the usual packing rule; under ``fuse_rounds_rows``
-    first come first served up to the budget, as the single lane packs). None while a decode step
+    chunks the rest of the budget holds (the usual packing rule). None while a decode step
     is in flight or launched ahead: its rows land first."""
     if "decode" in d.in_flight or d.ahead.step is not None:
         return None
     sched, decision = d.sched, NO_SPECULATION
-    pack = sched.prefill_pack(d.clock())
     if d.fuse_rounds_rows is not None:  # the policy's drafts ride too
         rows = d.core.decodable()
         decision = d.ahead.take_decision(rows)
@@ -114,8 +112,7 @@ def plan_fused(d: LaneDispatcher) -> StepPlan | None:
         decision = d.policy.in_prompt_step(decision, rows)
         if d._delivers_first(decision):
             return None
-        pack = None  # every row waits for the step: as many prompts as it holds, FCFS
-    plan = sched.schedule_mixed(decision, d.core.prefill_budget(), pack)
+    plan = sched.schedule_mixed(decision, d.core.prefill_budget(), sched.prefill_pack(d.clock()))
     if plan is None:
         return None
     plan.in_prompt_step = True
