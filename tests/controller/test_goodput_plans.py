@@ -158,6 +158,19 @@ def test_blocking_rules_turn_speculation_off(setup, reason):
     assert policy.decisions[reason] == 1 and set(policy.decisions) == set(REASONS)
 
 
+def test_a_single_lane_step_carrying_a_prompt_chunk_is_not_a_decode_latency():
+    """The single lane's mixed steps feed the latency guard, but one with a prompt chunk inside
+    (``prompt``) is the chunk's time: slow ones of those leave speculation on."""
+    for prompt, reason in ((True, "speculate"), (False, "latency_guard")):
+        policy = _policy(clock=FakeClock())
+        ids = _add(policy, 3)
+        for i in ids:
+            _teach(policy, i, 0.9)
+        for _ in range(20):
+            policy.observe_step("mixed", 0.2, 3, 3, prompt)  # p95 far above the 50 ms target
+        assert policy.decide(_views(ids), LoadSignals()).reason == reason
+
+
 def test_separate_verify_lane_when_an_eager_mixed_step_is_dear():
     """Some requests cannot speculate (speculate=False): a fused step would mix row lengths
     (eager). When the eager penalty is large the verify goes to its own lane."""

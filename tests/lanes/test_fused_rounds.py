@@ -24,7 +24,14 @@ from verifypd.controller.goodput import GoodputPolicy
 from verifypd.lanes.async_engine import AsyncEngine
 from verifypd.lanes.backlog_fuse import fusing, rounds_ride
 from verifypd.serve.cli import add_serve_args, config_from_args
-from verifypd.types import NO_SPECULATION, SamplingParams, SeqStatus, SpecDecision, StepPlan
+from verifypd.types import (
+    NO_SPECULATION,
+    SamplingParams,
+    ScheduledSeq,
+    SeqStatus,
+    SpecDecision,
+    StepPlan,
+)
 
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)  # requests queue behind each other
 # ... on the single lane: a step holds the decode rows and one short chunk.
@@ -122,6 +129,18 @@ async def test_on_the_single_lane_the_policys_rows_draft_the_most_beside_a_waiti
         found[rows] = lens
     assert found[1] and set(found[1]) == {3}
     assert found[None] and set(found[None]) != {3}
+
+
+def test_a_single_lane_step_with_a_prompt_chunk_does_not_feed_the_latency_guard():
+    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3, initial_draft_len=1)
+    engine = AsyncEngine(tiny_config(spec=spec, lane_mode="single"))
+    a, b = (engine.core.add_request(rid, [3, 4, 5], GREEDY)[0] for rid in "ab")
+    a.status, b.status = SeqStatus.DECODING, SeqStatus.PREFILLING
+    policy, latency = engine.dispatcher.policy, engine.core.controller.decode_latency
+    policy.step_landed(StepPlan("mixed", [ScheduledSeq(a, 1), ScheduledSeq(b, 3)]), 0.2)
+    assert latency.count == 0  # b's prompt chunk rode in it
+    policy.step_landed(StepPlan("mixed", [ScheduledSeq(a, 1)]), 0.2)
+    assert latency.count == 1
 
 
 def test_a_fixed_draft_length_stays_in_a_prompt_step():

@@ -159,11 +159,15 @@ class DraftController:
         if st is not None:
             st.acceptance.missed()
 
-    def observe_step(self, lane: str, seconds: float, num_seqs: int, num_tokens: int) -> None:
+    def observe_step(
+        self, lane: str, seconds: float, num_seqs: int, num_tokens: int, prompt: bool = False
+    ) -> None:
         """One finished lane step (lane: decode | verify | prefill | draft | mixed). Decode and
-        mixed (fused) steps feed the p95 decode latency; all feed the cost model."""
+        mixed (fused) steps feed the p95 decode latency, except a mixed step carrying a prompt
+        chunk (``prompt``, the single lane's: its time is the chunk's, and the guard would stop
+        speculation whenever prompts arrive); all feed the cost model."""
         self.cost_model.observe(lane, seconds, num_seqs, num_tokens)
-        if lane in ("decode", "mixed"):
+        if lane == "decode" or (lane == "mixed" and not prompt):
             self.decode_latency.add(seconds)
 
     def observe_verify_queue(self, depth: int) -> None:

@@ -28,6 +28,7 @@ from verifypd.engine.timing import Span
 from verifypd.types import (
     NO_SPECULATION,
     ScheduledSeq,
+    SeqStatus,
     Sequence,
     SpecDecision,
     SpecListener,
@@ -308,7 +309,9 @@ class SpeculationPolicy(SpecListener):
         """A step came back (after ``EngineCore.record_step``): its lane's cost, and any
         drafting that has run by now."""
         if self.enabled and not plan.carries_prompt:  # (a prompt inside: not a decode cost)
-            self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens)
+            prompt = any(s.seq.status is SeqStatus.PREFILLING for s in plan.seqs)
+            self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens,
+                                         prompt)  # fmt: skip
         self.observe_draft_cost()
 
     def verify_queue(self, depth: int) -> None:
