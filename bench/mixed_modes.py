@@ -37,12 +37,6 @@ def carved(sms: int) -> tuple[tuple[str, int | bool], ...]:
     return (("prefill_sm_carveout", sms), ("prefill_sm_carveout_in_backlog", True))
 
 
-def single_free_riding(rides: tuple) -> Mode:
-    """The free policy on the single lane with ``fuse_rounds_rows`` (``rides``)."""
-    spec = (*HEAD_FED, *TPOT5_FREE)
-    return Mode("single", True, True, policy="goodput", spec_options=spec, engine_options=rides)
-
-
 class ModeTable(dict):
     """The modes by name. ``NAME~K`` (K a number) is ``NAME``'s configuration under a label of
     its own: one run measuring a mode twice, e.g. first after the machine starts and last, to
@@ -381,11 +375,6 @@ _BY_NAME = {
         "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE)
     ),
     "policy-single-head": Mode("single", True, True, policy="goodput", spec_options=HEAD_FED),
-    # ... the free one with its rows at L_max in every step planned while a prompt waits, from
-    # 1 / 12 decoding rows (fuse_rounds_rows on the single lane): there a prompt chunk makes
-    # the step compute-bound and the fixed design's L = 4 for every row costs little.
-    "policy-single-head-tpot5-free-rides1": single_free_riding(RIDES1),
-    "policy-single-head-tpot5-free-rides12": single_free_riding(RIDES12),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     # ... with the rounds riding in prompt steps from 1 / 12 decoding rows (fuse_rounds_rows):
     # the single lane's fused rounds beside prompts under load, three lanes below. Goodput at

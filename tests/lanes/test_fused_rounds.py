@@ -34,8 +34,6 @@ from verifypd.types import (
 )
 
 ONE_PROMPT_A_STEP = SchedulerConfig(prefill_pack_tokens=0)  # requests queue behind each other
-# ... on the single lane: a step holds the decode rows and one short chunk.
-ONE_CHUNK_A_STEP = SchedulerConfig(prefill_pack_tokens=0, max_num_batched_tokens=24)
 PROMPTS = [list(range(10, 50)), [7] * 30, [1, 2, 3, 4, 5] * 6, list(range(200, 236)), [9, 8, 7]]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 NO_BACKLOG = {"fuse_decode_backlog_s": None}  # only the load rule fuses
@@ -50,13 +48,12 @@ class DearDrafts(MemoryBound):
 
 
 async def _run(
-    lens: list[int] | None = None, single_lens: bool = False, **overrides
+    lens: list[int] | None = None, **overrides
 ) -> tuple[list[list[int]], list[tuple[str, str, int, int, int]]]:
     """The outputs, and every launch as (lane, plan lane, decode rows, prompt chunks, drafted
-    rows); ``lens`` gets the draft length of every drafted row in a fused prompt step (with
-    ``single_lens``, in a single-lane step carrying a prompt chunk). A goodput policy's costs
-    are pinned (``pin_costs``, on ``DearDrafts``)."""
-    config = tiny_config(**{"scheduler": ONE_PROMPT_A_STEP, **NO_BACKLOG, **overrides})
+    rows); ``lens`` gets the draft length of every drafted row in a fused prompt step. A
+    goodput policy's costs are pinned (``pin_costs``, on ``DearDrafts``)."""
+    config = tiny_config(scheduler=ONE_PROMPT_A_STEP, **{**NO_BACKLOG, **overrides})
     engine = AsyncEngine(config)
     if isinstance(engine.core.controller, GoodputPolicy):
         pin_costs(engine.core.costs, engine.core.controller)
@@ -69,7 +66,7 @@ async def _run(
         prompts = sum(1 for e in plan.seqs if e.seq.status is SeqStatus.PREFILLING)
         drafted = [e.draft_len for e in plan.seqs if e.draft_token_ids]
         launches.append((lane, plan.lane, len(plan.seqs) - prompts, prompts, len(drafted)))
-        if lens is not None and (plan.in_prompt_step or (single_lens and prompts)):
+        if lens is not None and plan.in_prompt_step:
             lens.extend(drafted)
         return await inner(lane, plan)
 
@@ -110,25 +107,6 @@ async def test_the_goodput_policys_rows_draft_the_most_in_a_prompt_step():
     assert out == plain
     assert lens and set(lens) == {3}
     assert any(prompts and drafted for *_, prompts, drafted in launches if _[1] == "mixed")
-
-
-async def test_on_the_single_lane_the_policys_rows_draft_the_most_beside_a_waiting_prompt():
-    """``backlog_fuse.single_lane_rounds``: on the single lane, steps planned while a prompt
-    waits give the goodput policy's rows L_max (priced as a decode step's round, some would
-    draft 2 here: the test fails without the rule); without the setting they do not; lossless."""
-    plain, _ = await _run()
-    spec = tiny_draft_spec(controller=True, policy="goodput", max_draft_len=3,
-                           initial_draft_len=1, follow_prefill=False,
-                           second_token_plain=False)  # fmt: skip
-    found = {}
-    for rows in (None, 1):
-        lens: list[int] = []
-        out, _ = await _run(lens, True, spec=spec, lane_mode="single", fuse_rounds_rows=rows,
-                            scheduler=ONE_CHUNK_A_STEP)  # fmt: skip
-        assert out == plain
-        found[rows] = lens
-    assert found[1] and set(found[1]) == {3}
-    assert found[None] and set(found[None]) != {3}
 
 
 def test_a_single_lane_step_with_a_prompt_chunk_does_not_feed_the_latency_guard():
@@ -212,14 +190,13 @@ async def test_hanging_up_while_rounds_ride_leaks_nothing():
     assert_engine_clean(engine)
 
 
-def test_the_setting_is_validated_and_the_single_lane_never_fuses_by_it():
+def test_the_setting_is_validated_and_the_single_lane_ignores_it():
     assert tiny_config().fuse_rounds_rows is None
     for bad in (0, -1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="fuse_rounds_rows"):
             tiny_config(fuse_rounds_rows=bad)
     engine = AsyncEngine(tiny_config(lane_mode="single", fuse_rounds_rows=1))
-    assert engine.dispatcher.fuse_rounds_rows is None  # no prefill lane to ride in
-    assert engine.dispatcher.single_rounds_rows == 1  # its drafts only
+    assert engine.dispatcher.fuse_rounds_rows is None
     parser = add_serve_args(argparse.ArgumentParser())
     args = parser.parse_args(["--model", "dummy:tiny", "--fuse-rounds-rows", "12"])
     assert config_from_args(args).fuse_rounds_rows == 12

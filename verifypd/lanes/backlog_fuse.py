@@ -14,9 +14,7 @@ With ``EngineConfig.fuse_rounds_rows`` the rows also ride under load, not only i
 while that many rows decode and a prompt waits for a prompt step (``rounds_ride``). Every fused
 step then carries drafts, verified inside it (``"mixed"`` with drafts, as the single lane runs
 every step; the goodput policy's rows draft L_max there): three lanes while the batch is small,
-one fused step a round beside prompts once it is not. On the single lane, where every step
-carries the waiting prompts' chunks, the same row count gives the goodput policy's rows L_max
-in those steps (``single_lane_rounds``).
+one fused step a round beside prompts once it is not.
 
 The dispatcher calls these as it would its own methods.
 """
@@ -26,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from verifypd.types import NO_SPECULATION, SeqStatus, Sequence, SpecDecision, StepPlan
+from verifypd.types import NO_SPECULATION, SeqStatus, Sequence, StepPlan
 
 if TYPE_CHECKING:
     from verifypd.engine.scheduler import Scheduler
@@ -62,22 +60,7 @@ def rounds_ride(d: LaneDispatcher) -> bool:
     """Load (``fuse_rounds_rows``): at least that many rows decode (in a step or not) and a
     prompt waits for a prompt step: a part-prefilled one's next chunk, or a queued one with
     room to admit it."""
-    return _rows_ride(d.sched, d.fuse_rounds_rows)
-
-
-def single_lane_rounds(
-    d: LaneDispatcher, decision: SpecDecision, rows: list[Sequence]
-) -> SpecDecision:
-    """The single lane's step under ``fuse_rounds_rows`` (there every step carries the waiting
-    prompts' chunks, so the rule only sets the drafts): while at least that many rows decode and
-    a prompt waits, the goodput policy's rows draft L_max (``SpeculationPolicy.in_prompt_step``),
-    as in a prompt step carrying a round on three lanes; else its decision stands."""
-    if not _rows_ride(d.sched, d.single_rounds_rows):
-        return decision
-    return d.policy.in_prompt_step(decision, rows)
-
-
-def _rows_ride(sched: Scheduler, least: int | None) -> bool:
+    least, sched = d.fuse_rounds_rows, d.sched
     if least is None or not sched.prompts_waiting():
         return False
     if sched.num_prefilling == 0:  # then one is queued: admitting it needs a row and blocks

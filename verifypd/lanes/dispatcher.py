@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from verifypd.engine.core import EngineCore
 from verifypd.lanes.ahead_launch import launch_ahead
-from verifypd.lanes.backlog_fuse import decode_yields, fusing, plan_fused, single_lane_rounds
+from verifypd.lanes.backlog_fuse import decode_yields, fusing, plan_fused
 from verifypd.lanes.decode_ahead import DecodeAhead
 from verifypd.lanes.decode_pacing import DecodePacing
 from verifypd.lanes.deltas import Deltas
@@ -120,7 +120,6 @@ class LaneDispatcher:
         self.fuse_decode_backlog_tokens = fuse_decode_backlog_tokens
         self.fuse_decode_hold_tokens = fuse_decode_hold_tokens
         self.fuse_rounds_rows = None if single_lane else fuse_rounds_rows  # ... and under load
-        self.single_rounds_rows = fuse_rounds_rows if single_lane else None  # its L_max there
         self.fuse_held = False  # the last prompt step carried the decode rows
         # The next prompt step launched behind the one in flight (``lanes.prompt_ahead``).
         self.prompt_ahead = PromptAhead(prompt_ahead and not single_lane)
@@ -245,7 +244,6 @@ class LaneDispatcher:
         if lane == "mixed":
             decision = self.ahead.take_decision(self.core.decodable())
             decision = self.policy.decide() if decision is None else decision
-            decision = single_lane_rounds(self, decision, self.core.decodable())
             if self._delivers_first(decision):
                 return None
             return self.sched.schedule_mixed(decision)
