@@ -24,6 +24,9 @@ TPOT4_OBJ = (*TPOT4_LEARN, ("tpot_objective", True))
 TPOT5_OBJ = (("tpot_target_s", 0.005), *FAST_LEARN, ("tpot_objective", True))
 # ... tokens a second weighed 1:1 with the rows within, and no guard while the plain step meets it.
 TPOT5_FREE = (*TPOT5_OBJ, ("tpot_tokens_weight", 1.0), ("tpot_unguarded", True))
+# ... and a fresh request's drafter caught up on the next step, all of it (no wait for a
+# catch-up round every 8 steps, no 1,024-token budget a round: both set for the 0.5B drafter).
+CU1 = (("catch_up_every_steps", 1), ("catch_up_round_tokens", None))
 NGRAM = (("method", "ngram"), ("draft_model", None))
 HEAD = (("draft_model", "dummy:qwen2.5-7b-head"),)
 # ... its pass over a prompt behind the prompt step while at most 4 rows decode.
@@ -375,6 +378,14 @@ _BY_NAME = {
         "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE)
     ),
     "policy-single-head": Mode("single", True, True, policy="goodput", spec_options=HEAD_FED),
+    # ... the free one with every fresh request's drafter caught up at once (CU1), on three
+    # lanes and on the single lane: at 20 req/s (H200, 5960c7c) the α ≈ 0.9 requests' TPOT p50
+    # was 3.8 ms (three lanes) and 5.1 ms (single lane) under the free policy against 3.0 ms
+    # under single-fixed-head, whose rows draft from their first step.
+    "policy-head-tpot5-free-cu1": policy_with(spec=(*HEAD_FED, *TPOT5_FREE, *CU1)),
+    "policy-single-head-tpot5-free-cu1": Mode(
+        "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE, *CU1)
+    ),
     "three-fixed-head": Mode("three", True, spec_options=HEAD),
     # ... with the rounds riding in prompt steps from 1 / 12 decoding rows (fuse_rounds_rows):
     # the single lane's fused rounds beside prompts under load, three lanes below. Goodput at
