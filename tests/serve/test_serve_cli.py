@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from server_utils import bounded, fake_server_command
 
-from verifypd.config import PROMPT_IN_DECODE_SIZES
+from verifypd.config import PROMPT_IN_DECODE_SIZES, SchedulerConfig
+from verifypd.lanes.spec_policy import goodput_config_for
 from verifypd.serve import cli
 from verifypd.serve.cli import add_serve_args, config_from_args, serve_main
 
@@ -259,3 +260,21 @@ def test_spec_tpot_variant_flags() -> None:
         config_from_args(parse(*target, "--spec-tpot-tokens-weight", "1"))
     with pytest.raises(SystemExit):
         parse(*base, "--spec-tpot-tokens-weight", "heavy")
+
+
+def test_spec_catch_up_flags() -> None:
+    """``--spec-catch-up-every-steps`` and ``--spec-catch-up-round-tokens`` reach the policy's
+    config (defaults as ``SpecConfig``'s); a bad value is refused with the reason."""
+    base = ("--draft-model", "dummy:tiny")
+    spec = config_from_args(parse(*base, "--spec-catch-up-every-steps", "1",
+                                  "--spec-catch-up-round-tokens", "none")).spec  # fmt: skip
+    assert (spec.catch_up_every_steps, spec.catch_up_round_tokens) == (1, None)
+    assert goodput_config_for(SchedulerConfig(), spec, True, False).catch_up_every_steps == 1
+    plain = config_from_args(parse(*base)).spec
+    assert (plain.catch_up_every_steps, plain.catch_up_round_tokens) == (8, 1024)
+    with pytest.raises(ValueError, match="catch_up_every_steps must be an int >= 1"):
+        config_from_args(parse(*base, "--spec-catch-up-every-steps", "0"))
+    with pytest.raises(ValueError, match="catch_up_round_tokens must be >= 1"):
+        config_from_args(parse(*base, "--spec-catch-up-round-tokens", "0"))
+    with pytest.raises(SystemExit):
+        parse(*base, "--spec-catch-up-round-tokens", "lots")

@@ -9,12 +9,14 @@ tokenizing), then the token counts against the context and the KV pool (400).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from verifypd.config import SchedulerConfig
 from verifypd.engine import admission
 from verifypd.serve.errors import APIError, Handler, invalid_request
 from verifypd.types import ParamError
@@ -171,3 +173,36 @@ def request_too_large(size: int | None, max_bytes: int) -> APIError:
     given = "" if size is None else f" ({size} bytes)"
     message = f"The request body{given} is larger than {max_bytes} bytes (--max-request-bytes)."
     return APIError(413, message, code="request_too_large")
+
+
+# flag, ServeLimits field, type, help (docs/api.md, "What the server refuses")
+LIMIT_FLAGS = (
+    ("--max-request-bytes", "max_request_bytes", int,
+     "largest request body; a larger Content-Length gets 413 before the body is read"),
+    ("--request-read-timeout", "request_read_timeout_s", float,
+     "seconds a client has to send the headers, and then the body (slow clients)"),
+    ("--max-prompt-chars", "max_prompt_chars", int,
+     "longest prompt text, checked before tokenizing (default: 32 x context length)"),
+    ("--max-n", "max_n", int, "largest n and best_of"),
+    ("--max-priority", "max_priority", int,
+     "allowed priorities: -N..N (default 0: clients cannot outrank each other)"),
+)  # fmt: skip
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """What one request may send and take."""
+    defaults = ServeLimits()
+    for flag, name, kind, text in LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
+    parser.add_argument(
+        "--max-request-kv-share",
+        type=float,
+        default=SchedulerConfig.max_request_kv_share,
+        help="the most of the KV pool one request may need (n x (prompt + max_tokens))",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServeLimits:
+    """Build the ServeLimits; raises ValueError on bad values."""
+    values = {name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in LIMIT_FLAGS}
+    return ServeLimits(**values)
