@@ -373,7 +373,8 @@ _BY_NAME = {
     # the arrivals), the tokens-a-second one 0.48 / 0.15 / 0.08 (L 0.05-0.19), against
     # single-fixed-head's 5.90 / 7.75 / 6.53. With the prompt chunks riding in its steps priced
     # into its decisions (2dc48a9, reverted): 4.95 / 2.52 / 0.30 and 0.56 / 0.15 / 0.08 against
-    # 6.45 / 6.28 / 6.09.
+    # 6.45 / 6.28 / 6.09. Its prompt steps kept out of the latency guard (5960c7c: the guard had
+    # stopped 513 of 853 decisions at 26 req/s): 4.88 / 3.42 / 0.30 against 6.06 / 7.70 / 2.35.
     "policy-single-head-tpot5-free": Mode(
         "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE)
     ),
@@ -381,7 +382,12 @@ _BY_NAME = {
     # ... the free one with every fresh request's drafter caught up at once (CU1), on three
     # lanes and on the single lane: at 20 req/s (H200, 5960c7c) the α ≈ 0.9 requests' TPOT p50
     # was 3.8 ms (three lanes) and 5.1 ms (single lane) under the free policy against 3.0 ms
-    # under single-fixed-head, whose rows draft from their first step.
+    # under single-fixed-head, whose rows draft from their first step. With it (696e6ee,
+    # ae66b45), goodput at 5 ms at 14 / 20 / 26 req/s 8.49 / 8.37 / 7.64 against the free
+    # policy's 7.02 / 6.99 / 5.38 and single-fixed-head's 8.83 / 9.38 / 7.50; 7.58 / - / 4.89
+    # against 6.27 / - / 2.13 and 4.26 / - / 1.21; at 20 req/s 6.46 against 5.38 and 3.88;
+    # level at 2 / 8. TPOT p99 at 26 req/s 18.0 / 24.0 against 15.9 / 18.7. On the single lane
+    # 6.26 / 4.54 / 4.65.
     "policy-head-tpot5-free-cu1": policy_with(spec=(*HEAD_FED, *TPOT5_FREE, *CU1)),
     "policy-single-head-tpot5-free-cu1": Mode(
         "single", True, True, policy="goodput", spec_options=(*HEAD_FED, *TPOT5_FREE, *CU1)

@@ -147,7 +147,11 @@ class SpecConfig:
     # the eager catch-up, whose 17-32 ms of host time a round this limited. 2 (bench/mixed.py
     # mode policy-cu2; H100, 16-second runs, 325b986 / c1574bb): uniform 0.8 at 8-14 req/s TTFT
     # p99 0.48-0.91x and TPOT p50 0.62-0.71x `off`'s, but ITL p99 1.06-1.18x at 11-14 req/s in
-    # both uniform 0.8 and hetero, so not the default.
+    # both uniform 0.8 and hetero, so not the default. With a head-sized drafter (one layer's
+    # catch-up), 1 and catch_up_round_tokens None (``--spec-catch-up-every-steps 1
+    # --spec-catch-up-round-tokens none``; H200, 696e6ee / ae66b45, 5 ms TPOT target, the free
+    # objective): goodput at 5 ms +20-130 % at 14-26 req/s, level at 2-8; TPOT p99 at 26 req/s
+    # 1.13-1.28x. Not the default: the defaults are the 0.5B drafter's.
     catch_up_every_steps: int = 8
     # ... and none while prompt work is in flight or queued
     # (GoodputConfig.catch_up_yields_to_prefill). Off: not measurably better (one H100 run).
