@@ -149,7 +149,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--spec-catch-up-round-tokens", type=int_or_none, metavar="N|none",
         default=SpecConfig.catch_up_round_tokens, help="most context tokens one catch-up round "
         "feeds the draft model (its first request always goes); default 1024; none: no limit "
-        "(with a drafter as cheap as above: H200, 5 ms TPOT target, both: 20-42 %% more "
+        "(with a drafter as cheap as above: H200, 5 ms TPOT target, both: 20-130 %% more "
         "requests within it at 14-26 req/s)")  # fmt: skip
     add(
         "--synthetic-acceptance",
