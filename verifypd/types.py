@@ -271,9 +271,12 @@ class StepPlan:
         or decode rows inside a prompt step (``in_prompt_step``): its time is not a decode
         step's (read before the step is folded back, while the chunk's sequence is
         prefilling)."""
-        return (self.lane == "decode" or self.in_prompt_step) and any(
-            s.seq.status is SeqStatus.PREFILLING for s in self.seqs
-        )
+        return (self.lane == "decode" or self.in_prompt_step) and self.has_prompt_chunk
+
+    @property
+    def has_prompt_chunk(self) -> bool:
+        """A prompt chunk is in the step (read before it is folded back)."""
+        return any(s.seq.status is SeqStatus.PREFILLING for s in self.seqs)
 
     def __len__(self) -> int:
         return len(self.seqs)

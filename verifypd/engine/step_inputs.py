@@ -359,7 +359,7 @@ def _pads(plan: StepPlan) -> bool:
     chunk (single lane; decode rows inside a prompt step, ``lanes.backlog_fuse``)."""
     if plan.lane == "prefill":
         return True
-    return plan.lane == "mixed" and any(s.seq.status is SeqStatus.PREFILLING for s in plan.seqs)
+    return plan.lane == "mixed" and plan.has_prompt_chunk
 
 
 def _decode_rows_first(plan: StepPlan) -> int:

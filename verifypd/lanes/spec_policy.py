@@ -28,7 +28,6 @@ from verifypd.engine.timing import Span
 from verifypd.types import (
     NO_SPECULATION,
     ScheduledSeq,
-    SeqStatus,
     Sequence,
     SpecDecision,
     SpecListener,
@@ -309,7 +308,7 @@ class SpeculationPolicy(SpecListener):
         """A step came back (after ``EngineCore.record_step``): its lane's cost, and any
         drafting that has run by now."""
         if self.enabled and not plan.carries_prompt:  # (a prompt inside: not a decode cost)
-            prompt = any(s.seq.status is SeqStatus.PREFILLING for s in plan.seqs)
+            prompt = plan.lane == "mixed" and plan.has_prompt_chunk  # the single lane's
             self.controller.observe_step(plan.lane, seconds, len(plan.seqs), plan.num_tokens,
                                          prompt)  # fmt: skip
         self.observe_draft_cost()
